@@ -1,0 +1,3 @@
+"""kthrottle: a Kafka-protocol throttling proxy."""
+
+__version__ = "0.1.0"

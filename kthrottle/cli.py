@@ -1,0 +1,169 @@
+"""The ``kthrottle`` command."""
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from . import __version__
+from .config import DEFAULT_LISTEN, ConfigError, build_config, load_toml, parse_host_port
+
+
+def _host_port(what):
+    def parse(value):
+        try:
+            return parse_host_port(value, what)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _add_proxy_flags(p, bootstrap_required_text):
+    p.add_argument(
+        "--bootstrap-server", dest="bootstrap_servers", action="append",
+        type=_host_port("--bootstrap-server"), metavar="HOST:PORT",
+        help="an upstream broker to bootstrap from; repeat for several. " + bootstrap_required_text,
+    )
+    p.add_argument(
+        "--listen", type=_host_port("--listen"), metavar="HOST:PORT",
+        help="bootstrap address clients connect to (default %s)" % DEFAULT_LISTEN,
+    )
+    p.add_argument(
+        "--node-port-base", type=int, metavar="PORT",
+        help="upstream node id N is served on port PORT+N (default: the listen port + 1)",
+    )
+    p.add_argument(
+        "--advertised-host", metavar="HOST",
+        help="host written into the broker addresses clients receive (default: the listen host)",
+    )
+    p.add_argument(
+        "--max-frame-size", type=int, metavar="BYTES",
+        help="largest request accepted; a larger one closes that connection "
+        "(default 104857600, Kafka's socket.request.max.bytes)",
+    )
+    p.add_argument(
+        "--config", metavar="FILE",
+        help="TOML file with the same keys as the long flags (bootstrap-server = [...], "
+        "listen = ..., ...), at top level or under [proxy]; flags win",
+    )
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+
+
+def make_parser():
+    parser = argparse.ArgumentParser(
+        prog="kthrottle",
+        description="A Kafka-protocol throttling proxy. Clients point at the proxy's address "
+        "and everything they send reaches the brokers through it.",
+    )
+    parser.add_argument("--version", action="version", version="kthrottle " + __version__)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    proxy = sub.add_parser(
+        "proxy", help="run the proxy in front of a Kafka cluster",
+        description="Proxy a Kafka cluster. Clients bootstrap from --listen; every broker "
+        "address in Metadata, FindCoordinator, DescribeCluster and KIP-951 NodeEndpoints is "
+        "rewritten to the proxy, which opens one listener per broker node id.",
+    )
+    _add_proxy_flags(proxy, "Required (here or in --config).")
+
+    local = sub.add_parser(
+        "local", help="start a local broker (Tansu) with the proxy in front of it",
+        description="The embedded default: starts a Kafka-compatible Tansu broker on a free "
+        "127.0.0.1 port and the proxy in front of it, prints the address to point clients "
+        "at, and stops both on Ctrl-C.",
+    )
+    _add_proxy_flags(local, "Not used: the local broker is the upstream.")
+    return parser
+
+
+def _flag_values(args):
+    return {
+        "bootstrap_servers": args.bootstrap_servers,
+        "listen": args.listen,
+        "node_port_base": args.node_port_base,
+        "advertised_host": args.advertised_host,
+        "max_frame_size": args.max_frame_size,
+    }
+
+
+def run_loop(main):
+    """Run ``main()`` on uvloop when it is installed."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main())
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main())
+
+
+async def serve(config, on_ready=None):
+    from .proxy import ProxyServer
+
+    server = ProxyServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if on_ready is not None:
+        on_ready(server)
+    try:
+        await stop.wait()
+    finally:
+        logging.getLogger("kthrottle").info("shutting down")
+        await server.close()
+
+
+def main(argv=None):
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        file_values = load_toml(args.config) if args.config else {}
+        flags = _flag_values(args)
+        if args.command == "local":
+            flags["bootstrap_servers"] = [("127.0.0.1", 0)]  # replaced once the broker runs
+        config = build_config(file_values, flags)
+    except ConfigError as exc:
+        parser.exit(2, "kthrottle: error: %s\n" % exc)
+
+    if args.command == "proxy":
+        run_loop(lambda: serve(config))
+        return 0
+    return _run_local(config)
+
+
+def _run_local(config):
+    from .embedded import TansuBroker
+
+    broker = TansuBroker()
+    try:
+        broker.start()
+    except Exception as exc:
+        print("kthrottle: error: cannot start the local Tansu broker: %s" % exc, file=sys.stderr)
+        return 1
+    config.bootstrap_servers = [(broker.host, broker.port)]
+
+    def ready(server):
+        host, port = server.bootstrap_address
+        print(
+            "kthrottle local: Tansu broker (pid %d) on %s, proxy on %s:%d\n"
+            "Point clients at bootstrap.servers=%s:%d   (Ctrl-C stops both)"
+            % (broker.proc.pid, broker.bootstrap, host, port, host, port),
+            flush=True,
+        )
+
+    try:
+        run_loop(lambda: serve(config, ready))
+    finally:
+        broker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

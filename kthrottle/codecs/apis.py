@@ -1,0 +1,58 @@
+"""API keys and versions the proxy must understand (Kafka's own numbering)."""
+from ._kafka import (
+    ApiVersionsResponse,
+    DescribeClusterResponse,
+    FetchResponse,
+    FindCoordinatorResponse,
+    MetadataResponse,
+    ProduceResponse,
+)
+
+PRODUCE = 0
+FETCH = 1
+METADATA = 3
+FIND_COORDINATOR = 10
+API_VERSIONS = 18
+DESCRIBE_CLUSTER = 60
+
+# Responses the proxy decodes (to rewrite broker addresses or version ranges):
+# the highest version it can decode is the highest kafka-python's schemas know.
+# ApiVersions answers are clamped to these, so clients never pick a version
+# the proxy would have to pass through blind (KAFKA-NOTES section 4).
+DECODED_RESPONSES = {
+    PRODUCE: ProduceResponse,
+    FETCH: FetchResponse,
+    METADATA: MetadataResponse,
+    FIND_COORDINATOR: FindCoordinatorResponse,
+    API_VERSIONS: ApiVersionsResponse,
+    DESCRIBE_CLUSTER: DescribeClusterResponse,
+}
+MAX_DECODABLE_VERSION = {key: cls.max_version for key, cls in DECODED_RESPONSES.items()}
+
+# First versions whose responses use a flexible (tagged) header. ApiVersions
+# is the exception: its response header is always v0 (KIP-511).
+FLEXIBLE_FROM = {
+    key: cls._flexible_versions[0]
+    for key, cls in DECODED_RESPONSES.items()
+    if cls._flexible_versions is not None
+}
+
+# KIP-951: NodeEndpoints tagged field at the top level of these responses.
+NODE_ENDPOINTS_FROM = {PRODUCE: 10, FETCH: 16}
+
+
+def is_flexible(api_key, api_version):
+    first = FLEXIBLE_FROM.get(api_key)
+    return first is not None and api_version >= first
+
+
+def response_header_is_flexible(api_key, api_version):
+    return api_key != API_VERSIONS and is_flexible(api_key, api_version)
+
+
+def needs_rewrite(api_key, api_version):
+    """Whether a response of this API and version may carry broker addresses."""
+    if api_key in (METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER, API_VERSIONS):
+        return True
+    first = NODE_ENDPOINTS_FROM.get(api_key)
+    return first is not None and api_version >= first

@@ -1,0 +1,6 @@
+class ProtocolError(Exception):
+    """A peer sent bytes that are not a valid Kafka frame or message.
+
+    The one error type the codecs raise: the proxy closes the one connection
+    that sent them and logs this error's message as the reason.
+    """

@@ -1,0 +1,121 @@
+"""Configuration of ``kthrottle proxy``: command-line flags over a TOML file."""
+import tomllib
+from dataclasses import dataclass, field
+
+from .codecs import DEFAULT_MAX_FRAME_SIZE
+
+DEFAULT_LISTEN = "127.0.0.1:9092"
+
+
+class ConfigError(Exception):
+    """Bad configuration: the message says which key and why."""
+
+
+def parse_host_port(value, what):
+    """Parse ``HOST:PORT`` (``[v6addr]:PORT`` for IPv6)."""
+    if not isinstance(value, str) or ":" not in value:
+        raise ConfigError("%s must be HOST:PORT, got %r" % (what, value))
+    host, _, port = value.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port = int(port)
+    except ValueError:
+        raise ConfigError("%s has a port that is not a number: %r" % (what, value)) from None
+    if not host or not 0 <= port <= 65535:
+        raise ConfigError("%s must be HOST:PORT with a port in 0-65535, got %r" % (what, value))
+    return host, port
+
+
+@dataclass
+class ProxyConfig:
+    bootstrap_servers: list = field(default_factory=list)  # [(host, port)]
+    listen: tuple = ("127.0.0.1", 9092)
+    node_port_base: int | None = None
+    advertised_host: str | None = None
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+
+    @property
+    def effective_node_port_base(self):
+        if self.node_port_base is not None:
+            return self.node_port_base
+        return self.listen[1] + 1
+
+    @property
+    def effective_advertised_host(self):
+        return self.advertised_host or self.listen[0]
+
+    def validate(self):
+        if not self.bootstrap_servers:
+            raise ConfigError("no upstream cluster: give --bootstrap-server HOST:PORT")
+        if self.advertised_host is None and self.listen[0] in ("0.0.0.0", "::", ""):
+            raise ConfigError(
+                "--advertised-host is required when listening on a wildcard address (%s)"
+                % self.listen[0]
+            )
+        if self.max_frame_size <= 0:
+            raise ConfigError("max-frame-size must be a positive number of bytes")
+        if self.node_port_base is not None and not 0 < self.node_port_base < 65536:
+            raise ConfigError("node-port-base must be a port number")
+        return self
+
+
+# TOML keys are the long flag names; each maps to (attribute, parser).
+_KEYS = {
+    "bootstrap-server": "bootstrap_servers",
+    "listen": "listen",
+    "node-port-base": "node_port_base",
+    "advertised-host": "advertised_host",
+    "max-frame-size": "max_frame_size",
+}
+
+
+def _convert(key, value):
+    if key == "bootstrap-server":
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            raise ConfigError("bootstrap-server must be a list of HOST:PORT strings")
+        return [parse_host_port(v, "bootstrap-server") for v in value]
+    if key == "listen":
+        return parse_host_port(value, "listen")
+    if key in ("node-port-base", "max-frame-size"):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError("%s must be an integer, got %r" % (key, value))
+        return value
+    if key == "advertised-host":
+        if not isinstance(value, str) or not value:
+            raise ConfigError("advertised-host must be a host name or address")
+        return value
+    raise ConfigError("unknown key %r" % key)
+
+
+def load_toml(path):
+    """Read a TOML config file into a dict of ProxyConfig attributes."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError("cannot read config file %s: %s" % (path, exc.strerror)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config file %s is not valid TOML: %s" % (path, exc)) from None
+    section = data.get("proxy", data)
+    out = {}
+    for key, value in section.items():
+        if key not in _KEYS:
+            if key == "proxy" or isinstance(value, dict):
+                continue  # other sections belong to other commands
+            raise ConfigError(
+                "config file %s: unknown key %r (known: %s)" % (path, key, ", ".join(sorted(_KEYS)))
+            )
+        try:
+            out[_KEYS[key]] = _convert(key, value)
+        except ConfigError as exc:
+            raise ConfigError("config file %s: %s" % (path, exc)) from None
+    return out
+
+
+def build_config(file_values, flag_values):
+    """Flags win over the file; both win over the defaults."""
+    merged = dict(file_values)
+    merged.update({k: v for k, v in flag_values.items() if v is not None})
+    return ProxyConfig(**merged).validate()

@@ -1,0 +1,246 @@
+"""One client connection and its own upstream broker connection.
+
+Requests are forwarded as the bytes they came in as; responses come back in
+the order the requests were sent (Kafka answers in order on a connection), so
+a FIFO of pending requests tells which response is which. Backpressure: each
+side stops reading while the other side's write buffer is over its high mark.
+"""
+import asyncio
+import logging
+from collections import deque
+
+from ..codecs import (
+    ProtocolError,
+    parse_request_header,
+    produce_acks,
+    request_frame_reader,
+    response_correlation_id,
+    rewrite_response,
+    unsupported_api_versions_response,
+)
+from ..codecs import FrameReader
+from ..codecs.apis import API_VERSIONS, MAX_DECODABLE_VERSION, PRODUCE, needs_rewrite
+
+log = logging.getLogger("kthrottle.proxy")
+
+# Write-buffer marks per direction. A Fetch response is commonly ~1 MiB, so a
+# 64 KiB mark (asyncio's default) would pause the broker side on every one.
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+WRITE_LOW_WATER = 1024 * 1024
+
+
+class _Side:
+    """Reading pause bookkeeping for one transport: paused while any reason holds."""
+
+    __slots__ = ("transport", "reasons")
+
+    def __init__(self):
+        self.transport = None
+        self.reasons = set()
+
+    def pause(self, reason):
+        if not self.reasons and self.transport is not None:
+            self.transport.pause_reading()
+        self.reasons.add(reason)
+
+    def resume(self, reason):
+        self.reasons.discard(reason)
+        if not self.reasons and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+
+class ClientConnection(asyncio.Protocol):
+    """Protocol for a client socket accepted on one of the proxy's listeners."""
+
+    def __init__(self, server, listener_name, upstream_addresses):
+        self.server = server
+        self.listener_name = listener_name
+        self.upstream_addresses = upstream_addresses  # tried in order
+        self.conn_id = server.next_connection_id()
+        self.client = _Side()
+        self.upstream = _Side()
+        self.upstream_protocol = None
+        self.requests_in = request_frame_reader(server.config.max_frame_size)
+        self.responses_in = FrameReader(server.config.max_frame_size * 2)
+        # (correlation_id, api_key, api_version, rewrite?, local answer or None)
+        self.pending = deque()
+        self.peer = None
+        self.early_data = []
+        self.upstream_addr = None
+        self.closed = False
+        self.requests = 0
+        self.bytes_from_client = 0
+        self.bytes_from_upstream = 0
+
+    # client side -------------------------------------------------------
+
+    def connection_made(self, transport):
+        self.client.transport = transport
+        transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
+        peer = transport.get_extra_info("peername")
+        self.peer = "%s:%s" % peer[:2] if peer else "?"
+        self.client.pause("connecting")
+        self.server.connections.add(self)
+        self._connect_task = asyncio.get_running_loop().create_task(self._connect_upstream())
+
+    async def _connect_upstream(self):
+        loop = asyncio.get_running_loop()
+        errors = []
+        for host, port in self.upstream_addresses:
+            try:
+                await loop.create_connection(lambda: UpstreamConnection(self), host, port)
+            except OSError as exc:
+                errors.append("%s:%s %s" % (host, port, exc.strerror or exc))
+                continue
+            self.upstream_addr = "%s:%s" % (host, port)
+            if self.closed:
+                self.upstream.transport.close()
+                return
+            log.info(
+                "connection %d opened: client %s -> %s listener -> broker %s",
+                self.conn_id, self.peer, self.listener_name, self.upstream_addr,
+            )
+            early, self.early_data = self.early_data, []
+            for data in early:
+                self.data_received(data)
+            self.client.resume("connecting")
+            return
+        self.close("no broker reachable (%s)" % "; ".join(errors or ["no address known"]))
+
+    def data_received(self, data):
+        if self.upstream.transport is None:
+            # uvloop may deliver bytes that arrived with the connection even
+            # though reading is paused until the broker connection is up.
+            self.early_data.append(data)
+            return
+        self.bytes_from_client += len(data)
+        try:
+            frames = self.requests_in.feed(data)
+            if not frames:
+                return
+            out = []
+            pending = self.pending
+            for frame in frames:
+                api_key, api_version, correlation_id, _client_id = parse_request_header(frame)
+                self.requests += 1
+                limit = MAX_DECODABLE_VERSION.get(api_key)
+                if limit is not None and api_version > limit:
+                    if api_key == API_VERSIONS:
+                        # Answer as a broker would: UNSUPPORTED_VERSION, retry lower.
+                        answer = unsupported_api_versions_response(correlation_id)
+                        if pending:
+                            pending.append((correlation_id, api_key, api_version, False, answer))
+                        else:
+                            self.client.transport.write(answer)
+                        continue
+                    raise ProtocolError(
+                        "request api_key %d v%d is newer than the proxy can decode (max v%d)"
+                        % (api_key, api_version, limit)
+                    )
+                if api_key == PRODUCE and produce_acks(frame, api_version) == 0:
+                    out.append(frame)  # acks=0: the broker sends no response
+                    continue
+                pending.append(
+                    (correlation_id, api_key, api_version, needs_rewrite(api_key, api_version), None)
+                )
+                out.append(frame)
+            if out:
+                self.upstream.transport.writelines(out)
+        except ProtocolError as exc:
+            self.close("malformed request from client: %s" % exc)
+
+    def eof_received(self):
+        self.close("client disconnected")
+        return False
+
+    def connection_lost(self, exc):
+        self.close("client connection lost: %s" % exc if exc else "client disconnected")
+
+    def pause_writing(self):
+        self.upstream.pause("client write buffer full")
+
+    def resume_writing(self):
+        self.upstream.resume("client write buffer full")
+
+    # upstream side -----------------------------------------------------
+
+    def upstream_data(self, data):
+        self.bytes_from_upstream += len(data)
+        try:
+            frames = self.responses_in.feed(data)
+            if not frames:
+                return
+            out = []
+            pending = self.pending
+            for frame in frames:
+                correlation_id = response_correlation_id(frame)
+                try:
+                    expected, api_key, api_version, rewrite, _ = pending.popleft()
+                except IndexError:
+                    raise ProtocolError(
+                        "response (correlation id %d) with no request pending" % correlation_id
+                    ) from None
+                if correlation_id != expected:
+                    raise ProtocolError(
+                        "response correlation id %d, expected %d" % (correlation_id, expected)
+                    )
+                if rewrite:
+                    new_frame, nodes = rewrite_response(
+                        frame, api_key, api_version, self.server.advertise
+                    )
+                    if nodes:
+                        self.server.learn_nodes(nodes)
+                    if new_frame is not None:
+                        frame = new_frame
+                out.append(frame)
+                while pending and pending[0][4] is not None:
+                    out.append(pending.popleft()[4])
+            self.client.transport.writelines(out)
+        except ProtocolError as exc:
+            self.close("malformed response from broker %s: %s" % (self.upstream_addr, exc))
+        except ValueError as exc:  # an address the proxy cannot advertise
+            self.close(str(exc))
+
+    def close(self, reason):
+        if self.closed:
+            return
+        self.closed = True
+        self.server.connections.discard(self)
+        for side in (self.client, self.upstream):
+            if side.transport is not None:
+                side.transport.close()
+        log.info(
+            "connection %d closed: %s (client %s, broker %s, %d requests, %d bytes in, %d bytes out)",
+            self.conn_id, reason, self.peer, self.upstream_addr, self.requests,
+            self.bytes_from_client, self.bytes_from_upstream,
+        )
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """Protocol for the proxy's connection to a broker, owned by a ClientConnection."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self, owner):
+        self.owner = owner
+
+    def connection_made(self, transport):
+        transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
+        self.owner.upstream.transport = transport
+        self.owner.upstream_protocol = self
+
+    def data_received(self, data):
+        self.owner.upstream_data(data)
+
+    def eof_received(self):
+        self.owner.close("broker closed the connection")
+        return False
+
+    def connection_lost(self, exc):
+        self.owner.close("broker connection lost: %s" % exc if exc else "broker closed the connection")
+
+    def pause_writing(self):
+        self.owner.client.pause("broker write buffer full")
+
+    def resume_writing(self):
+        self.owner.client.resume("broker write buffer full")

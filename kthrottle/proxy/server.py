@@ -1,0 +1,119 @@
+"""The proxy's listeners: one bootstrap address plus one per upstream node id."""
+import asyncio
+import itertools
+import logging
+import socket
+
+from .connection import ClientConnection
+
+log = logging.getLogger("kthrottle.proxy")
+
+
+class ProxyServer:
+    """Owns the listeners and the node-id -> broker routing table."""
+
+    def __init__(self, config):
+        self.config = config
+        self.advertised_host = config.effective_advertised_host
+        self.node_port_base = config.effective_node_port_base
+        self.nodes = {}  # node id -> (host, port) the broker advertises
+        self.listeners = {}  # node id -> asyncio Server (None key: bootstrap)
+        self.connections = set()
+        self._ids = itertools.count(1)
+        self._starting = set()
+
+    def next_connection_id(self):
+        return next(self._ids)
+
+    @property
+    def bootstrap_address(self):
+        sock = self.listeners[None].sockets[0]
+        return sock.getsockname()[:2]
+
+    def advertise(self, node_id):
+        """The address clients are given for upstream node ``node_id``."""
+        port = self.node_port_base + node_id
+        if not 0 < port < 65536:
+            raise ValueError(
+                "node id %d maps to port %d, outside 1-65535: choose another --node-port-base"
+                % (node_id, port)
+            )
+        return self.advertised_host, port
+
+    async def start(self):
+        loop = asyncio.get_running_loop()
+        host, port = self.config.listen
+        bootstrap = list(self.config.bootstrap_servers)
+        server = await loop.create_server(
+            lambda: ClientConnection(self, "bootstrap", bootstrap),
+            host, port, reuse_address=True,
+        )
+        self.listeners[None] = server
+        log.info(
+            "listening on %s:%d for bootstrap, brokers %s; node N gets port %d+N",
+            *self.bootstrap_address, ",".join("%s:%d" % a for a in bootstrap), self.node_port_base,
+        )
+
+    def learn_nodes(self, nodes):
+        """Route node ids to brokers and open a listener for each new node.
+
+        The listening socket is bound synchronously, before the response that
+        named the node reaches the client, so the client's first connection to
+        it is never refused.
+        """
+        for node in nodes:
+            address = (node.host, node.port)
+            if self.nodes.get(node.node_id) != address:
+                if node.node_id in self.nodes:
+                    log.info("node %d moved to %s:%d", node.node_id, *address)
+                self.nodes[node.node_id] = address
+            if node.node_id not in self.listeners:
+                self._open_node_listener(node.node_id)
+
+    def _open_node_listener(self, node_id):
+        host, port = self.config.listen[0], self.node_port_base + node_id
+        try:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(1024)
+            sock.setblocking(False)
+        except OSError as exc:
+            sock.close()
+            self.listeners[node_id] = None  # do not retry on every response
+            log.error("cannot listen for node %d on %s:%d: %s", node_id, host, port, exc)
+            return
+        self.listeners[node_id] = sock  # replaced by the Server once it runs
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._serve_node(node_id, sock))
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+
+    async def _serve_node(self, node_id, sock):
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: ClientConnection(self, "node %d" % node_id, self._node_route(node_id)),
+            sock=sock,
+        )
+        self.listeners[node_id] = server
+        log.info(
+            "listening on %s:%d for node %d (broker %s:%d)",
+            *sock.getsockname()[:2], node_id, *self.nodes[node_id],
+        )
+
+    def _node_route(self, node_id):
+        address = self.nodes.get(node_id)
+        return [address] if address else []
+
+    async def close(self):
+        for task in list(self._starting):
+            await task
+        servers = [s for s in self.listeners.values() if isinstance(s, asyncio.AbstractServer)]
+        for s in servers:
+            s.close()
+        for conn in list(self.connections):
+            conn.close("proxy shutting down")
+        for s in servers:
+            await s.wait_closed()
+        self.listeners.clear()

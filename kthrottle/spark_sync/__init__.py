@@ -1,0 +1,1 @@
+"""The periodic PySpark job that publishes cluster state for the proxies."""
