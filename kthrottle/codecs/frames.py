@@ -40,6 +40,14 @@ class FrameReader:
         """Bytes received that do not yet make a whole frame."""
         return self._have
 
+    def eof(self):
+        """The peer closed its side; a partial frame left over is an error."""
+        if self._have:
+            raise ProtocolError(
+                "connection closed in the middle of a frame (%d bytes of %d)"
+                % (self._have, self._need)
+            )
+
     def feed(self, data):
         """Take bytes from the peer; return the whole frames now available."""
         if self._pending:
@@ -146,9 +154,3 @@ def produce_acks(frame, api_version):
         raise
     except Exception:
         raise ProtocolError("truncated Produce request") from None
-
-
-def frame_bytes(body_parts):
-    """Frame the concatenation of ``body_parts`` with its size prefix."""
-    size = sum(len(p) for p in body_parts)
-    return INT32.pack(size) + b"".join(body_parts)

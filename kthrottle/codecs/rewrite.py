@@ -1,24 +1,31 @@
 """Rewriting broker addresses (and version ranges) in responses.
 
 Every address a broker hands a client must become the proxy's, or the client
-will connect around the proxy (KAFKA-NOTES section 4). Responses that carry
-addresses are decoded with kafka-python's schema-generated classes, patched,
-and re-encoded; everything else in them survives as it was. Produce and Fetch
-responses are hot, so they are only walked (no copies, no objects) to see
-whether they carry KIP-951 NodeEndpoints at all, which they rarely do.
+connects around the proxy (KAFKA-NOTES section 4). The rewrite is a splice:
+the response is walked just far enough to find each broker's host and port,
+those bytes are replaced, and every other byte is copied as it came. Decoding
+and re-encoding with kafka-python would drop tagged fields its schemas do not
+know (a newer broker's) and default-valued ones, so it is used only in tests,
+to build the frames this module is checked against.
 """
 from typing import Callable, NamedTuple
 
 from . import apis
 from .errors import ProtocolError
-from .frames import frame_bytes, response_body_offset
+from .frames import response_body_offset
 from .wire import (
     INT16,
-    check_within,
+    INT32,
+    encode_string,
+    read_array_length,
+    read_int16,
+    read_int32,
+    read_string,
     read_uvarint,
     skip_compact_bytes,
+    skip_string,
     skip_tagged_fields,
-    tagged_field_tags,
+    write_uvarint,
 )
 
 
@@ -44,149 +51,203 @@ def rewrite_response(frame, api_key, api_version, advertise):
     handler = _HANDLERS.get(api_key)
     if handler is None:
         return None, []
-    flexible_header = apis.response_header_is_flexible(api_key, api_version)
-    try:
-        body_off = response_body_offset(frame, flexible_header)
-    except ProtocolError:
-        raise
-    except Exception:
-        raise ProtocolError("truncated response header") from None
-    return handler(frame, body_off, api_version, advertise)
-
-
-def _decode(cls, frame, body_off, version):
-    if version > cls.max_version:
-        raise ProtocolError("%s v%d is newer than the proxy can decode" % (cls.name, version))
-    try:
-        return cls.decode(bytes(frame[body_off:]), version=version)
-    except Exception as exc:
-        raise ProtocolError("malformed %s v%d: %s" % (cls.name, version, exc)) from None
-
-
-def _encode(resp, frame, body_off, version):
-    # the decoded message carries its version; encode() re-encodes at it
-    return frame_bytes((frame[4:body_off], resp.encode()))
-
-
-def _patch(item, advertise, id_attr="node_id"):
-    """Point one broker entry at the proxy; return the upstream Node it had."""
-    node = Node(getattr(item, id_attr), item.host, item.port)
-    item.host, item.port = advertise(node.node_id)
-    return node
-
-
-def _metadata(frame, body_off, version, advertise):
-    resp = _decode(apis.MetadataResponse, frame, body_off, version)
-    nodes = [_patch(b, advertise) for b in resp.brokers]
-    if not nodes:
+    limit = apis.MAX_DECODABLE_VERSION[api_key]
+    if api_version > limit:
+        raise ProtocolError("api_key %d v%d is newer than the proxy can decode" % (api_key, api_version))
+    body = response_body_offset(frame, apis.response_header_is_flexible(api_key, api_version))
+    edits, nodes = handler(frame, body, api_version, advertise)
+    if not edits:
         return None, nodes
-    return _encode(resp, frame, body_off, version), nodes
+    return _splice(frame, edits), nodes
 
 
-def _find_coordinator(frame, body_off, version, advertise):
-    resp = _decode(apis.FindCoordinatorResponse, frame, body_off, version)
+def _splice(frame, edits):
+    """Apply ``(start, end, replacement)`` edits (in order) and reframe."""
+    parts = []
+    pos = 4
+    for start, end, replacement in edits:
+        parts.append(frame[pos:start])
+        parts.append(replacement)
+        pos = end
+    parts.append(frame[pos:])
+    size = sum(len(p) for p in parts)
+    return INT32.pack(size) + b"".join(parts)
+
+
+def _broker_entry(buf, pos, compact, advertise, edits, nodes, rewrite=True):
+    """A node_id, host, port run (common to every address-carrying schema)."""
+    node_id, pos = read_int32(buf, pos)
+    host_at = pos
+    host, pos = read_string(buf, pos, compact)
+    port, pos = read_int32(buf, pos)
+    if rewrite and node_id >= 0:
+        nodes.append(Node(node_id, host, port))
+        new_host, new_port = advertise(node_id)
+        edits.append((host_at, pos, encode_string(new_host, compact) + INT32.pack(new_port)))
+    return pos
+
+
+def _metadata(buf, pos, version, advertise):
+    compact = version >= 9
+    if version >= 3:
+        pos += 4  # throttle_time_ms
+    edits, nodes = [], []
+    count, pos = read_array_length(buf, pos, compact)
+    for _ in range(count):
+        pos = _broker_entry(buf, pos, compact, advertise, edits, nodes)
+        if version >= 1:
+            pos = skip_string(buf, pos, compact)  # rack
+        if compact:
+            pos = skip_tagged_fields(buf, pos)
+    return edits, nodes
+
+
+def _find_coordinator(buf, pos, version, advertise):
+    compact = version >= 3
+    edits, nodes = [], []
+    if version >= 1:
+        pos += 4  # throttle_time_ms
     if version < 4:
-        entries = [resp] if resp.error_code == 0 and resp.node_id >= 0 else []
-    else:
-        entries = [c for c in resp.coordinators if c.error_code == 0 and c.node_id >= 0]
-    nodes = [_patch(e, advertise) for e in entries]
-    if not nodes:
-        return None, nodes
-    return _encode(resp, frame, body_off, version), nodes
+        error_code, pos = read_int16(buf, pos)
+        if version >= 1:
+            pos = skip_string(buf, pos, compact)  # error_message
+        _broker_entry(buf, pos, compact, advertise, edits, nodes, rewrite=error_code == 0)
+        return edits, nodes
+    count, pos = read_array_length(buf, pos, True)
+    for _ in range(count):
+        pos = skip_string(buf, pos, True)  # key
+        entry_edits, entry_nodes = [], []
+        pos = _broker_entry(buf, pos, True, advertise, entry_edits, entry_nodes)
+        error_code, pos = read_int16(buf, pos)
+        if error_code == 0:
+            edits += entry_edits
+            nodes += entry_nodes
+        pos = skip_string(buf, pos, True)  # error_message
+        pos = skip_tagged_fields(buf, pos)
+    return edits, nodes
 
 
-def _describe_cluster(frame, body_off, version, advertise):
-    resp = _decode(apis.DescribeClusterResponse, frame, body_off, version)
-    nodes = [_patch(b, advertise, "broker_id") for b in resp.brokers]
-    if not nodes:
-        return None, nodes
-    return _encode(resp, frame, body_off, version), nodes
+def _describe_cluster(buf, pos, version, advertise):
+    edits, nodes = [], []
+    pos += 6  # throttle_time_ms, error_code
+    pos = skip_string(buf, pos, True)  # error_message
+    if version >= 1:
+        pos += 1  # endpoint_type
+    pos = skip_string(buf, pos, True)  # cluster_id
+    pos += 4  # controller_id
+    count, pos = read_array_length(buf, pos, True)
+    for _ in range(count):
+        pos = _broker_entry(buf, pos, True, advertise, edits, nodes)
+        pos = skip_string(buf, pos, True)  # rack
+        if version >= 2:
+            pos += 1  # is_fenced
+        pos = skip_tagged_fields(buf, pos)
+    return edits, nodes
 
 
-def _node_endpoints(cls, find_tags_offset):
-    def handler(frame, body_off, version, advertise):
-        if version < apis.NODE_ENDPOINTS_FROM[cls.API_KEY]:
-            return None, []
-        try:
-            tags_at = find_tags_offset(frame, body_off, version)
-            tags = tagged_field_tags(frame, tags_at)
-        except ProtocolError:
-            raise
-        except Exception:
-            raise ProtocolError("malformed %s v%d response" % (cls.name, version)) from None
-        if 0 not in tags:  # tag 0 is NodeEndpoints in both Produce and Fetch
-            return None, []
-        resp = _decode(cls, frame, body_off, version)
-        nodes = [_patch(e, advertise) for e in resp.node_endpoints]
-        return _encode(resp, frame, body_off, version), nodes
+def _node_endpoints_tag(buf, pos, advertise):
+    """Rewrite tag 0 (KIP-951 NodeEndpoints) of the tagged section at ``pos``."""
+    edits, nodes = [], []
+    count, pos = read_uvarint(buf, pos)
+    for _ in range(count):
+        tag, pos = read_uvarint(buf, pos)
+        size_at = pos
+        size, pos = read_uvarint(buf, pos)
+        end = pos + size
+        if end > len(buf):
+            raise ProtocolError("truncated tagged field %d" % tag)
+        if tag == 0:
+            inner = []
+            n, p = read_array_length(buf, pos, True)
+            for _ in range(n):
+                p = _broker_entry(buf, p, True, advertise, inner, nodes)
+                p = skip_string(buf, p, True)  # rack
+                p = skip_tagged_fields(buf, p)
+            if p != end:
+                raise ProtocolError("NodeEndpoints size does not match its contents")
+            value = _splice_plain(buf, pos, end, inner)
+            edits.append((size_at, end, write_uvarint(len(value)) + value))
+        pos = end
+    return edits, nodes
 
-    return handler
+
+def _splice_plain(buf, start, end, edits):
+    parts = []
+    pos = start
+    for s, e, replacement in edits:
+        parts.append(buf[pos:s])
+        parts.append(replacement)
+        pos = e
+    parts.append(buf[pos:end])
+    return b"".join(parts)
 
 
-def _fetch_top_level_tags(buf, pos, version):
-    """Position of the top-level tagged fields of a Fetch v16+ response."""
+def _fetch(buf, pos, version, advertise):
+    """Fetch v16+: walk to the top-level tagged fields (no record copies)."""
+    if version < apis.NODE_ENDPOINTS_FROM[apis.FETCH]:
+        return [], []
     pos += 10  # throttle_time_ms, error_code, session_id
-    topics, pos = read_uvarint(buf, pos)
-    for _ in range(topics - 1):
+    topics, pos = read_array_length(buf, pos, True)
+    for _ in range(topics):
         pos += 16  # topic_id (v13+)
-        partitions, pos = read_uvarint(buf, pos)
-        for _ in range(partitions - 1):
+        partitions, pos = read_array_length(buf, pos, True)
+        for _ in range(partitions):
             # partition_index, error_code, high_watermark, last_stable_offset,
             # log_start_offset
             pos += 30
-            aborted, pos = read_uvarint(buf, pos)
-            for _ in range(aborted - 1):
+            aborted, pos = read_array_length(buf, pos, True)
+            for _ in range(aborted):
                 pos = skip_tagged_fields(buf, pos + 16)  # producer_id, first_offset
             pos += 4  # preferred_read_replica
             pos = skip_compact_bytes(buf, pos)  # records
             pos = skip_tagged_fields(buf, pos)
         pos = skip_tagged_fields(buf, pos)
-    check_within(buf, pos, 1, "Fetch response")
-    return pos
+    return _node_endpoints_tag(buf, pos, advertise)
 
 
-def _produce_top_level_tags(buf, pos, version):
-    """Position of the top-level tagged fields of a Produce v10+ response."""
-    topics, pos = read_uvarint(buf, pos)
-    for _ in range(topics - 1):
+def _produce(buf, pos, version, advertise):
+    """Produce v10+: walk to the top-level tagged fields."""
+    if version < apis.NODE_ENDPOINTS_FROM[apis.PRODUCE]:
+        return [], []
+    topics, pos = read_array_length(buf, pos, True)
+    for _ in range(topics):
         if version >= 13:
             pos += 16  # topic_id
         else:
-            pos = skip_compact_bytes(buf, pos)  # name
-        partitions, pos = read_uvarint(buf, pos)
-        for _ in range(partitions - 1):
+            pos = skip_string(buf, pos, True)  # name
+        partitions, pos = read_array_length(buf, pos, True)
+        for _ in range(partitions):
             # index, error_code, base_offset, log_append_time_ms, log_start_offset
             pos += 30
-            errors, pos = read_uvarint(buf, pos)
-            for _ in range(errors - 1):
-                pos = skip_compact_bytes(buf, pos + 4)  # batch_index, message
+            errors, pos = read_array_length(buf, pos, True)
+            for _ in range(errors):
+                pos = skip_string(buf, pos + 4, True)  # batch_index, message
                 pos = skip_tagged_fields(buf, pos)
-            pos = skip_compact_bytes(buf, pos)  # error_message
+            pos = skip_string(buf, pos, True)  # error_message
             pos = skip_tagged_fields(buf, pos)
         pos = skip_tagged_fields(buf, pos)
     pos += 4  # throttle_time_ms
-    check_within(buf, pos, 1, "Produce response")
-    return pos
+    return _node_endpoints_tag(buf, pos, advertise)
 
 
-def _api_versions(frame, body_off, version, advertise):
-    """Clamp advertised versions to what the proxy can decode."""
-    try:
-        error_code = INT16.unpack_from(frame, body_off)[0]
-    except Exception:
-        raise ProtocolError("truncated ApiVersions response") from None
+def _api_versions(buf, pos, version, advertise):
+    """Clamp advertised max versions to what the proxy can decode (in place)."""
+    error_code, pos = read_int16(buf, pos)
     if error_code != 0:
-        return None, []  # an error answer lists versions for the retry only
-    resp = _decode(apis.ApiVersionsResponse, frame, body_off, version)
-    changed = False
-    for entry in resp.api_keys:
-        limit = apis.MAX_DECODABLE_VERSION.get(entry.api_key)
-        if limit is not None and entry.max_version > limit:
-            entry.max_version = limit
-            changed = True
-    if not changed:
-        return None, []
-    return _encode(resp, frame, body_off, version), []
+        return [], []  # an error answer is v0 and only lists versions to retry with
+    compact = version >= 3
+    edits = []
+    count, pos = read_array_length(buf, pos, compact)
+    for _ in range(count):
+        api_key, pos = read_int16(buf, pos)
+        max_at = pos + 2
+        max_version, pos = read_int16(buf, max_at)
+        limit = apis.MAX_DECODABLE_VERSION.get(api_key)
+        if limit is not None and max_version > limit:
+            edits.append((max_at, pos, INT16.pack(limit)))
+        if compact:
+            pos = skip_tagged_fields(buf, pos)
+    return edits, []
 
 
 _HANDLERS = {
@@ -194,23 +255,21 @@ _HANDLERS = {
     apis.FIND_COORDINATOR: _find_coordinator,
     apis.DESCRIBE_CLUSTER: _describe_cluster,
     apis.API_VERSIONS: _api_versions,
-    apis.PRODUCE: _node_endpoints(apis.ProduceResponse, _produce_top_level_tags),
-    apis.FETCH: _node_endpoints(apis.FetchResponse, _fetch_top_level_tags),
+    apis.PRODUCE: _produce,
+    apis.FETCH: _fetch,
 }
 
 
 def unsupported_api_versions_response(correlation_id):
     """ApiVersions v0 answer with UNSUPPORTED_VERSION (35), as a broker gives
-    to a client that asked with a version newer than it knows; the client
-    then retries with a version in the range listed."""
-    resp = apis.ApiVersionsResponse[0](
-        error_code=35,
-        api_keys=[
-            apis.ApiVersionsResponse.ApiVersion(
-                api_key=apis.API_VERSIONS,
-                min_version=0,
-                max_version=apis.MAX_DECODABLE_VERSION[apis.API_VERSIONS],
-            )
-        ],
+    a client that asked with a version newer than it knows; the client then
+    retries with a version in the range listed."""
+    body = (
+        INT32.pack(correlation_id)
+        + INT16.pack(35)
+        + INT32.pack(1)
+        + INT16.pack(apis.API_VERSIONS)
+        + INT16.pack(0)
+        + INT16.pack(apis.MAX_DECODABLE_VERSION[apis.API_VERSIONS])
     )
-    return frame_bytes((correlation_id.to_bytes(4, "big", signed=True), resp.encode(version=0)))
+    return INT32.pack(len(body)) + body

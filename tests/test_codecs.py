@@ -1,0 +1,234 @@
+"""Codec tests: bytes in, bytes out, no sockets."""
+import random
+
+import pytest
+
+from kafka_frames import (
+    BROKERS,
+    advertise,
+    api_versions,
+    describe_cluster,
+    fetch,
+    find_coordinator,
+    frame_response,
+    metadata,
+    produce,
+    produce_request,
+    proxied,
+)
+from kthrottle.codecs import (
+    FrameReader,
+    Node,
+    ProtocolError,
+    parse_request_header,
+    produce_acks,
+    request_frame_reader,
+    rewrite_response,
+    unsupported_api_versions_response,
+)
+from kthrottle.codecs import apis
+from kthrottle.codecs._kafka import ApiVersionsResponse
+
+ALL_NODES = [Node(n, h, p) for n, h, p, _ in BROKERS]
+
+# (api key, version, builder(addresses) -> body, nodes the rewrite must report)
+REWRITE_CASES = (
+    [(apis.METADATA, v, lambda a, v=v: metadata(v, a), ALL_NODES) for v in range(14)]
+    + [(apis.FIND_COORDINATOR, v, lambda a, v=v: find_coordinator(v, a), [ALL_NODES[1]]) for v in range(4)]
+    + [(apis.FIND_COORDINATOR, v, lambda a, v=v: find_coordinator(v, a), ALL_NODES) for v in range(4, 7)]
+    + [(apis.DESCRIBE_CLUSTER, v, lambda a, v=v: describe_cluster(v, a), ALL_NODES) for v in range(3)]
+    + [(apis.PRODUCE, v, lambda a, v=v: produce(v, a), ALL_NODES) for v in range(10, 14)]
+    + [(apis.FETCH, v, lambda a, v=v: fetch(v, a), ALL_NODES) for v in range(16, 19)]
+)
+
+
+def _case_id(case):
+    return "%s-v%d" % (apis.DECODED_RESPONSES[case[0]].name, case[1])
+
+
+@pytest.mark.parametrize("case", REWRITE_CASES, ids=_case_id)
+def test_three_broker_response_is_rewritten_and_nothing_else_changes(case):
+    api_key, version, build, expected_nodes = case
+    original = frame_response(api_key, version, build(BROKERS))
+    # What a broker would have sent had it advertised the proxy's addresses:
+    # every other byte must be the same.
+    expected = frame_response(api_key, version, build(proxied(BROKERS)))
+    new, nodes = rewrite_response(memoryview(original), api_key, version, advertise)
+    assert new is not None
+    assert bytes(new) == expected
+    assert nodes == expected_nodes
+
+
+@pytest.mark.parametrize("version", range(9, 14))
+def test_unknown_tagged_fields_survive_a_rewrite(version):
+    # A newer broker may send tags this proxy's schemas do not know; they must
+    # reach the client. Flexible Metadata ends with the top-level tag section.
+    unknown = b"\x01\x07\x03\xab\xcd\xef"  # one tag: number 7, 3 bytes
+    body = bytes(metadata(version))
+    assert body[-1] == 0
+    original = frame_response(apis.METADATA, version, body[:-1] + unknown)
+    expected = frame_response(apis.METADATA, version, bytes(metadata(version, proxied(BROKERS)))[:-1] + unknown)
+    new, _ = rewrite_response(original, apis.METADATA, version, advertise)
+    assert new == expected
+
+
+@pytest.mark.parametrize(
+    "api_key,version,body",
+    [(apis.PRODUCE, v, produce(v)) for v in range(0, 10)]
+    + [(apis.PRODUCE, v, produce(v, with_endpoints=False)) for v in range(10, 14)]
+    + [(apis.FETCH, v, fetch(v)) for v in range(0, 16)]
+    + [(apis.FETCH, v, fetch(v, with_endpoints=False)) for v in range(16, 19)]
+    + [(apis.FIND_COORDINATOR, v, find_coordinator(v, error_code=15)) for v in range(4)]
+    + [(apis.API_VERSIONS, v, api_versions(v, [(0, 0, 9), (1, 0, 12), (3, 0, 12)])) for v in range(5)],
+)
+def test_frames_without_addresses_pass_through_untouched(api_key, version, body):
+    frame = frame_response(api_key, version, body)
+    new, nodes = rewrite_response(memoryview(frame), api_key, version, advertise)
+    assert new is None and nodes == []
+
+
+def test_coordinator_errors_are_left_alone_in_batched_find_coordinator():
+    body = find_coordinator(4, error_code=15)
+    frame = frame_response(apis.FIND_COORDINATOR, 4, body)
+    new, nodes = rewrite_response(frame, apis.FIND_COORDINATOR, 4, advertise)
+    assert nodes == ALL_NODES
+    decoded = apis.FindCoordinatorResponse.decode(new[9:], version=4)
+    ok = [(c.host, c.port) for c in decoded.coordinators if c.error_code == 0]
+    assert ok == [advertise(n.node_id) for n in ALL_NODES]
+    bad = [c for c in decoded.coordinators if c.error_code]
+    assert [(c.node_id, c.host, c.port) for c in bad] == [(-1, "", -1)]
+
+
+@pytest.mark.parametrize("version", range(5))
+def test_api_versions_never_advertise_what_the_proxy_cannot_decode(version):
+    broker = [(0, 0, 20), (1, 4, 30), (3, 0, 13), (10, 0, 9), (18, 0, 9), (19, 2, 7), (60, 0, 5)]
+    clamped = [(0, 0, 13), (1, 4, 18), (3, 0, 13), (10, 0, 6), (18, 0, 4), (19, 2, 7), (60, 0, 2)]
+    frame = frame_response(apis.API_VERSIONS, version, api_versions(version, broker))
+    new, nodes = rewrite_response(frame, apis.API_VERSIONS, version, advertise)
+    assert new == frame_response(apis.API_VERSIONS, version, api_versions(version, clamped))
+    assert nodes == []
+
+
+def test_unsupported_api_versions_answer_is_a_valid_v0_error():
+    frame = unsupported_api_versions_response(77)
+    assert int.from_bytes(frame[:4], "big") == len(frame) - 4
+    assert int.from_bytes(frame[4:8], "big") == 77
+    resp = ApiVersionsResponse.decode(frame[8:], version=0)
+    assert resp.error_code == 35
+    assert [(k.api_key, k.min_version, k.max_version) for k in resp.api_keys] == [(18, 0, 4)]
+
+
+def test_newer_version_than_the_schemas_know_is_refused():
+    frame = frame_response(apis.METADATA, 13, metadata(13))
+    with pytest.raises(ProtocolError, match="newer"):
+        rewrite_response(frame, apis.METADATA, 14, advertise)
+
+
+def _reframe(frame, cut):
+    body = bytes(frame[4:cut])
+    return len(body).to_bytes(4, "big") + body
+
+
+@pytest.mark.parametrize("case", REWRITE_CASES, ids=_case_id)
+def test_truncated_responses_raise_protocol_error(case):
+    api_key, version, build, _ = case
+    frame = frame_response(api_key, version, build(BROKERS))
+    walked_to_end = api_key in (apis.PRODUCE, apis.FETCH)
+    raised = 0
+    for cut in range(8, len(frame)):
+        try:
+            rewrite_response(_reframe(frame, cut), api_key, version, advertise)
+        except ProtocolError:
+            raised += 1
+        else:
+            # Only a cut past the last address may go unnoticed: those bytes are
+            # forwarded as they came, not read.
+            assert not walked_to_end, "cut at %d of %d not detected" % (cut, len(frame))
+    assert raised >= 10
+
+
+@pytest.mark.parametrize("case", REWRITE_CASES, ids=_case_id)
+def test_garbage_raises_only_protocol_error(case):
+    api_key, version, build, _ = case
+    rng = random.Random(version * 1000 + api_key)
+    original = bytearray(frame_response(api_key, version, build(BROKERS)))
+    for _ in range(300):
+        frame = bytearray(original)
+        for _ in range(rng.randint(1, 6)):
+            frame[rng.randrange(8, len(frame))] = rng.randrange(256)
+        try:
+            rewrite_response(bytes(frame), api_key, version, advertise)
+        except ProtocolError:
+            pass
+    for size in (0, 1, 5, 64):
+        junk = bytes(rng.randrange(256) for _ in range(size))
+        try:
+            rewrite_response(_reframe(b"\x00\x00\x00\x00\x00\x00\x00\x2a" + junk, 8 + size), api_key, version, advertise)
+        except ProtocolError:
+            pass
+
+
+def test_absurd_broker_count_is_a_protocol_error():
+    body = b"\x00\x00\x00\x00" + (10**9).to_bytes(4, "big") + b"\x00\x00\x00\x01"
+    with pytest.raises(ProtocolError):
+        rewrite_response(frame_response(apis.METADATA, 3, body), apis.METADATA, 3, advertise)
+
+
+# -- framing ------------------------------------------------------------------
+
+
+def _frames(n):
+    return [frame_response(apis.FETCH, 4, fetch(4, records=bytes([i]) * (i * 37))) for i in range(n)]
+
+
+def test_frame_reader_reassembles_any_chunking():
+    frames = _frames(6)
+    stream = b"".join(frames)
+    rng = random.Random(5)
+    for _ in range(50):
+        reader = FrameReader()
+        out = []
+        pos = 0
+        while pos < len(stream):
+            step = rng.choice([1, 2, 3, 7, 64, 1000, 5000])
+            out += [bytes(f) for f in reader.feed(stream[pos : pos + step])]
+            pos += step
+        reader.eof()
+        assert out == frames
+
+
+def test_frame_reader_rejects_oversized_negative_and_short_frames():
+    with pytest.raises(ProtocolError, match="exceeds"):
+        FrameReader(max_frame_size=1000).feed((1001).to_bytes(4, "big") + b"x" * 10)
+    with pytest.raises(ProtocolError):
+        FrameReader().feed(b"\xff\xff\xff\xfb")  # size -5
+    with pytest.raises(ProtocolError, match="too small"):
+        request_frame_reader().feed(b"\x00\x00\x00\x03abc")
+    with pytest.raises(ProtocolError):
+        FrameReader().feed(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # "GET " is 1.2 GB
+
+
+def test_frame_reader_reports_a_frame_cut_short_by_eof():
+    reader = FrameReader()
+    frame = _frames(2)[1]
+    assert reader.feed(frame[:-3]) == []
+    with pytest.raises(ProtocolError, match="middle of a frame"):
+        reader.eof()
+
+
+@pytest.mark.parametrize("version", range(3, 14))
+@pytest.mark.parametrize("acks", [0, 1, -1])
+def test_produce_request_header_and_acks(version, acks):
+    txn = "txn-1" if version % 2 else None
+    frame = produce_request(version, acks, transactional_id=txn)
+    header = parse_request_header(frame)
+    assert header == (apis.PRODUCE, version, 11, "app-1")
+    assert produce_acks(frame, version) == acks
+
+
+def test_truncated_request_header_is_a_protocol_error():
+    frame = produce_request(9, 1)
+    with pytest.raises(ProtocolError):
+        parse_request_header(frame[:10])
+    with pytest.raises(ProtocolError):
+        produce_acks(frame[:22], 9)
