@@ -28,6 +28,9 @@ log = logging.getLogger("kthrottle.proxy")
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITE_LOW_WATER = 1024 * 1024
 
+# acks=0 Produce correlation ids remembered in case the broker answers them.
+UNANSWERED_IDS_KEPT = 1024
+
 
 class _Side:
     """Reading pause bookkeeping for one transport: paused while any reason holds."""
@@ -64,6 +67,7 @@ class ClientConnection(asyncio.Protocol):
         self.responses_in = FrameReader(server.config.max_frame_size * 2)
         # (correlation_id, api_key, api_version, rewrite?, local answer or None)
         self.pending = deque()
+        self.unanswered = deque(maxlen=UNANSWERED_IDS_KEPT)
         self.peer = None
         self.early_data = []
         self.upstream_addr = None
@@ -138,7 +142,11 @@ class ClientConnection(asyncio.Protocol):
                         % (api_key, api_version, limit)
                     )
                 if api_key == PRODUCE and produce_acks(frame, api_version) == 0:
-                    out.append(frame)  # acks=0: the broker sends no response
+                    # acks=0: Kafka sends no response. Some brokers (Tansu) do
+                    # anyway, which trips clients that expect none (aiokafka
+                    # fails its connection): remember the ids to drop them.
+                    self.unanswered.append(correlation_id)
+                    out.append(frame)
                     continue
                 pending.append(
                     (correlation_id, api_key, api_version, needs_rewrite(api_key, api_version), None)
@@ -174,16 +182,15 @@ class ClientConnection(asyncio.Protocol):
             pending = self.pending
             for frame in frames:
                 correlation_id = response_correlation_id(frame)
-                try:
-                    expected, api_key, api_version, rewrite, _ = pending.popleft()
-                except IndexError:
+                if not pending or pending[0][0] != correlation_id:
+                    if correlation_id in self.unanswered:
+                        self.unanswered.remove(correlation_id)
+                        continue  # an answer to acks=0 that Kafka would not send
                     raise ProtocolError(
-                        "response (correlation id %d) with no request pending" % correlation_id
-                    ) from None
-                if correlation_id != expected:
-                    raise ProtocolError(
-                        "response correlation id %d, expected %d" % (correlation_id, expected)
+                        "response correlation id %d, expected %s"
+                        % (correlation_id, pending[0][0] if pending else "none")
                     )
+                _, api_key, api_version, rewrite, _ = pending.popleft()
                 if rewrite:
                     new_frame, nodes = rewrite_response(
                         frame, api_key, api_version, self.server.advertise

@@ -1,0 +1,91 @@
+"""Fixtures that start real components on 127.0.0.1 and free ports, and stop
+them (by their own PID) when the tests that use them are done."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kthrottle.embedded import TansuBroker, free_port, wait_for_port
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+TANSU_NODE_ID = 111  # every Tansu broker reports this node id (KAFKA-NOTES 6)
+
+
+class ProxyProcess:
+    """``kthrottle proxy`` as a separate process, as users run it."""
+
+    def __init__(self, bootstrap, log_path, extra_args=()):
+        self.port = free_port()
+        # node 111 is served on node_port_base + 111: make that a free port
+        self.node_port = free_port()
+        self.node_port_base = self.node_port - TANSU_NODE_ID
+        self.bootstrap_upstream = bootstrap
+        self.log_path = Path(log_path)
+        self.extra_args = list(extra_args)
+        self.proc = None
+
+    @property
+    def bootstrap(self):
+        return "127.0.0.1:%d" % self.port
+
+    @property
+    def ports(self):
+        return {self.port, self.node_port}
+
+    def start(self):
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kthrottle", "proxy",
+                 "--bootstrap-server", self.bootstrap_upstream,
+                 "--listen", self.bootstrap,
+                 "--node-port-base", str(self.node_port_base), *self.extra_args],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            )
+        wait_for_port("127.0.0.1", self.port, proc=self.proc)
+        return self
+
+    def log(self):
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, text, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log():
+                return
+            time.sleep(0.05)
+        raise AssertionError("%r not in proxy log:\n%s" % (text, self.log()[-3000:]))
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self):
+        if self.alive():
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    b = TansuBroker(log_path=tmp_path_factory.mktemp("tansu") / "tansu.log")
+    b.start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(broker, tmp_path_factory):
+    p = ProxyProcess(broker.bootstrap, tmp_path_factory.mktemp("proxy") / "proxy.log")
+    p.start()
+    yield p
+    p.stop()
