@@ -16,13 +16,13 @@ from kafka_frames import (
     produce_request,
     proxied,
 )
+from kthrottle.codecs.frames import DROP, HEAD_SIZE, MIN_REQUEST_SIZE, PASS, WHOLE, FrameCutter
 from kthrottle.codecs import (
     FrameReader,
     Node,
     ProtocolError,
     parse_request_header,
     produce_acks,
-    request_frame_reader,
     rewrite_response,
     unsupported_api_versions_response,
 )
@@ -197,13 +197,62 @@ def test_frame_reader_reassembles_any_chunking():
         assert out == frames
 
 
+def test_frame_cutter_streams_passes_gathers_wholes_and_drops_under_any_chunking():
+    # frames of many sizes around HEAD_SIZE; the mode depends on the frame
+    sizes = [0, 1, HEAD_SIZE - 8, HEAD_SIZE - 7, HEAD_SIZE, 3 * HEAD_SIZE, 70000, 5, 200000]
+    frames = []
+    for i, n in enumerate(sizes * 2):
+        payload = i.to_bytes(4, "big") + bytes([i % 251]) * n
+        frames.append(len(payload).to_bytes(4, "big") + payload)
+    modes = {i: (PASS, WHOLE, DROP)[i % 3] for i in range(len(frames))}
+    expected = b"".join(b"<%d>" % i + f if modes[i] == WHOLE else f
+                        for i, f in enumerate(frames) if modes[i] != DROP)
+    stream = b"".join(frames)
+    rng = random.Random(9)
+    for trial in range(60):
+        heads = []
+
+        def on_head(head, total):
+            head = bytes(head)
+            assert len(head) == min(total, HEAD_SIZE)
+            i = int.from_bytes(head[4:8], "big")
+            heads.append((i, total))
+            return modes[i]
+
+        def on_whole(frame):
+            frame = bytes(frame)
+            return b"<%d>" % int.from_bytes(frame[4:8], "big") + frame
+
+        cutter = FrameCutter(on_head, on_whole)
+        out = []
+        pos = 0
+        while pos < len(stream):
+            step = rng.choice([1, 3, 4, 5, 100, HEAD_SIZE, 4096, 65536, 300000])
+            cutter.feed(stream[pos : pos + step], out)
+            pos += step
+        cutter.eof()
+        assert cutter.buffered == 0 and cutter.at_boundary
+        assert heads == [(i, len(f)) for i, f in enumerate(frames)]
+        assert b"".join(bytes(o) for o in out) == expected
+
+
+def test_frame_cutter_passes_without_holding_back_the_frame():
+    big = (100000).to_bytes(4, "big") + b"\x00" * 100000
+    cutter = FrameCutter(lambda head, total: PASS, None)
+    out = cutter.feed(big[:50000], [])
+    # the first half goes on before the frame is complete (cut-through)
+    assert sum(len(o) for o in out) == 50000 and cutter.buffered == 0
+    with pytest.raises(ProtocolError, match="middle of a frame"):
+        cutter.eof()
+
+
 def test_frame_reader_rejects_oversized_negative_and_short_frames():
     with pytest.raises(ProtocolError, match="exceeds"):
         FrameReader(max_frame_size=1000).feed((1001).to_bytes(4, "big") + b"x" * 10)
     with pytest.raises(ProtocolError):
         FrameReader().feed(b"\xff\xff\xff\xfb")  # size -5
     with pytest.raises(ProtocolError, match="too small"):
-        request_frame_reader().feed(b"\x00\x00\x00\x03abc")
+        FrameReader(min_frame_size=MIN_REQUEST_SIZE).feed(b"\x00\x00\x00\x03abc")
     with pytest.raises(ProtocolError):
         FrameReader().feed(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # "GET " is 1.2 GB
 

@@ -6,7 +6,6 @@ from .frames import (
     RequestHeader,
     parse_request_header,
     produce_acks,
-    request_frame_reader,
     response_correlation_id,
 )
 from .rewrite import Node, rewrite_response, unsupported_api_versions_response
@@ -19,7 +18,6 @@ __all__ = [
     "RequestHeader",
     "parse_request_header",
     "produce_acks",
-    "request_frame_reader",
     "response_correlation_id",
     "rewrite_response",
     "unsupported_api_versions_response",

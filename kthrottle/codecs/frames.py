@@ -1,8 +1,8 @@
 """Kafka framing: 4-byte big-endian size, then a request or response.
 
-No I/O here (h11 style): bytes go in through ``FrameReader.feed`` and whole
-frames come out, each as a memoryview that still includes its size prefix so
-that it can be forwarded exactly as it arrived.
+No I/O here (h11 style): bytes go in through ``feed`` and come out as what
+to forward, cut at frame boundaries. Frames keep their size prefix so they
+can be forwarded exactly as they arrived.
 """
 from typing import NamedTuple
 
@@ -14,79 +14,172 @@ from .wire import INT16, INT16_INT16_INT32, INT32, read_uvarint, skip_tagged_fie
 DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024
 
 # api_key(2) + api_version(2) + correlation_id(4) + client_id length(2)
-_MIN_REQUEST_SIZE = 10
+MIN_REQUEST_SIZE = 10
 # correlation_id(4)
-_MIN_RESPONSE_SIZE = 4
+MIN_RESPONSE_SIZE = 4
 
 
-class FrameReader:
-    """Cuts a byte stream into whole frames.
+# How much of a frame the cutter gathers before asking what to do with it:
+# enough for any request header with a sane client_id, and for the Produce
+# fields after it (transactional_id, acks).
+HEAD_SIZE = 512
+
+# What to do with a frame once its head has been seen.
+PASS = 0  # forward its bytes as they arrive (cut-through)
+WHOLE = 1  # gather the whole frame and hand it to on_whole
+DROP = 2  # swallow it
+
+
+class FrameCutter:
+    """Cut-through framing for a proxy.
+
+    ``feed(data, out)`` appends to ``out`` what should be written to the other
+    side, in order. At each frame start, once ``min(frame size, HEAD_SIZE)``
+    bytes are in, ``on_head(head, frame_len)`` decides: PASS streams the frame
+    on as its bytes arrive, without waiting for its end or copying it; WHOLE
+    gathers it and appends whatever ``on_whole(frame)`` returns (None: nothing);
+    DROP swallows it. Lengths include the 4-byte size prefix.
 
     Raises ProtocolError on a negative size, a size above ``max_frame_size``
     or a frame too short to hold a header (``min_frame_size``).
     """
 
-    __slots__ = ("max_frame_size", "min_frame_size", "_pending", "_have", "_need")
+    __slots__ = ("on_head", "on_whole", "max_frame_size", "min_frame_size",
+                 "_head", "_mode", "_left", "_whole")
 
-    def __init__(self, max_frame_size=DEFAULT_MAX_FRAME_SIZE, min_frame_size=_MIN_RESPONSE_SIZE):
+    def __init__(self, on_head, on_whole, max_frame_size=DEFAULT_MAX_FRAME_SIZE,
+                 min_frame_size=MIN_RESPONSE_SIZE):
+        self.on_head = on_head
+        self.on_whole = on_whole
         self.max_frame_size = max_frame_size
         self.min_frame_size = min_frame_size
-        self._pending = []  # chunks of an incomplete frame
-        self._have = 0  # bytes in _pending
-        self._need = 4  # bytes needed in _pending before a frame can complete
+        self._head = bytearray()  # start of a frame whose head straddles reads
+        self._mode = PASS  # mode of the frame in progress
+        self._left = 0  # bytes of the frame in progress still to come
+        self._whole = None  # a WHOLE frame being gathered
 
     @property
     def buffered(self):
-        """Bytes received that do not yet make a whole frame."""
-        return self._have
+        """Bytes held back: a partial head or a partial WHOLE frame."""
+        return len(self._head) + (len(self._whole) if self._whole is not None else 0)
+
+    @property
+    def at_boundary(self):
+        """True between frames (nothing of a next frame seen yet)."""
+        return not self._left and not self._head
 
     def eof(self):
         """The peer closed its side; a partial frame left over is an error."""
-        if self._have:
+        if not self.at_boundary:
             raise ProtocolError(
-                "connection closed in the middle of a frame (%d bytes of %d)"
-                % (self._have, self._need)
+                "connection closed in the middle of a frame (%d bytes missing)"
+                % max(self._left, 1)
             )
+
+    def _size(self, buf, pos):
+        size = INT32.unpack_from(buf, pos)[0]
+        if size > self.max_frame_size:
+            raise ProtocolError(
+                "frame of %d bytes exceeds the maximum of %d bytes" % (size, self.max_frame_size)
+            )
+        if size < self.min_frame_size:
+            raise ProtocolError("frame size %d is too small for a header" % size)
+        return size + 4
+
+    def _start(self, frame_start, total, available, out):
+        """Decide on a frame whose head is ``frame_start[:HEAD_SIZE]``; ``available``
+        bytes of it are in ``frame_start``. Returns how many of them were used."""
+        head_len = total if total < HEAD_SIZE else HEAD_SIZE
+        mode = self.on_head(frame_start[:head_len], total)
+        if available >= total:
+            if mode == PASS:
+                out.append(frame_start[:total])
+            elif mode == WHOLE:
+                result = self.on_whole(frame_start[:total])
+                if result is not None:
+                    out.append(result)
+            return total
+        if mode == PASS:
+            out.append(frame_start[:available])
+        elif mode == WHOLE:
+            self._whole = bytearray(frame_start[:available])
+        self._mode = mode
+        self._left = total - available
+        return available
+
+    def feed(self, data, out):
+        view = memoryview(data)
+        n = len(data)
+        pos = 0
+        if self._head:
+            head = self._head
+            take = min(HEAD_SIZE - len(head), n)
+            head += view[:take]
+            if len(head) < 4:
+                return out
+            total = self._size(head, 0)
+            head_len = total if total < HEAD_SIZE else HEAD_SIZE
+            if len(head) < head_len:
+                return out
+            pos = take - (len(head) - head_len)  # give back what the head did not need
+            frame_start = bytes(head[:head_len])
+            head.clear()
+            self._start(frame_start, total, head_len, out)
+        while pos < n:
+            left = self._left
+            if left:
+                take = n - pos if n - pos < left else left
+                mode = self._mode
+                if mode == PASS:
+                    out.append(view[pos : pos + take])
+                elif mode == WHOLE:
+                    self._whole += view[pos : pos + take]
+                pos += take
+                self._left = left - take
+                if left == take and mode == WHOLE:
+                    frame, self._whole = bytes(self._whole), None
+                    result = self.on_whole(frame)
+                    if result is not None:
+                        out.append(result)
+                continue
+            available = n - pos
+            if available >= 4:
+                total = self._size(data, pos)
+                if available >= total or available >= HEAD_SIZE:
+                    pos += self._start(view[pos:], total, available, out)
+                    continue
+            self._head += view[pos:]
+            break
+        return out
+
+
+class FrameReader:
+    """Cuts a byte stream into whole frames (each a bytes-like object that
+    includes its size prefix). Raises ProtocolError like FrameCutter."""
+
+    __slots__ = ("_cutter",)
+
+    def __init__(self, max_frame_size=DEFAULT_MAX_FRAME_SIZE, min_frame_size=MIN_RESPONSE_SIZE):
+        self._cutter = FrameCutter(_whole, _same, max_frame_size, min_frame_size)
+
+    @property
+    def buffered(self):
+        return self._cutter.buffered
+
+    def eof(self):
+        self._cutter.eof()
 
     def feed(self, data):
         """Take bytes from the peer; return the whole frames now available."""
-        if self._pending:
-            self._pending.append(data)
-            self._have += len(data)
-            if self._have < self._need:
-                return ()
-            data = b"".join(self._pending)
-            self._pending = []
-            self._have = 0
-        n = len(data)
-        pos = 0
-        frames = []
-        view = memoryview(data)
-        max_size = self.max_frame_size
-        while n - pos >= 4:
-            size = INT32.unpack_from(data, pos)[0]
-            if size > max_size:
-                raise ProtocolError(
-                    "frame of %d bytes exceeds the maximum of %d bytes" % (size, max_size)
-                )
-            if size < self.min_frame_size:
-                raise ProtocolError("frame size %d is too small for a header" % size)
-            end = pos + 4 + size
-            if end > n:
-                self._need = end - pos
-                break
-            frames.append(view[pos:end])
-            pos = end
-        else:
-            self._need = 4
-        if pos < n:
-            self._pending.append(bytes(view[pos:]))
-            self._have = n - pos
-        return frames
+        return self._cutter.feed(data, [])
 
 
-def request_frame_reader(max_frame_size=DEFAULT_MAX_FRAME_SIZE):
-    return FrameReader(max_frame_size, _MIN_REQUEST_SIZE)
+def _whole(head, frame_len):
+    return WHOLE
+
+
+def _same(frame):
+    return frame
 
 
 class RequestHeader(NamedTuple):

@@ -13,12 +13,11 @@ from ..codecs import (
     ProtocolError,
     parse_request_header,
     produce_acks,
-    request_frame_reader,
     response_correlation_id,
     rewrite_response,
     unsupported_api_versions_response,
 )
-from ..codecs import FrameReader
+from ..codecs.frames import DROP, MIN_REQUEST_SIZE, MIN_RESPONSE_SIZE, PASS, WHOLE, FrameCutter
 from ..codecs.apis import API_VERSIONS, MAX_DECODABLE_VERSION, PRODUCE, needs_rewrite
 
 log = logging.getLogger("kthrottle.proxy")
@@ -27,6 +26,10 @@ log = logging.getLogger("kthrottle.proxy")
 # 64 KiB mark (asyncio's default) would pause the broker side on every one.
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITE_LOW_WATER = 1024 * 1024
+
+# Largest response accepted from a broker (a Fetch answer is bounded by the
+# client's fetch.max.bytes, 50 MiB by default).
+MAX_RESPONSE_SIZE = 1 << 30
 
 # acks=0 Produce correlation ids remembered in case the broker answers them.
 UNANSWERED_IDS_KEPT = 1024
@@ -63,8 +66,17 @@ class ClientConnection(asyncio.Protocol):
         self.client = _Side()
         self.upstream = _Side()
         self.upstream_protocol = None
-        self.requests_in = request_frame_reader(server.config.max_frame_size)
-        self.responses_in = FrameReader(server.config.max_frame_size * 2)
+        self.requests_in = FrameCutter(
+            self._on_request_head, self._on_whole_request,
+            server.config.max_frame_size, MIN_REQUEST_SIZE,
+        )
+        # Responses are not bounded by socket.request.max.bytes (a fetch may be
+        # larger); only a negative or absurd size is refused.
+        self.responses_in = FrameCutter(
+            self._on_response_head, self._on_whole_response, MAX_RESPONSE_SIZE, MIN_RESPONSE_SIZE,
+        )
+        self.rewriting = None  # (api_key, api_version) of the response being gathered
+        self.response_out = None  # what upstream_data will write to the client
         # (correlation_id, api_key, api_version, rewrite?, local answer or None)
         self.pending = deque()
         self.unanswered = deque(maxlen=UNANSWERED_IDS_KEPT)
@@ -119,46 +131,60 @@ class ClientConnection(asyncio.Protocol):
             return
         self.bytes_from_client += len(data)
         try:
-            frames = self.requests_in.feed(data)
-            if not frames:
-                return
-            out = []
-            pending = self.pending
-            for frame in frames:
-                api_key, api_version, correlation_id, _client_id = parse_request_header(frame)
-                self.requests += 1
-                limit = MAX_DECODABLE_VERSION.get(api_key)
-                if limit is not None and api_version > limit:
-                    if api_key == API_VERSIONS:
-                        # Answer as a broker would: UNSUPPORTED_VERSION, retry lower.
-                        answer = unsupported_api_versions_response(correlation_id)
-                        if pending:
-                            pending.append((correlation_id, api_key, api_version, False, answer))
-                        else:
-                            self.client.transport.write(answer)
-                        continue
-                    raise ProtocolError(
-                        "request api_key %d v%d is newer than the proxy can decode (max v%d)"
-                        % (api_key, api_version, limit)
-                    )
-                if api_key == PRODUCE and produce_acks(frame, api_version) == 0:
-                    # acks=0: Kafka sends no response. Some brokers (Tansu) do
-                    # anyway, which trips clients that expect none (aiokafka
-                    # fails its connection): remember the ids to drop them.
-                    self.unanswered.append(correlation_id)
-                    out.append(frame)
-                    continue
-                pending.append(
-                    (correlation_id, api_key, api_version, needs_rewrite(api_key, api_version), None)
-                )
-                out.append(frame)
-            if out:
-                self.upstream.transport.writelines(out)
+            out = self.requests_in.feed(data, [])
         except ProtocolError as exc:
             self.close("malformed request from client: %s" % exc)
+            return
+        if out:
+            self.upstream.transport.writelines(out)
+
+    def _on_request_head(self, head, frame_len):
+        try:
+            return self._admit_request(head)
+        except ProtocolError:
+            if len(head) < frame_len:
+                return WHOLE  # a header longer than HEAD_SIZE: look at all of it
+            raise
+
+    def _on_whole_request(self, frame):
+        return frame if self._admit_request(frame) == PASS else None
+
+    def _admit_request(self, head):
+        """Account for one request from its first bytes; PASS it on or DROP it."""
+        api_key, api_version, correlation_id, _client_id = parse_request_header(head)
+        self.requests += 1
+        limit = MAX_DECODABLE_VERSION.get(api_key)
+        if limit is not None and api_version > limit:
+            if api_key != API_VERSIONS:
+                raise ProtocolError(
+                    "request api_key %d v%d is newer than the proxy can decode (max v%d)"
+                    % (api_key, api_version, limit)
+                )
+            # Answer as a broker would: UNSUPPORTED_VERSION, retry lower.
+            answer = unsupported_api_versions_response(correlation_id)
+            if self.pending:
+                self.pending.append((correlation_id, api_key, api_version, False, answer))
+            else:
+                self.client.transport.write(answer)
+            return DROP
+        if api_key == PRODUCE and produce_acks(head, api_version) == 0:
+            # acks=0: Kafka sends no response. Some brokers (Tansu) do anyway,
+            # which trips clients that expect none (aiokafka fails its
+            # connection): remember the ids to drop such answers.
+            self.unanswered.append(correlation_id)
+            return PASS
+        self.pending.append(
+            (correlation_id, api_key, api_version, needs_rewrite(api_key, api_version), None)
+        )
+        return PASS
 
     def eof_received(self):
-        self.close("client disconnected")
+        try:
+            self.requests_in.eof()
+        except ProtocolError as exc:
+            self.close("client disconnected: %s" % exc)
+        else:
+            self.close("client disconnected")
         return False
 
     def connection_lost(self, exc):
@@ -175,38 +201,51 @@ class ClientConnection(asyncio.Protocol):
     def upstream_data(self, data):
         self.bytes_from_upstream += len(data)
         try:
-            frames = self.responses_in.feed(data)
-            if not frames:
-                return
-            out = []
+            out = self.response_out = []
+            self.responses_in.feed(data, out)
             pending = self.pending
-            for frame in frames:
-                correlation_id = response_correlation_id(frame)
-                if not pending or pending[0][0] != correlation_id:
-                    if correlation_id in self.unanswered:
-                        self.unanswered.remove(correlation_id)
-                        continue  # an answer to acks=0 that Kafka would not send
-                    raise ProtocolError(
-                        "response correlation id %d, expected %s"
-                        % (correlation_id, pending[0][0] if pending else "none")
-                    )
-                _, api_key, api_version, rewrite, _ = pending.popleft()
-                if rewrite:
-                    new_frame, nodes = rewrite_response(
-                        frame, api_key, api_version, self.server.advertise
-                    )
-                    if nodes:
-                        self.server.learn_nodes(nodes)
-                    if new_frame is not None:
-                        frame = new_frame
-                out.append(frame)
-                while pending and pending[0][4] is not None:
-                    out.append(pending.popleft()[4])
-            self.client.transport.writelines(out)
+            if pending and pending[0][4] is not None and self.responses_in.at_boundary:
+                self._flush_local_answers(out)
         except ProtocolError as exc:
             self.close("malformed response from broker %s: %s" % (self.upstream_addr, exc))
+            return
         except ValueError as exc:  # an address the proxy cannot advertise
             self.close(str(exc))
+            return
+        if out:
+            self.client.transport.writelines(out)
+
+    def _flush_local_answers(self, out):
+        pending = self.pending
+        while pending and pending[0][4] is not None:
+            out.append(pending.popleft()[4])
+
+    def _on_response_head(self, head, frame_len):
+        correlation_id = response_correlation_id(head)
+        pending = self.pending
+        if pending and pending[0][4] is not None:
+            # answers the proxy gave itself, due after the previous response
+            self._flush_local_answers(self.response_out)
+        if not pending or pending[0][0] != correlation_id:
+            if correlation_id in self.unanswered:
+                self.unanswered.remove(correlation_id)
+                return DROP  # an answer to acks=0 that Kafka would not send
+            raise ProtocolError(
+                "response correlation id %d, expected %s"
+                % (correlation_id, pending[0][0] if pending else "none")
+            )
+        _, api_key, api_version, rewrite, _ = pending.popleft()
+        if rewrite:
+            self.rewriting = (api_key, api_version)
+            return WHOLE
+        return PASS
+
+    def _on_whole_response(self, frame):
+        api_key, api_version = self.rewriting
+        new_frame, nodes = rewrite_response(frame, api_key, api_version, self.server.advertise)
+        if nodes:
+            self.server.learn_nodes(nodes)
+        return frame if new_frame is None else new_frame
 
     def close(self, reason):
         if self.closed:
