@@ -102,7 +102,7 @@ def test_local_runs_broker_and_proxy_and_stops_both_on_ctrl_c():
             producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
             await producer.start()
             try:
-                await producer.send_and_wait("local-demo", b"hello")
+                await producer.send_and_wait("local-demo", b"hello", partition=0)
             finally:
                 await producer.stop()
             consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
