@@ -542,7 +542,35 @@ def delta(value, base):
     return "%+.2f" % (value - base)
 
 
-def markdown_report(summary, configs, facts, args, elapsed):
+def paired_ratios(results, config, metric):
+    """config / direct for every round where both were measured: rounds share
+    the machine's state, so their ratio is steadier than a ratio of medians."""
+    by_round = {}
+    for r in results:
+        by_round.setdefault(r.round, {})[r.config] = getattr(r, metric)
+    return sorted(cells[config] / cells["direct"] for cells in by_round.values()
+                  if cells.get(config) and cells.get("direct"))
+
+
+def paired_lines(results, configs):
+    lines = []
+    for config in configs:
+        if config == "direct":
+            continue
+        parts = []
+        for metric, label in (("produce_mb_s", "produce"), ("consume_mb_s", "consume")):
+            values = paired_ratios(results, config, metric)
+            if values:
+                parts.append("%s %.2fx (%.2f-%.2f)" % (label, statistics.median(values),
+                                                       values[0], values[-1]))
+        if parts:
+            lines.append("- %s: %s" % (config, ", ".join(parts)))
+    if lines:
+        lines.insert(0, "Throughput relative to direct within the same round, median (min-max):")
+    return lines
+
+
+def markdown_report(summary, configs, facts, args, elapsed, results=()):
     direct = summary.get("direct", {})
     lines = [
         "Machine: %s CPUs, %s; Python %s; aiokafka %s; client on %s; %s; kthrottle at %s."
@@ -576,6 +604,9 @@ def markdown_report(summary, configs, facts, args, elapsed):
                                                  direct.get("latency_p99_ms")),
             cpu,
         ))
+    extra = paired_lines(results, configs)
+    if extra:
+        lines += [""] + extra
     return "\n".join(lines) + "\n"
 
 
@@ -743,7 +774,7 @@ def main(argv=None):
     if not results:
         return 1
     summary = summarize(results, args.configs)
-    report = markdown_report(summary, args.configs, facts, args, elapsed)
+    report = markdown_report(summary, args.configs, facts, args, elapsed, results)
     print()
     print(report)
 

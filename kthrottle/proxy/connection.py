@@ -65,7 +65,6 @@ class ClientConnection(asyncio.Protocol):
         self.conn_id = server.next_connection_id()
         self.client = _Side()
         self.upstream = _Side()
-        self.upstream_protocol = None
         self.requests_in = FrameCutter(
             self._on_request_head, self._on_whole_request,
             server.config.max_frame_size, MIN_REQUEST_SIZE,
@@ -152,7 +151,6 @@ class ClientConnection(asyncio.Protocol):
     def _admit_request(self, head):
         """Account for one request from its first bytes; PASS it on or DROP it."""
         api_key, api_version, correlation_id, _client_id = parse_request_header(head)
-        self.requests += 1
         limit = MAX_DECODABLE_VERSION.get(api_key)
         if limit is not None and api_version > limit:
             if api_key != API_VERSIONS:
@@ -161,13 +159,16 @@ class ClientConnection(asyncio.Protocol):
                     % (api_key, api_version, limit)
                 )
             # Answer as a broker would: UNSUPPORTED_VERSION, retry lower.
+            self.requests += 1
             answer = unsupported_api_versions_response(correlation_id)
             if self.pending:
                 self.pending.append((correlation_id, api_key, api_version, False, answer))
             else:
                 self.client.transport.write(answer)
             return DROP
-        if api_key == PRODUCE and produce_acks(head, api_version) == 0:
+        acks_0 = api_key == PRODUCE and produce_acks(head, api_version) == 0
+        self.requests += 1
+        if acks_0:
             # acks=0: Kafka sends no response. Some brokers (Tansu) do anyway,
             # which trips clients that expect none (aiokafka fails its
             # connection): remember the ids to drop such answers.
@@ -273,7 +274,6 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_made(self, transport):
         transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
         self.owner.upstream.transport = transport
-        self.owner.upstream_protocol = self
 
     def data_received(self, data):
         self.owner.upstream_data(data)
