@@ -1,0 +1,268 @@
+"""KIP-55 quota resolution and the per-bucket accounting behind throttling.
+
+Resolution: for a connection's (user principal, client-id) and one quota key,
+the most specific configured entity wins, in this order (Kafka's own):
+
+    1 users/<u>/clients/<c>        2 users/<u>/clients/<default>
+    3 users/<u>                    4 users/<default>/clients/<c>
+    5 users/<default>/clients/<default>
+    6 users/<default>              7 clients/<c>
+    8 clients/<default>            9 static quota.producer/consumer.default
+    then unlimited.
+
+Sharing: Kafka keys a quota's bucket by metric tags (user, client-id). A
+level that names a user but no client (3, 6) gives each user one bucket for
+all its clients; levels with both (1, 2, 4, 5) give each <user, client> its
+own; client levels (7, 8, 9) give each client-id one bucket across users.
+So a <default> quota still gives every user or client a bucket of its own.
+Each quota key resolves on its own (a user may have a produce quota at one
+level and a fetch quota at another), as each of Kafka's quota managers does.
+"""
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .entities import (
+    CONSUMER_BYTE_RATE,
+    DEFAULT,
+    PRODUCER_BYTE_RATE,
+    QUOTA_KEYS,
+    REQUEST_RATE,
+    sanitize,
+)
+from .rate import SampledRate, TokenBucket, throttle_seconds, to_ms
+
+WINDOW = "window"
+TOKEN_BUCKET = "token-bucket"
+
+
+class Resolution(NamedTuple):
+    """Where a quota comes from and which bucket it is counted in."""
+
+    limit: float | None  # None: unlimited
+    entity: str | None  # the config path that set it ("static" or None)
+    user_tag: str  # metric tags: who shares the bucket
+    client_tag: str
+
+
+class QuotaConfig:
+    """An immutable index over a quota snapshot for O(1) resolution.
+
+    ``snapshot`` is ``{entity path: {quota key: value}}`` with sanitized names
+    (see entities.entity_path), plus an optional ``"static"`` entry holding
+    static defaults keyed by quota key.
+    """
+
+    def __init__(self, snapshot=None):
+        self.snapshot = dict(snapshot or {})
+        self._paths = {path: cfg for path, cfg in self.snapshot.items() if path != "static"}
+        self._static = dict(self.snapshot.get("static", {}))
+
+    def resolve(self, user, client_id, key):
+        """The quota for ``key`` of a connection of principal ``user`` (name as
+        is; ANONYMOUS for PLAINTEXT, KIP-55) sending ``client_id``."""
+        su = sanitize(user)
+        sc = sanitize(client_id or "")
+        paths = self._paths
+        d = DEFAULT
+        for path, user_tag, client_tag in (
+            ("users/%s/clients/%s" % (su, sc), user, client_id),
+            ("users/%s/clients/%s" % (su, d), user, client_id),
+            ("users/%s" % su, user, ""),
+            ("users/%s/clients/%s" % (d, sc), user, client_id),
+            ("users/%s/clients/%s" % (d, d), user, client_id),
+            ("users/%s" % d, user, ""),
+            ("clients/%s" % sc, "", client_id),
+            ("clients/%s" % d, "", client_id),
+        ):
+            cfg = paths.get(path)
+            if cfg is not None and key in cfg:
+                return Resolution(cfg[key], path, user_tag, client_tag or "")
+        if key in self._static:
+            return Resolution(self._static[key], "static", "", client_id or "")
+        return Resolution(None, None, "", client_id or "")
+
+
+@dataclass(frozen=True)
+class QuotaSettings:
+    samples: int = 11  # quota.window.num
+    window: float = 1.0  # quota.window.size.seconds
+    # Longest delay for one response, in seconds. None: W, the padded window
+    # the rate is measured over (10-11 s by default). Kafka caps only
+    # request-rate throttles (at one window) and leaves byte-rate ones
+    # uncapped; capping every delay keeps a client from being parked for
+    # minutes after a burst, while a sustained overuse is still repaid over
+    # successive responses.
+    max_throttle: float | None = None
+    # TOKEN_BUCKET (default): a client may burst ``burst_seconds`` of its quota,
+    # then is held to the quota; steady state lands on the quota. WINDOW:
+    # exactly Kafka's sampled windows and X = (O - T) / T x W, including the
+    # broker's ~10 s initial burst and the re-bursts each time the window
+    # holding a burst expires (about 10% over the quota in steady state).
+    mode: str = TOKEN_BUCKET
+    # Token bucket only: the burst allowance, in seconds of the quota.
+    burst_seconds: float = 1.0
+
+    def __post_init__(self):
+        if self.samples < 2:
+            raise ValueError("quota window count must be at least 2")
+        if self.window <= 0:
+            raise ValueError("quota window size must be positive")
+        if self.mode not in (WINDOW, TOKEN_BUCKET):
+            raise ValueError("quota mode must be %r or %r" % (WINDOW, TOKEN_BUCKET))
+        if self.burst_seconds <= 0:
+            raise ValueError("burst seconds must be positive")
+        if self.max_throttle is not None and self.max_throttle <= 0:
+            raise ValueError("max throttle must be positive")
+
+
+class Bucket:
+    """The accounting for one (quota key, user tag, client tag)."""
+
+    __slots__ = ("key", "user_tag", "client_tag", "limit", "entity", "settings",
+                 "rate", "tokens", "last_used", "throttle_ms_total", "throttled")
+
+    def __init__(self, key, resolution, settings):
+        self.key = key
+        self.user_tag = resolution.user_tag
+        self.client_tag = resolution.client_tag
+        self.settings = settings
+        self.rate = SampledRate(settings.samples, settings.window)
+        self.tokens = None
+        self.limit = None
+        self.entity = None
+        self.last_used = None
+        self.throttle_ms_total = 0
+        self.throttled = 0
+        self.set_limit(resolution)
+
+    def set_limit(self, resolution):
+        self.limit = resolution.limit
+        self.entity = resolution.entity
+        if self.settings.mode == TOKEN_BUCKET and self.limit is not None:
+            burst = self.limit * self.settings.burst_seconds
+            if self.tokens is None:
+                self.tokens = TokenBucket(self.limit, burst)
+            else:
+                self.tokens.set_limit(self.limit, burst)
+
+    def record(self, value, now):
+        """Count ``value`` and return the throttle time in ms it earns."""
+        self.last_used = now
+        self.rate.record(value, now)
+        if self.limit is None:
+            return 0
+        if self.tokens is not None:
+            self.tokens.record(value, now)
+            delay = self.tokens.throttle_seconds(now)
+            cap = self.settings.max_throttle or (self.settings.samples - 1) * self.settings.window
+        else:
+            w = self.rate.window_seconds(now)
+            delay = throttle_seconds(self.rate.total() / w, self.limit, w)
+            cap = self.settings.max_throttle or w
+        if delay <= 0:
+            return 0
+        ms = to_ms(min(delay, cap))
+        if ms:
+            self.throttled += 1
+            self.throttle_ms_total += ms
+        return ms
+
+    def measure(self, now):
+        return self.rate.measure(now)
+
+    def max_in_window(self):
+        """Kafka's cap on one fetch: quota x (samples - 1) x window."""
+        if self.limit is None:
+            return None
+        return self.limit * (self.settings.samples - 1) * self.settings.window
+
+
+class ClientQuotas:
+    """The three buckets one (user, client-id) counts in, resolved once per
+    configuration generation. What a connection holds on to."""
+
+    __slots__ = ("manager", "user", "client_id", "generation", "produce", "fetch", "request")
+
+    def __init__(self, manager, user, client_id):
+        self.manager = manager
+        self.user = user
+        self.client_id = client_id
+        self.generation = -1
+        self.produce = self.fetch = self.request = None
+        self.refresh()
+
+    def refresh(self):
+        m = self.manager
+        self.produce = m.bucket(PRODUCER_BYTE_RATE, self.user, self.client_id)
+        self.fetch = m.bucket(CONSUMER_BYTE_RATE, self.user, self.client_id)
+        self.request = m.bucket(REQUEST_RATE, self.user, self.client_id)
+        self.generation = m.generation
+
+    def current(self):
+        if self.generation != self.manager.generation:
+            self.refresh()
+        return self
+
+    def record_produce(self, nbytes, now):
+        """A Produce request of ``nbytes`` (the whole request, as Kafka counts)."""
+        return self.current().produce.record(nbytes, now)
+
+    def record_fetch(self, nbytes, now):
+        """A Fetch response of ``nbytes``."""
+        return self.current().fetch.record(nbytes, now)
+
+    def record_request(self, now):
+        """One request against the request-rate quota (KIP-124)."""
+        return self.current().request.record(1, now)
+
+    def fetch_max_bytes(self):
+        return self.current().fetch.max_in_window()
+
+
+class QuotaManager:
+    """All buckets of one proxy. Per request: a dict lookup at most, no work
+    proportional to the number of configured entities or live buckets."""
+
+    def __init__(self, snapshot=None, settings=None):
+        self.settings = settings or QuotaSettings()
+        self.config = QuotaConfig(snapshot)
+        self.generation = 0
+        self.buckets = {}  # (key, user tag, client tag) -> Bucket
+
+    def update(self, snapshot):
+        """A new configuration: live connections re-resolve on their next
+        request; existing buckets keep their measured rates."""
+        self.config = QuotaConfig(snapshot)
+        self.generation += 1
+
+    def bucket(self, key, user, client_id):
+        resolution = self.config.resolve(user, client_id, key)
+        bucket_key = (key, resolution.user_tag, resolution.client_tag)
+        bucket = self.buckets.get(bucket_key)
+        if bucket is None:
+            bucket = self.buckets[bucket_key] = Bucket(key, resolution, self.settings)
+        elif bucket.limit != resolution.limit or bucket.entity != resolution.entity:
+            bucket.set_limit(resolution)
+        return bucket
+
+    def client(self, user, client_id):
+        return ClientQuotas(self, user, client_id)
+
+    def expire(self, now, idle=3600.0):
+        """Drop buckets unused for ``idle`` seconds (Kafka expires quota
+        sensors after an hour). Call now and then, not per request."""
+        stale = []
+        for k, b in self.buckets.items():
+            if b.last_used is None:
+                b.last_used = now  # never recorded: its idle time starts now
+            elif now - b.last_used >= idle:
+                stale.append(k)
+        for k in stale:
+            del self.buckets[k]
+        return len(stale)
+
+
+__all__ = [
+    "QUOTA_KEYS", "Bucket", "ClientQuotas", "QuotaConfig", "QuotaManager", "QuotaSettings",
+    "Resolution", "TOKEN_BUCKET", "WINDOW",
+]
