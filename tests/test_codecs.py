@@ -281,3 +281,39 @@ def test_truncated_request_header_is_a_protocol_error():
         parse_request_header(frame[:10])
     with pytest.raises(ProtocolError):
         produce_acks(frame[:22], 9)
+
+
+def test_frame_cutter_forwards_a_patched_head_in_place_of_the_original():
+    frames = [(n + 4).to_bytes(4, "big") + i.to_bytes(4, "big") + bytes([i]) * n
+              for i, n in enumerate([10, 2000, 300000])]
+    stream = b"".join(frames)
+
+    def patch(head, total):
+        return b"\xee" * len(head)
+
+    for step in (1, 7, 600, 70000, len(stream)):
+        cutter = FrameCutter(patch, None)
+        out = []
+        for pos in range(0, len(stream), step):
+            cutter.feed(stream[pos : pos + step], out)
+        got = b"".join(bytes(o) for o in out)
+        expected = b"".join(b"\xee" * min(len(f), HEAD_SIZE) + f[HEAD_SIZE:] for f in frames)
+        assert got == expected
+
+
+@pytest.mark.parametrize("version", [3, 4, 11, 12, 13, 15, 17])
+def test_fetch_max_bytes_offset(version):
+    import struct
+    import uuid as uuidlib
+    from kthrottle.codecs._kafka import FetchRequest as F
+    from kthrottle.codecs.frames import fetch_max_bytes_offset
+
+    part = F.FetchTopic.FetchPartition(partition=0, fetch_offset=5, partition_max_bytes=1 << 20)
+    req = F[version](replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=52428800,
+                     isolation_level=0, session_id=0, session_epoch=-1,
+                     topics=[F.FetchTopic(topic="t", topic_id=uuidlib.UUID(int=3), partitions=[part])],
+                     forgotten_topics_data=[], rack_id="")
+    req.with_header(correlation_id=1, client_id="consumer-1")
+    frame = req.encode(header=True, framed=True)
+    offset = fetch_max_bytes_offset(frame, version)
+    assert struct.unpack_from(">i", frame, offset)[0] == 52428800

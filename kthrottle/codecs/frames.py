@@ -36,7 +36,9 @@ class FrameCutter:
     ``feed(data, out)`` appends to ``out`` what should be written to the other
     side, in order. At each frame start, once ``min(frame size, HEAD_SIZE)``
     bytes are in, ``on_head(head, frame_len)`` decides: PASS streams the frame
-    on as its bytes arrive, without waiting for its end or copying it; WHOLE
+    on as its bytes arrive, without waiting for its end or copying it (a
+    bytes object of the head's length instead of PASS: the same, with that
+    head forwarded in place of the original, to patch a field in it); WHOLE
     gathers it and appends whatever ``on_whole(frame)`` returns (None: nothing);
     DROP swallows it. Lengths include the 4-byte size prefix.
 
@@ -91,16 +93,25 @@ class FrameCutter:
         bytes of it are in ``frame_start``. Returns how many of them were used."""
         head_len = total if total < HEAD_SIZE else HEAD_SIZE
         mode = self.on_head(frame_start[:head_len], total)
+        skip = 0
+        if mode.__class__ is not int:  # PASS with a patched head
+            if len(mode) != head_len:
+                raise ValueError("a patched head must keep its length")
+            out.append(mode)
+            mode = PASS
+            skip = head_len
         if available >= total:
             if mode == PASS:
-                out.append(frame_start[:total])
+                if skip < total:
+                    out.append(frame_start[skip:total])
             elif mode == WHOLE:
                 result = self.on_whole(frame_start[:total])
                 if result is not None:
                     out.append(result)
             return total
         if mode == PASS:
-            out.append(frame_start[:available])
+            if skip < available:
+                out.append(frame_start[skip:available])
         elif mode == WHOLE:
             self._whole = bytearray(frame_start[:available])
         self._mode = mode
@@ -216,6 +227,22 @@ def request_body_offset(frame, flexible):
     pos = 14 + max(n, 0)
     if flexible:
         pos = skip_tagged_fields(frame, pos)
+    return pos
+
+
+def fetch_max_bytes_offset(frame, api_version):
+    """Offset of ``max_bytes`` in a framed Fetch request (v3+), else None."""
+    if api_version < 3:
+        return None
+    try:
+        pos = request_body_offset(frame, api_version >= 12)
+    except Exception:
+        raise ProtocolError("truncated Fetch request header") from None
+    # v3-14: replica_id, max_wait_ms, min_bytes, max_bytes; v15+ moved
+    # replica_id into a tagged field (KIP-903)
+    pos += 8 if api_version >= 15 else 12
+    if pos + 4 > len(frame):
+        raise ProtocolError("truncated Fetch request")
     return pos
 
 
