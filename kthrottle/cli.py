@@ -42,6 +42,36 @@ def _add_proxy_flags(p, bootstrap_required_text):
         help="largest request accepted; a larger one closes that connection "
         "(default 104857600, Kafka's socket.request.max.bytes)",
     )
+    q = p.add_argument_group("quotas (KIP-55 <user, client-id> byte-rate and request-rate quotas)")
+    q.add_argument(
+        "--quota-file", metavar="PATH",
+        help="TOML file of quotas, re-read when it changes (see kthrottle quotas --help)",
+    )
+    q.add_argument(
+        "--zookeeper", metavar="HOST:PORT[/chroot]",
+        help="read quotas from ZooKeeper in Kafka's layout (/config/users, /config/clients) "
+        "and follow its change notifications",
+    )
+    q.add_argument(
+        "--admin-listen", type=_host_port("--admin-listen"), metavar="HOST:PORT",
+        help="serve /metrics (Prometheus) and /quotas (JSON) here; off unless given",
+    )
+    q.add_argument(
+        "--quota-mode", choices=("token-bucket", "window"),
+        help="token-bucket (default): burst allowance of --quota-burst-seconds, then held to "
+        "the quota; window: exactly Kafka's sampled windows and X = (O - T) / T x W",
+    )
+    q.add_argument("--quota-window-num", type=int, metavar="N",
+                   help="samples in the rate window, Kafka's quota.window.num (default 11)")
+    q.add_argument("--quota-window-size-seconds", type=float, metavar="S",
+                   help="length of one sample, Kafka's quota.window.size.seconds (default 1)")
+    q.add_argument(
+        "--max-throttle-ms", type=int, metavar="MS",
+        help="longest delay for one response (default: the measured window W, 10-11 s; "
+        "Kafka caps only request-rate throttles)",
+    )
+    q.add_argument("--quota-burst-seconds", type=float, metavar="S",
+                   help="token-bucket mode: burst allowance in seconds of quota (default 1)")
     p.add_argument(
         "--config", metavar="FILE",
         help="TOML file with the same keys as the long flags (bootstrap-server = [...], "
@@ -85,6 +115,14 @@ def _flag_values(args):
         "node_port_base": args.node_port_base,
         "advertised_host": args.advertised_host,
         "max_frame_size": args.max_frame_size,
+        "quota_file": args.quota_file,
+        "zookeeper": args.zookeeper,
+        "admin_listen": args.admin_listen,
+        "quota_mode": args.quota_mode,
+        "quota_window_num": args.quota_window_num,
+        "quota_window_size_seconds": args.quota_window_size_seconds,
+        "max_throttle_ms": args.max_throttle_ms,
+        "quota_burst_seconds": args.quota_burst_seconds,
     }
 
 
@@ -99,15 +137,37 @@ def run_loop(main):
 
 
 async def serve(config, on_ready=None):
+    from .policy.quotas import QuotaManager
     from .proxy import ProxyServer
+    from .proxy.admin import AdminServer
 
-    server = ProxyServer(config)
+    source = None
+    if config.quota_file or config.zookeeper:
+        from .proxy.quota_store import FileQuotaSource, ZooKeeperQuotaSource
+
+        source = (FileQuotaSource(config.quota_file) if config.quota_file
+                  else ZooKeeperQuotaSource(config.zookeeper))
+    manager = QuotaManager(None, config.quota_settings()) if source else None
+    if source is not None:
+        from .proxy.quota_store import QuotaStoreError
+
+        try:  # quotas are in force before the first client is accepted
+            await source.start(manager.update)
+        except QuotaStoreError as exc:
+            await source.stop()
+            raise SystemExit("kthrottle: error: %s" % exc) from None
+    server = ProxyServer(config, manager)
+    admin = None
     try:
         await server.start()
+        if config.admin_listen:
+            admin = AdminServer(server, *config.admin_listen, source=source)
+            await admin.start()
     except OSError as exc:
-        raise SystemExit(
-            "kthrottle: error: cannot listen on %s:%d: %s" % (*config.listen, exc.strerror or exc)
-        ) from None
+        await server.close()
+        if source is not None:
+            await source.stop()
+        raise SystemExit("kthrottle: error: cannot listen: %s" % exc) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -115,9 +175,18 @@ async def serve(config, on_ready=None):
     if on_ready is not None:
         on_ready(server)
     try:
-        await stop.wait()
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), 60)
+            except asyncio.TimeoutError:
+                if manager is not None:
+                    manager.expire(loop.time())
     finally:
         logging.getLogger("kthrottle").info("shutting down")
+        if source is not None:
+            await source.stop()
+        if admin is not None:
+            await admin.close()
         await server.close()
 
 

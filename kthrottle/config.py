@@ -33,6 +33,28 @@ class ProxyConfig:
     node_port_base: int | None = None
     advertised_host: str | None = None
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    quota_file: str | None = None
+    zookeeper: str | None = None
+    admin_listen: tuple | None = None
+    quota_mode: str = "token-bucket"
+    quota_window_num: int = 11
+    quota_window_size_seconds: float = 1.0
+    max_throttle_ms: int | None = None
+    quota_burst_seconds: float = 1.0
+
+    def quota_settings(self):
+        from .policy.quotas import QuotaSettings
+
+        try:
+            return QuotaSettings(
+                samples=self.quota_window_num,
+                window=self.quota_window_size_seconds,
+                max_throttle=None if self.max_throttle_ms is None else self.max_throttle_ms / 1000.0,
+                mode=self.quota_mode,
+                burst_seconds=self.quota_burst_seconds,
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def effective_node_port_base(self):
@@ -56,6 +78,9 @@ class ProxyConfig:
             raise ConfigError("max-frame-size must be a positive number of bytes")
         if self.node_port_base is not None and not 0 < self.node_port_base < 65536:
             raise ConfigError("node-port-base must be a port number")
+        if self.quota_file and self.zookeeper:
+            raise ConfigError("give quota-file or zookeeper, not both")
+        self.quota_settings()
         return self
 
 
@@ -66,6 +91,14 @@ _KEYS = {
     "node-port-base": "node_port_base",
     "advertised-host": "advertised_host",
     "max-frame-size": "max_frame_size",
+    "quota-file": "quota_file",
+    "zookeeper": "zookeeper",
+    "admin-listen": "admin_listen",
+    "quota-mode": "quota_mode",
+    "quota-window-num": "quota_window_num",
+    "quota-window-size-seconds": "quota_window_size_seconds",
+    "max-throttle-ms": "max_throttle_ms",
+    "quota-burst-seconds": "quota_burst_seconds",
 }
 
 
@@ -76,9 +109,17 @@ def _convert(key, value):
         if not isinstance(value, list):
             raise ConfigError("bootstrap-server must be a list of HOST:PORT strings")
         return [parse_host_port(v, "bootstrap-server") for v in value]
-    if key == "listen":
-        return parse_host_port(value, "listen")
-    if key in ("node-port-base", "max-frame-size"):
+    if key in ("listen", "admin-listen"):
+        return parse_host_port(value, key)
+    if key in ("quota-window-size-seconds", "quota-burst-seconds"):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError("%s must be a number, got %r" % (key, value))
+        return float(value)
+    if key in ("quota-file", "zookeeper", "quota-mode"):
+        if not isinstance(value, str) or not value:
+            raise ConfigError("%s must be a non-empty string" % key)
+        return value
+    if key in ("node-port-base", "max-frame-size", "quota-window-num", "max-throttle-ms"):
         if not isinstance(value, int) or isinstance(value, bool):
             raise ConfigError("%s must be an integer, got %r" % (key, value))
         return value

@@ -136,5 +136,5 @@ def test_a_taken_listen_port_is_a_clear_error():
         port = s.getsockname()[1]
         out = kthrottle("proxy", "--bootstrap-server", "127.0.0.1:1", "--listen", "127.0.0.1:%d" % port)
     assert out.returncode == 1
-    assert "cannot listen on 127.0.0.1:%d" % port in out.stderr
+    assert "cannot listen" in out.stderr and str(port) in out.stderr
     assert "Traceback" not in out.stderr

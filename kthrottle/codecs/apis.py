@@ -56,3 +56,42 @@ def needs_rewrite(api_key, api_version):
         return True
     first = NODE_ENDPOINTS_FROM.get(api_key)
     return first is not None and api_version >= first
+
+
+# Every response kafka-python's schemas describe, by API key (for layouts the
+# proxy needs for all APIs, such as the response header and throttle_time_ms).
+def _all_response_classes():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # Importing these registers their response classes.
+        import kafka.protocol.admin  # noqa: F401
+        import kafka.protocol.consumer  # noqa: F401
+        import kafka.protocol.metadata  # noqa: F401
+        import kafka.protocol.producer  # noqa: F401
+        import kafka.protocol.sasl  # noqa: F401
+        from kafka.protocol.api_header import ResponseClassRegistry
+    return dict(sorted(ResponseClassRegistry._response_class_registry.items()))
+
+
+ALL_RESPONSES = _all_response_classes()
+
+# api_key -> (first, last) versions with a flexible body, or None if never.
+FLEXIBLE_VERSIONS = {
+    key: (cls._flexible_versions
+          if cls._flexible_versions is not None and cls._flexible_versions[0] >= 0 else None)
+    for key, cls in ALL_RESPONSES.items()
+}
+
+
+def response_header_flexible(api_key, api_version):
+    """Whether a response of any API kafka-python knows has a flexible header
+    (v1: tagged fields after the correlation id). ApiVersions never does
+    (KIP-511). None for an API key kafka-python does not know."""
+    if api_key == API_VERSIONS:
+        return False
+    if api_key not in FLEXIBLE_VERSIONS:
+        return None
+    versions = FLEXIBLE_VERSIONS[api_key]
+    return versions is not None and versions[0] <= api_version <= versions[1]

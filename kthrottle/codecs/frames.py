@@ -47,7 +47,7 @@ class FrameCutter:
     """
 
     __slots__ = ("on_head", "on_whole", "max_frame_size", "min_frame_size",
-                 "_head", "_mode", "_left", "_whole")
+                 "stop_after_frame", "rest", "_head", "_mode", "_left", "_whole")
 
     def __init__(self, on_head, on_whole, max_frame_size=DEFAULT_MAX_FRAME_SIZE,
                  min_frame_size=MIN_RESPONSE_SIZE):
@@ -59,6 +59,11 @@ class FrameCutter:
         self._mode = PASS  # mode of the frame in progress
         self._left = 0  # bytes of the frame in progress still to come
         self._whole = None  # a WHOLE frame being gathered
+        # Set (by on_head, say) to stop at the end of the frame in progress:
+        # feed then leaves the bytes after it unread, in ``rest``, for the
+        # caller to feed again later (a throttled client is not read further).
+        self.stop_after_frame = False
+        self.rest = None
 
     @property
     def buffered(self):
@@ -138,6 +143,10 @@ class FrameCutter:
             self._start(frame_start, total, head_len, out)
         while pos < n:
             left = self._left
+            if not left and self.stop_after_frame:
+                self.stop_after_frame = False
+                self.rest = bytes(view[pos:])
+                break
             if left:
                 take = n - pos if n - pos < left else left
                 mode = self._mode

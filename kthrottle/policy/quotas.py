@@ -259,6 +259,8 @@ class QuotaManager:
                 stale.append(k)
         for k in stale:
             del self.buckets[k]
+        if stale:
+            self.generation += 1  # connections holding a dropped bucket look again
         return len(stale)
 
 

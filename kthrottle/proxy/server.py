@@ -12,8 +12,10 @@ log = logging.getLogger("kthrottle.proxy")
 class ProxyServer:
     """Owns the listeners and the node-id -> broker routing table."""
 
-    def __init__(self, config):
+    def __init__(self, config, quotas=None):
         self.config = config
+        self.quotas = quotas  # policy QuotaManager, or None: no quota accounting
+        self.loop = None
         self.advertised_host = config.effective_advertised_host
         self.node_port_base = config.effective_node_port_base
         self.nodes = {}  # node id -> (host, port) the broker advertises
@@ -41,7 +43,7 @@ class ProxyServer:
         return self.advertised_host, port
 
     async def start(self):
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
         host, port = self.config.listen
         bootstrap = list(self.config.bootstrap_servers)
         server = await loop.create_server(

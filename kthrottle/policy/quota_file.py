@@ -1,0 +1,162 @@
+"""The quota file: KIP-55 entities in TOML, to and from a quota snapshot.
+
+    [users.alice]                      # users/alice: all alice's clients share it
+    producer_byte_rate = 1048576
+    [users.alice.clients.app]          # users/alice/clients/app
+    request_rate = 50
+    [users."<default>"]                # users/<default>: each user its own bucket
+    consumer_byte_rate = 2097152
+    [users."<default>".clients."<default>"]
+    [clients.reporting]                # clients/reporting: shared across users
+    [clients."<default>"]
+    [static]                           # server.properties' static client-id defaults
+    "quota.producer.default" = 10485760
+
+Names are written as clients send them (the file is for people); entity paths
+sanitize them as Kafka does. No I/O here: text or parsed TOML in, snapshot out.
+"""
+import json
+
+from .entities import (
+    DEFAULT,
+    QUOTA_KEYS,
+    STATIC_DEFAULT_KEYS,
+    entity_path,
+    parse_entity_path,
+    parse_quota_value,
+)
+
+STATIC = "static"
+
+
+class QuotaFileError(ValueError):
+    """A quota file that does not describe quotas; the message says where."""
+
+
+def _quota_values(table, where):
+    out = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            continue  # a nested table (clients of a user), handled by the caller
+        try:
+            out[key] = parse_quota_value(key, value)
+        except ValueError as exc:
+            raise QuotaFileError("%s: %s" % (where, exc)) from None
+    return out
+
+
+def _table(value, where):
+    if not isinstance(value, dict):
+        raise QuotaFileError("%s must be a table of quotas" % where)
+    return value
+
+
+def snapshot_from_document(doc):
+    """Parsed TOML -> ``{entity path: {quota key: float}}`` (plus "static")."""
+    snapshot = {}
+    for section, body in doc.items():
+        if section == "users":
+            for user, table in _table(body, "[users]").items():
+                where = "[users.%s]" % json.dumps(user)
+                table = _table(table, where)
+                for key, value in table.items():
+                    if isinstance(value, dict) and key != "clients":
+                        raise QuotaFileError("%s: unknown table %r (only clients)" % (where, key))
+                config = _quota_values(table, where)
+                if config:
+                    snapshot[entity_path(user=user)] = config
+                clients = _table(table.get("clients", {}), where + ".clients")
+                for client_id, ctable in clients.items():
+                    cwhere = "%s.clients.%s" % (where, json.dumps(client_id))
+                    config = _quota_values(_no_subtables(_table(ctable, cwhere), cwhere), cwhere)
+                    if config:
+                        snapshot[entity_path(user=user, client_id=client_id)] = config
+        elif section == "clients":
+            for client_id, table in _table(body, "[clients]").items():
+                where = "[clients.%s]" % json.dumps(client_id)
+                config = _quota_values(_no_subtables(_table(table, where), where), where)
+                if config:
+                    snapshot[entity_path(client_id=client_id)] = config
+        elif section == STATIC:
+            static = {}
+            for name, value in _table(body, "[static]").items():
+                key = STATIC_DEFAULT_KEYS.get(name)
+                if key is None:
+                    raise QuotaFileError("[static]: unknown key %r (known: %s)"
+                                         % (name, ", ".join(STATIC_DEFAULT_KEYS)))
+                try:
+                    static[key] = parse_quota_value(key, value)
+                except ValueError as exc:
+                    raise QuotaFileError("[static]: %s: %s" % (name, exc)) from None
+            if static:
+                snapshot[STATIC] = static
+        else:
+            raise QuotaFileError("unknown section %r (known: users, clients, static)" % section)
+    return snapshot
+
+
+def _no_subtables(table, where):
+    for key, value in table.items():
+        if isinstance(value, dict):
+            raise QuotaFileError("%s: unexpected table %r" % (where, key))
+    return table
+
+
+def _toml_key(name):
+    """A bare key where TOML allows one, else a basic string (JSON's escapes
+    are TOML's)."""
+    if name and all(c.isascii() and (c.isalnum() or c in "_-") for c in name):
+        return name
+    return json.dumps(name, ensure_ascii=False)
+
+
+def format_value(value):
+    """A quota value as Kafka writes it: whole numbers without a fraction."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def document_text(snapshot):
+    """A snapshot as quota-file text, entities in a stable order."""
+    lines = ["# kthrottle quotas (KIP-55 entities); see `kthrottle quotas --help`."]
+
+    def section(header, config, keys):
+        lines.append("")
+        lines.append(header)
+        for key in keys:
+            if key in config:
+                lines.append("%s = %s" % (_toml_key(key), format_value(config[key])))
+
+    def order(path):
+        user, client_id = parse_entity_path(path)
+        # clients/* last; <default> after named entities at each level
+        return (user is None, user == DEFAULT, user or "", client_id is not None,
+                client_id == DEFAULT, client_id or "")
+
+    for path in sorted((p for p in snapshot if p != STATIC), key=order):
+        user, client_id = parse_entity_path(path)
+        parts = []
+        if user is not None:
+            parts += ["users", _toml_key(user)]
+        if client_id is not None:
+            parts += ["clients", _toml_key(client_id)]
+        section("[%s]" % ".".join(parts), snapshot[path], QUOTA_KEYS)
+    static = snapshot.get(STATIC)
+    if static:
+        names = {key: name for name, key in STATIC_DEFAULT_KEYS.items()}
+        section("[static]", {names[k]: v for k, v in static.items()},
+                [names[k] for k in QUOTA_KEYS if k in names])
+    return "\n".join(lines) + "\n"
+
+
+def altered(config, add=None, delete=()):
+    """``config`` with ``add`` ({key: value}, validated) set and ``delete``
+    (keys) removed; raises ValueError naming the bad key, changing nothing."""
+    add = {key: parse_quota_value(key, value) for key, value in (add or {}).items()}
+    for key in delete:
+        if key not in QUOTA_KEYS:
+            raise ValueError("unknown quota key %r (known: %s)" % (key, ", ".join(QUOTA_KEYS)))
+        if key in add:
+            raise ValueError("%s is both added and deleted" % key)
+    out = {k: v for k, v in config.items() if k not in delete}
+    out.update(add)
+    return out

@@ -1,0 +1,160 @@
+"""The admin endpoint: /metrics (Prometheus text) and /quotas (JSON).
+
+Metrics are collected when scraped, from the quota buckets themselves, so the
+request path pays nothing for them. Names follow Kafka's per-(user, client-id)
+quota metrics (byte-rate, throttle-time, request-rate) with Prometheus
+spelling; labels are Kafka's metric tags, so a user-level quota shows as
+client_id="" (all that user's clients share it), as in Kafka.
+"""
+import asyncio
+import json
+import logging
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from ..policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE
+
+log = logging.getLogger("kthrottle.admin")
+
+_KIND = {PRODUCER_BYTE_RATE: "produce", CONSUMER_BYTE_RATE: "fetch", REQUEST_RATE: "request"}
+_MAX_REQUEST_LINE = 8192
+
+
+class ProxyCollector:
+    """Reads the proxy's state at scrape time (on the event loop thread)."""
+
+    def __init__(self, server, source=None):
+        self.server = server
+        self.source = source
+
+    def collect(self):
+        server = self.server
+        labels = ["user", "client_id"]
+        rate = {k: GaugeMetricFamily(
+            "kthrottle_%s_%s" % (_KIND[k], "request_rate" if k == REQUEST_RATE else "byte_rate"),
+            "Measured %s rate per quota bucket (Kafka's sampled rate)"
+            % ("request" if k == REQUEST_RATE else _KIND[k] + " byte"), labels=labels)
+            for k in _KIND}
+        quota = {k: GaugeMetricFamily(
+            "kthrottle_%s_quota" % _KIND[k],
+            "Configured %s quota of the bucket (%s)" % (_KIND[k], k), labels=labels + ["entity"])
+            for k in _KIND}
+        throttle = {k: CounterMetricFamily(
+            "kthrottle_%s_throttle_time_ms" % _KIND[k],
+            "Throttle time given to %s in this bucket" % _KIND[k], labels=labels)
+            for k in _KIND}
+        throttled = {k: CounterMetricFamily(
+            "kthrottle_%s_throttled_responses" % _KIND[k],
+            "Responses throttled for %s in this bucket" % _KIND[k], labels=labels)
+            for k in _KIND}
+        manager = server.quotas
+        if manager is not None:
+            now = server.loop.time()
+            for (key, user, client), bucket in manager.buckets.items():
+                if bucket.last_used is None:
+                    continue
+                tags = [user, client]
+                rate[key].add_metric(tags, bucket.measure(now))
+                if bucket.limit is not None:
+                    quota[key].add_metric(tags + [bucket.entity or ""], bucket.limit)
+                throttle[key].add_metric(tags, bucket.throttle_ms_total)
+                throttled[key].add_metric(tags, bucket.throttled)
+        for family in (rate, quota, throttle, throttled):
+            yield from family.values()
+        yield GaugeMetricFamily("kthrottle_connections", "Open client connections",
+                                value=len(server.connections))
+        if self.source is not None:
+            yield GaugeMetricFamily(
+                "kthrottle_quota_source_healthy",
+                "1 while the quota source (file or ZooKeeper) is readable and current; "
+                "0 while the last known quotas stay in force",
+                value=1 if self.source.healthy else 0)
+
+
+def quotas_report(server):
+    """Each live connection: principal, client-ids, resolved entities, rates."""
+    now = server.loop.time()
+    connections = []
+    for conn in sorted(server.connections, key=lambda c: c.conn_id):
+        clients = []
+        for client_id, quotas in conn.client_quotas.items():
+            quotas = quotas.current()
+            entry = {"client_id": client_id}
+            for name, bucket in (("produce", quotas.produce), ("fetch", quotas.fetch),
+                                 ("request", quotas.request)):
+                entry[name] = {
+                    "quota": bucket.limit,
+                    "entity": bucket.entity,
+                    "shared_by": {"user": bucket.user_tag, "client_id": bucket.client_tag},
+                    "rate": round(bucket.measure(now), 3),
+                }
+            clients.append(entry)
+        connections.append({
+            "connection": conn.conn_id,
+            "client": conn.peer,
+            "listener": conn.listener_name,
+            "broker": conn.upstream_addr,
+            "principal": conn.principal,
+            "clients": clients,
+            "throttled_for_ms": max(0, round((conn.muted_until - now) * 1000)),
+        })
+    return {"connections": connections}
+
+
+class AdminServer:
+    """A small HTTP/1.0 server on the proxy's event loop."""
+
+    def __init__(self, server, host, port, source=None):
+        self.proxy = server
+        self.host = host
+        self.port = port
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(ProxyCollector(server, source))
+        self._server = None
+
+    @property
+    def address(self):
+        return self._server.sockets[0].getsockname()[:2]
+
+    async def start(self):
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        log.info("admin endpoint on http://%s:%d (/metrics, /quotas)", *self.address)
+
+    async def close(self):
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader, writer):
+        try:
+            line = await asyncio.wait_for(reader.readline(), 10)
+            while True:  # skip the headers
+                header = await asyncio.wait_for(reader.readline(), 10)
+                if header in (b"\r\n", b"\n", b""):
+                    break
+            parts = line.decode("latin-1").split()
+            if len(line) > _MAX_REQUEST_LINE or len(parts) < 2:
+                status, ctype, body = "400 Bad Request", "text/plain", b"bad request\n"
+            elif parts[0] not in ("GET", "HEAD"):
+                status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET only\n"
+            else:
+                path = parts[1].split("?", 1)[0]
+                if path == "/metrics":
+                    status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
+                    body = generate_latest(self.registry)
+                elif path == "/quotas":
+                    status, ctype = "200 OK", "application/json"
+                    body = json.dumps(quotas_report(self.proxy), indent=2).encode() + b"\n"
+                else:
+                    status, ctype, body = "404 Not Found", "text/plain", b"try /metrics or /quotas\n"
+            head = "HTTP/1.0 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % (
+                status, ctype, len(body))
+            writer.write(head.encode("latin-1") + (b"" if parts and parts[0] == "HEAD" else body))
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError):
+            pass
+        except Exception:
+            log.exception("admin request failed")
+        finally:
+            writer.close()
