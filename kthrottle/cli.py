@@ -5,7 +5,7 @@ import logging
 import signal
 import sys
 
-from . import __version__
+from . import __version__, quotas_command
 from .config import DEFAULT_LISTEN, ConfigError, build_config, load_toml, parse_host_port
 
 
@@ -105,6 +105,7 @@ def make_parser():
         "at, and stops both on Ctrl-C.",
     )
     _add_proxy_flags(local, "Not used: the local broker is the upstream.")
+    quotas_command.add_parser(sub)
     return parser
 
 
@@ -193,6 +194,11 @@ async def serve(config, on_ready=None):
 def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
+    if args.command == "quotas":
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        action_parser = parser._subparsers._group_actions[0].choices["quotas"]
+        action_parser = action_parser._subparsers._group_actions[0].choices[args.action]
+        return quotas_command.run(args, action_parser)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

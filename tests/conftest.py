@@ -89,3 +89,13 @@ def proxy(broker, tmp_path_factory):
     p.start()
     yield p
     p.stop()
+
+
+@pytest.fixture(scope="module")
+def zookeeper(tmp_path_factory):
+    from zookeeper import ZooKeeperServer
+
+    z = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
+    z.start()
+    yield z
+    z.stop()

@@ -317,3 +317,35 @@ def test_fetch_max_bytes_offset(version):
     frame = req.encode(header=True, framed=True)
     offset = fetch_max_bytes_offset(frame, version)
     assert struct.unpack_from(">i", frame, offset)[0] == 52428800
+
+
+def test_frame_cutter_stops_after_the_frame_in_progress_and_hands_back_the_rest():
+    # a throttled client: the request being read goes on whole, nothing after it
+    frames = _frames(5)
+    stream = b"".join(frames)
+    rng = random.Random(3)
+    for trial in range(40):
+        stop_at = rng.randrange(len(frames))
+        seen = []
+
+        def on_head(head, total):
+            seen.append(total)
+            if len(seen) - 1 == stop_at:
+                cutter.stop_after_frame = True
+            return PASS
+
+        cutter = FrameCutter(on_head, None)
+        out, pos, rest = [], 0, None
+        while pos < len(stream) and rest is None:
+            step = rng.choice([1, 5, 100, HEAD_SIZE, 4096, 100000])
+            cutter.feed(stream[pos : pos + step], out)
+            pos += step
+            if cutter.rest is not None:
+                rest, cutter.rest = cutter.rest, None
+            elif cutter.stop_after_frame and cutter.at_boundary:
+                rest = b""  # the frame ended exactly where the bytes did
+        forwarded = b"".join(bytes(o) for o in out)
+        assert forwarded == b"".join(frames[: stop_at + 1])
+        assert len(seen) == stop_at + 1
+        # what was handed back and what had not been fed are the rest of the stream
+        assert rest + stream[pos:] == b"".join(frames[stop_at + 1 :])

@@ -141,11 +141,14 @@ _CHANGE_SEQ = re.compile(r"^%s(\d+)$" % CHANGE_PREFIX)
 
 
 def _kazoo(hosts, timeout):
-    import logging as _logging
+    import warnings
 
     from kazoo.client import KazooClient
 
-    _logging.getLogger("kazoo.client").setLevel(_logging.WARNING)
+    # kazoo logs every failed reconnect; the sources log state changes once
+    logging.getLogger("kazoo.client").setLevel(logging.ERROR)
+    # "No chroot path exists": Kafka's tools, too, create it on first write
+    warnings.filterwarnings("ignore", message="No chroot path exists")
     # reconnect forever, at most 2 s apart: a ZooKeeper that comes back is found
     return KazooClient(hosts=hosts, timeout=timeout,
                        connection_retry={"max_tries": -1, "max_delay": 2})
@@ -258,14 +261,14 @@ class ZooKeeperQuotaStore:
         new = altered({k: parse_quota_value(k, v) for k, v in quotas.items()}, add, delete)
         full = {k: v for k, v in full.items() if k not in QUOTA_KEYS}
         full.update({k: format_value(v) for k, v in new.items()})
-        data = json.dumps({"version": 1, "config": full}).encode()
+        data = json.dumps({"version": 1, "config": full}, separators=(",", ":")).encode()
         if self.zk.exists(znode):
             self.zk.set(znode, data)
         else:
             self.zk.create(znode, data, makepath=True)
         self.zk.ensure_path(CHANGES)
         self.zk.create("%s/%s" % (CHANGES, CHANGE_PREFIX),
-                       json.dumps({"version": 2, "entity_path": path}).encode(), sequence=True)
+                       json.dumps({"version": 2, "entity_path": path}, separators=(",", ":")).encode(), sequence=True)
         return new
 
 
@@ -285,6 +288,7 @@ class ZooKeeperQuotaSource:
         self._work = queue.Queue()
         self._worker = None
         self._was_down = False
+        self._stopping = False
 
     async def start(self, on_update):
         self._loop = asyncio.get_running_loop()
@@ -304,6 +308,8 @@ class ZooKeeperQuotaSource:
     def _state_changed(self, state):  # kazoo thread: must not block
         from kazoo.protocol.states import KazooState
 
+        if self._stopping:
+            return
         if state == KazooState.CONNECTED:
             if self._was_down:
                 self._was_down = False
@@ -393,6 +399,7 @@ class ZooKeeperQuotaSource:
         self._loop.call_soon_threadsafe(apply)
 
     async def stop(self):
+        self._stopping = True
         self._work.put(("stop", None))
         if self._worker is not None:
             await asyncio.to_thread(self._worker.join, 5)

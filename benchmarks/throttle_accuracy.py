@@ -1,0 +1,805 @@
+#!/usr/bin/env python3
+"""How close to its quota does kthrottle hold a client that sends or fetches as fast as it can?
+
+One local Tansu broker (in-memory storage) and, per quota mode, one fresh
+``python -m kthrottle proxy --quota-file FILE --quota-mode MODE`` in front of it. For every
+quota size three clients run at once against that proxy, each with its own client-id, its own
+1-partition topic and its own quota (KIP-55 ``clients/<client-id>`` entities):
+
+* ``aio-producer``  - aiokafka, 1 KiB records, acks=1, as fast as it can with at most
+  ``--max-in-flight`` unacknowledged records (producer_byte_rate);
+* ``ck-producer``   - confluent-kafka (librdkafka), 1 KiB records, acks=1,
+  ``batch.size=--ck-batch-size`` (16384, the Java client's default), otherwise librdkafka's
+  defaults: it ignores throttle_time_ms and keeps up to a million requests in flight, so only the
+  proxy holds it back (producer_byte_rate);
+* ``aio-consumer``  - aiokafka, reading a topic preloaded directly against the broker, with
+  ``max_partition_fetch_bytes=--fetch-bytes`` (consumer_byte_rate).
+
+Every client records when its bytes arrive: a producer when a record is acknowledged (delivery
+callback / future done), the consumer when ``getmany`` returns records. Achieved rate / quota is
+reported for the first seconds (burst) and for the steady state, with a per-second series per
+client for the plot. Rates count record-value bytes; the proxy counts whole request/response
+frames, a few percent more (see the report). At the end of each quota size the proxy's own
+``/metrics`` (admin endpoint) is read for its throttle counters and measured rate.
+
+Writes ``throttle_accuracy.md`` and ``throttle_accuracy.png`` into ``--output-dir``
+(``benchmarks/results/``). Every process this script starts binds 127.0.0.1 on a free port and
+is stopped by PID at the end, on Ctrl-C and on errors too.
+
+Example (smoke run, about 25 s)::
+
+    python benchmarks/throttle_accuracy.py --seconds 8 --quotas 100000
+
+Full run (about 4 minutes)::
+
+    python benchmarks/throttle_accuracy.py
+"""
+import argparse
+import asyncio
+import shlex
+import signal
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
+from proxy_overhead import (  # noqa: E402
+    TANSU_NODE_ID,
+    Processes,
+    _sigterm_to_interrupt,
+    machine_facts,
+    metadata_probe,
+    new_runner,
+)
+
+from kthrottle.embedded import TansuBroker, free_port, wait_for_port  # noqa: E402
+
+MODES = ("token-bucket", "window")
+CLIENTS = ("aio-producer", "ck-producer", "aio-consumer")
+QUOTA_KEY = {"aio-producer": "producer_byte_rate", "ck-producer": "producer_byte_rate",
+             "aio-consumer": "consumer_byte_rate"}
+METRIC_KIND = {"producer_byte_rate": "produce", "consumer_byte_rate": "fetch"}
+DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results"
+
+# Measured by the team on this machine against Apache Kafka 2.2 broker quotas (client default
+# producer_byte_rate = 200 KB/s; aiokafka and confluent-kafka writing 1 KiB records as fast as
+# they can). Not measured by this script: shown for comparison only.
+KAFKA_REFERENCE = {"quota": 200_000, "windows": (((12, 27), 1.43), ((25, 65), 0.83))}
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class ClientRun:
+    """One client for one (quota mode, quota size)."""
+
+    mode: str
+    quota: int
+    kind: str
+    client_id: str
+    topic: str
+    events: list = field(default_factory=list)  # (monotonic time, value bytes)
+    errors: int = 0
+    first_error: Optional[str] = None
+    ran_out: bool = False  # consumer: reached the end of the preloaded data
+    proxy: dict = field(default_factory=dict)  # read from the proxy's /metrics
+    t0: Optional[float] = None
+
+    def error(self, text):
+        self.errors += 1
+        if self.first_error is None:
+            self.first_error = text
+
+    def rate(self, start, end):
+        """Value bytes per second delivered in [start, end) seconds after t0."""
+        if self.t0 is None or end <= start:
+            return None
+        t0 = self.t0
+        return sum(n for t, n in self.events if start <= t - t0 < end) / (end - start)
+
+    def series(self, seconds):
+        bins = [0.0] * int(seconds)
+        for t, n in self.events:
+            i = int(t - self.t0)
+            if 0 <= i < len(bins):
+                bins[i] += n
+        return bins
+
+
+def quota_label(quota):
+    return ("%gM" % (quota / 1e6)) if quota >= 1_000_000 else ("%gk" % (quota / 1e3))
+
+
+# --------------------------------------------------------------------------- processes
+
+
+@dataclass
+class Proxy:
+    mode: str
+    bootstrap: str
+    admin_port: int
+    proc: object
+
+
+def start_proxy(broker, procs, quota_file, mode, args, attempts=3):
+    """A kthrottle proxy in front of ``broker`` with the quota file and an admin endpoint."""
+    last_error = None
+    for attempt in range(attempts):
+        listen, node_port, admin = free_port(), free_port(), free_port()
+        if len({listen, node_port, admin}) < 3 or node_port - TANSU_NODE_ID < 1024:
+            continue
+        argv = [
+            sys.executable, "-m", "kthrottle", "proxy",
+            "--bootstrap-server", broker.bootstrap,
+            "--listen", "127.0.0.1:%d" % listen,
+            "--node-port-base", str(node_port - TANSU_NODE_ID),  # Tansu is node 111
+            "--quota-file", str(quota_file),
+            "--admin-listen", "127.0.0.1:%d" % admin,
+            "--quota-mode", mode,
+            "--log-level", "WARNING",
+        ]
+        if args.burst_seconds is not None:
+            argv += ["--quota-burst-seconds", str(args.burst_seconds)]
+        proc = procs.spawn("kthrottle-%s" % mode, argv)
+        try:
+            wait_for_port("127.0.0.1", listen, timeout=20, proc=proc)
+            metadata_probe("127.0.0.1", listen)  # opens the node 111 listener
+            wait_for_port("127.0.0.1", node_port, timeout=5, proc=proc)
+            wait_for_port("127.0.0.1", admin, timeout=5, proc=proc)
+            return Proxy(mode, "127.0.0.1:%d" % listen, admin, proc)
+        except Exception as exc:  # most likely a port taken in between: try other ports
+            last_error = exc
+            procs.stop(proc)
+            print("    kthrottle start attempt %d failed: %s" % (attempt + 1, exc), flush=True)
+    raise RuntimeError("kthrottle did not start: %s" % last_error)
+
+
+def write_quota_file(path, quotas):
+    lines = ["# written by benchmarks/throttle_accuracy.py"]
+    for quota in quotas:
+        for kind in CLIENTS:
+            lines += ["", '[clients."%s-%s"]' % (kind, quota_label(quota)),
+                      "%s = %d" % (QUOTA_KEY[kind], quota)]
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def read_proxy_metrics(admin_port, client_ids):
+    """Per client-id: the proxy's measured rate (Kafka's sampled rate, wire bytes), its
+    throttle time total and throttled responses, from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % admin_port, timeout=5) as r:
+        text = r.read().decode()
+    out = {cid: {} for cid in client_ids}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            cid = sample.labels.get("client_id")
+            if cid in out:
+                out[cid][sample.name] = sample.value
+    return out
+
+
+# --------------------------------------------------------------------------- clients
+
+
+async def preload(bootstrap, topic, records, value):
+    """Write ``records`` records straight to the broker for a consumer to fetch."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=10,
+                                max_batch_size=256 * 1024, client_id="throttle-accuracy-preload")
+    await producer.start()
+    try:
+        in_flight = deque()
+        for _ in range(records):
+            in_flight.append(await producer.send(topic, value, partition=0))
+            if len(in_flight) >= 5000:
+                await in_flight.popleft()
+        await asyncio.gather(*in_flight)
+    finally:
+        await producer.stop()
+
+
+class Clock:
+    """When the measured period starts and ends (monotonic seconds); set once every client
+    is connected, read by the clients after ``go``."""
+
+    t0 = None
+    end = None
+
+
+async def aio_produce(run, bootstrap, value, clock, args, ready, go):
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, client_id=run.client_id, acks=1, linger_ms=args.linger_ms,
+        max_batch_size=16384, request_timeout_ms=60000,
+    )
+
+    def delivered(fut):
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is None:
+            run.events.append((time.monotonic(), len(value)))
+        else:
+            run.error("%s: %s" % (type(exc).__name__, exc))
+
+    try:
+        await producer.start()
+        await producer.partitions_for(run.topic)  # metadata before the clock starts
+        ready.set()
+        await go.wait()
+        in_flight = deque()
+        while time.monotonic() < clock.end:
+            fut = await producer.send(run.topic, value, partition=0)
+            fut.add_done_callback(delivered)
+            in_flight.append(fut)
+            while in_flight and in_flight[0].done():
+                in_flight.popleft()
+            if len(in_flight) >= args.max_in_flight:
+                remaining = clock.end - time.monotonic()
+                if remaining <= 0:
+                    break
+                await asyncio.wait([in_flight[0]], timeout=remaining)
+    finally:
+        await close_producer(producer)
+
+
+async def close_producer(producer, timeout=10.0):
+    """Stop at once: what is still queued or throttled is not part of the measurement, and
+    flushing it could take many seconds at a small quota. aiokafka's stop() returns without
+    flushing once its sender task is down."""
+    sender = getattr(producer, "_sender", None)
+    task = getattr(sender, "sender_task", None)
+    if task is not None and not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=2)
+    try:
+        await asyncio.wait_for(producer.stop(), timeout)
+    except Exception as exc:
+        print("    ! aiokafka producer stop: %s" % (exc or type(exc).__name__), flush=True)
+
+
+async def aio_consume(run, bootstrap, clock, args, ready, go):
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, client_id=run.client_id, group_id=None,
+        enable_auto_commit=False, auto_offset_reset="earliest",
+        max_partition_fetch_bytes=args.fetch_bytes, request_timeout_ms=60000,
+    )
+    try:
+        await consumer.start()
+        tp = TopicPartition(run.topic, 0)
+        ready.set()
+        await go.wait()
+        consumer.assign([tp])  # fetching starts here, not before the clock
+        await consumer.seek_to_beginning(tp)
+        while True:
+            remaining = clock.end - time.monotonic()
+            if remaining <= 0:
+                break
+            batches = await consumer.getmany(tp, timeout_ms=max(1, int(min(remaining, 0.2) * 1000)))
+            n = sum(len(r.value) for records in batches.values() for r in records)
+            if n:
+                run.events.append((time.monotonic(), n))
+        highwater = consumer.highwater(tp)
+        position = await consumer.position(tp)
+        run.ran_out = highwater is not None and position >= highwater
+    finally:
+        try:
+            await asyncio.wait_for(consumer.stop(), 10)
+        except Exception as exc:
+            print("    ! aiokafka consumer stop: %s" % (exc or type(exc).__name__), flush=True)
+
+
+def ck_produce(run, bootstrap, value, clock, args, ready, go, stop):
+    """confluent-kafka in a thread of its own: librdkafka does its I/O on its own threads
+    and runs delivery callbacks from poll()."""
+    import confluent_kafka
+
+    producer = None
+    try:
+        producer = confluent_kafka.Producer({
+            "bootstrap.servers": bootstrap, "client.id": run.client_id, "acks": 1,
+            "linger.ms": args.linger_ms,
+            # librdkafka's default batch.size is 1,000,000 bytes: at these quotas one
+            # request would be seconds of quota and the rate would move in whole requests.
+            "batch.size": args.ck_batch_size,
+        })
+
+        def delivered(err, msg):
+            if err is None:
+                run.events.append((time.monotonic(), len(msg.value())))
+            elif err.code() not in (confluent_kafka.KafkaError._PURGE_QUEUE,
+                                    confluent_kafka.KafkaError._PURGE_INFLIGHT):
+                run.error(str(err))
+
+        producer.list_topics(run.topic, timeout=10)  # connected, leader known
+        ready.set()
+        while not go.wait(0.05):
+            if stop.is_set():
+                return
+        while not stop.is_set() and time.monotonic() < clock.end:
+            try:
+                producer.produce(run.topic, value, partition=0, on_delivery=delivered)
+            except BufferError:  # librdkafka's queue is full (100,000 messages by default)
+                producer.poll(0.02)
+                continue
+            producer.poll(0)
+    except Exception as exc:
+        run.error("%s: %s" % (type(exc).__name__, exc))
+    finally:
+        ready.set()
+        if producer is not None:
+            try:  # drop what is queued or in flight: not part of the measurement
+                producer.purge(in_queue=True, in_flight=True, blocking=False)
+                producer.flush(5)
+            except Exception:
+                pass
+
+
+async def run_quota(proxy, quota, topics, args):
+    """All clients of one quota size at once against one proxy; returns their ClientRuns."""
+    label = quota_label(quota)
+    runs = {kind: ClientRun(proxy.mode, quota, kind, "%s-%s" % (kind, label), topics[kind])
+            for kind in CLIENTS}
+    value = b"x" * args.record_size
+    clock = Clock()
+    go = asyncio.Event()
+    aio_ready = {kind: asyncio.Event() for kind in ("aio-producer", "aio-consumer")}
+    ck_ready, ck_go, ck_stop = threading.Event(), threading.Event(), threading.Event()
+    ck = threading.Thread(target=ck_produce, daemon=True, name="ck-producer",
+                          args=(runs["ck-producer"], proxy.bootstrap, value, clock, args,
+                                ck_ready, ck_go, ck_stop))
+    tasks = [
+        asyncio.ensure_future(aio_produce(runs["aio-producer"], proxy.bootstrap, value, clock,
+                                          args, aio_ready["aio-producer"], go)),
+        asyncio.ensure_future(aio_consume(runs["aio-consumer"], proxy.bootstrap, clock, args,
+                                          aio_ready["aio-consumer"], go)),
+    ]
+    ck.start()
+    try:
+        # every client connected (and the producers' metadata known) before the clock starts
+        waiting = [asyncio.ensure_future(e.wait()) for e in aio_ready.values()]
+        waiting.append(asyncio.ensure_future(asyncio.to_thread(ck_ready.wait, 30)))
+        done, _ = await asyncio.wait(waiting + tasks, timeout=30,
+                                     return_when=asyncio.FIRST_EXCEPTION)
+        for w in waiting:
+            w.cancel()
+        for task in tasks:
+            if task.done():
+                task.result()  # a client that failed to start: raise its error
+        if not all(e.is_set() for e in aio_ready.values()) or not ck_ready.is_set():
+            raise TimeoutError("clients did not connect within 30 s")
+        for run in runs.values():
+            if run.errors:
+                raise RuntimeError("%s: %s" % (run.kind, run.first_error))
+        clock.t0 = time.monotonic() + 0.05
+        clock.end = clock.t0 + args.seconds
+        for run in runs.values():
+            run.t0 = clock.t0
+        await asyncio.sleep(max(0.0, clock.t0 - time.monotonic()))
+        go.set()
+        ck_go.set()
+        await asyncio.sleep(max(0.0, clock.end - time.monotonic()))
+        try:  # the proxy's view at the end of the period, before the clients disconnect
+            metrics = await asyncio.to_thread(
+                read_proxy_metrics, proxy.admin_port, [r.client_id for r in runs.values()])
+            for run in runs.values():
+                run.proxy = metrics.get(run.client_id, {})
+        except Exception as exc:
+            print("    ! could not read the proxy's /metrics: %s" % exc, flush=True)
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    finally:
+        ck_stop.set()
+        ck_go.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=15)
+        await asyncio.to_thread(ck.join, 20)
+    return list(runs.values())
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def windows(args):
+    """(early, steady) windows in seconds after t0, clipped to the run's length."""
+    s = args.seconds
+    early = (0.0, min(args.early_seconds, s))
+    steady_from = args.steady_from if args.steady_from < s else s / 2
+    return early, (steady_from, float(s))
+
+
+def summarize(run, args):
+    q = float(run.quota)
+    (e0, e1), (s0, s1) = windows(args)
+    series = run.series(args.seconds)
+    kind = METRIC_KIND[QUOTA_KEY[run.kind]]
+    p = run.proxy
+
+    def x(v):
+        return None if v is None else v / q
+
+    ref = None
+    (r0, r1), _ = KAFKA_REFERENCE["windows"][0]
+    if run.quota == KAFKA_REFERENCE["quota"] and args.seconds >= r1:
+        ref = x(run.rate(r0, r1))
+    return {
+        "early": x(run.rate(e0, e1)),
+        "steady": x(run.rate(s0, s1)),
+        "whole": x(run.rate(0, args.seconds)),
+        "peak": x(max(series)) if series else None,
+        "ref_window": ref,
+        "series": series,
+        "proxy_rate": x(p.get("kthrottle_%s_byte_rate" % kind)),
+        "throttled": p.get("kthrottle_%s_throttled_responses_total" % kind),
+        "throttle_s": (p["kthrottle_%s_throttle_time_ms_total" % kind] / 1000.0
+                       if "kthrottle_%s_throttle_time_ms_total" % kind in p else None),
+        "proxy_quota": p.get("kthrottle_%s_quota" % kind),
+    }
+
+
+def fx(value, missing="-"):
+    return missing if value is None else "%.2fx" % value
+
+
+def notes_of(run, s):
+    notes = []
+    if run.errors:
+        notes.append("%d delivery errors (first: %s)" % (run.errors, run.first_error))
+    if run.ran_out:
+        notes.append("reached the end of the preloaded data")
+    if s["proxy_quota"] is not None and s["proxy_quota"] != run.quota:
+        notes.append("proxy reports quota %g" % s["proxy_quota"])
+    if not run.proxy:
+        notes.append("no proxy metrics for this client-id")
+    return "; ".join(notes)
+
+
+def table_lines(runs, args):
+    (e0, e1), (s0, s1) = windows(args)
+    lines = [
+        "| mode | quota | client | %g-%g s | %g-%g s | whole %g s | peak 1 s "
+        "| proxy's rate at end | throttled responses | throttle time s | notes |"
+        % (e0, e1, s0, s1, args.seconds),
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for run in runs:
+        s = summarize(run, args)
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            run.mode, "%s B/s" % format(run.quota, ","), run.kind, fx(s["early"]),
+            fx(s["steady"]), fx(s["whole"]), fx(s["peak"]), fx(s["proxy_rate"]),
+            "-" if s["throttled"] is None else "%d" % s["throttled"],
+            "-" if s["throttle_s"] is None else "%.1f" % s["throttle_s"],
+            notes_of(run, s)))
+    return lines
+
+
+def reference_lines(runs, args):
+    (r0, r1), kafka_a = KAFKA_REFERENCE["windows"][0]
+    (r2, r3), kafka_b = KAFKA_REFERENCE["windows"][1]
+    q = KAFKA_REFERENCE["quota"]
+    lines = [
+        "| what | quota | %g-%g s | %g-%g s |" % (r0, r1, r2, r3),
+        "|---|---:|---:|---:|",
+        "| **reference: Apache Kafka 2.2 broker quotas** (measured by the team on this machine, "
+        "not by this script; aiokafka and confluent-kafka producers) | %s B/s | %.2fx | %.2fx |"
+        % (format(q, ","), kafka_a, kafka_b),
+    ]
+    for run in runs:
+        if run.quota != q or not run.kind.endswith("producer"):
+            continue
+        s = summarize(run, args)
+        later = run.rate(r2, min(r3, args.seconds)) if args.seconds > r2 else None
+        lines.append("| kthrottle %s, %s (this run) | %s B/s | %s | %s |" % (
+            run.mode, run.kind, format(q, ","), fx(s["ref_window"]),
+            "-" if later is None else "%.2fx (%g-%g s)" % (later / q, r2, min(r3, args.seconds))))
+    return lines
+
+
+def markdown_report(runs, facts, args, elapsed, command, interrupted):
+    import confluent_kafka
+
+    (e0, e1), (s0, s1) = windows(args)
+    lines = [
+        "# Throttle accuracy: achieved rate / quota through kthrottle",
+        "",
+        "Machine: %s CPUs, %s; Python %s; aiokafka %s; confluent-kafka %s (librdkafka %s); "
+        "client on %s; %s; kthrottle at %s."
+        % (facts["nproc"], facts["cpu_model"], facts["python"], facts["aiokafka"],
+           confluent_kafka.version()[0], confluent_kafka.libversion()[0], facts["client_loop"],
+           facts["tansu"], facts["kthrottle_commit"]),
+        "",
+        "Command: `%s`%s" % (command, " (interrupted)" if interrupted else ""),
+        "",
+        "Settings: quota modes %s (a fresh proxy per mode%s); quotas %s B/s; %g s per quota "
+        "size with the three clients running at once; %d B records, acks=1, linger %d ms; "
+        "aiokafka producer max_batch_size 16384 and at most %d records unacknowledged; "
+        "confluent-kafka batch.size %d, otherwise librdkafka's defaults; aiokafka consumer "
+        "max_partition_fetch_bytes %d on a topic preloaded directly against the broker. "
+        "Each client has its own client-id (`<client>-<quota>`), topic (1 partition) and quota "
+        "(`clients/<client-id>` entity in the quota file). Run took %.0f s."
+        % (", ".join(args.modes),
+           "" if args.burst_seconds is None else ", --quota-burst-seconds %g" % args.burst_seconds,
+           ", ".join(format(q, ",") for q in args.quotas), args.seconds, args.record_size,
+           args.linger_ms, args.max_in_flight, args.ck_batch_size, args.fetch_bytes, elapsed),
+        "",
+        "How to read it: each cell is the record-value bytes a client got through per second "
+        "in that window, divided by its quota (producers: acknowledged records, timed at the "
+        "delivery callback / future; consumer: bytes returned by getmany). %g-%g s is the "
+        "start (burst allowance), %g-%g s the steady state, both counted from the moment all "
+        "three clients start. The proxy charges whole request and response frames (record "
+        "batch headers, per-record overhead and the request header come on top of the 1 KiB "
+        "values, about 2%% for 16 KiB batches), so a client held exactly at its quota reads "
+        "slightly under 1.00x here. \"proxy's rate at end\" is the proxy's own measure of the "
+        "bucket (Kafka's sampled rate over the last ~11 s, wire bytes) from its /metrics at the "
+        "end of the period; throttled responses and throttle time are its counters."
+        % (e0, e1, s0, s1),
+        "",
+    ]
+    lines += table_lines(runs, args)
+    lines += [
+        "",
+        "## Against Kafka's own quotas",
+        "",
+    ]
+    lines += reference_lines(runs, args)
+    lines += [
+        "",
+        "The reference row is the team's measurement of Apache Kafka 2.2's broker-side quotas "
+        "(client default producer_byte_rate = 200 KB/s, aiokafka and confluent-kafka producers "
+        "writing 1 KiB records as fast as they can): Kafka's sampled window lets a new client "
+        "run at well over its quota for its first ten-odd seconds (it counts as having 10 s of "
+        "silence behind it) and then holds it under the quota while that burst is repaid. The "
+        "rows under it are this run's producers at the same quota over the same windows, as far "
+        "as this run's length reaches.",
+        "",
+        "Why confluent-kafka runs with batch.size=%d: librdkafka's default batch.size is "
+        "1,000,000 bytes, and a producer that is held back fills its batches to the brim, so "
+        "every produce request would carry about 1 MB: 5 s of a 200 KB/s quota, 20 s of a "
+        "50 KB/s one. The proxy charges a request whole when it arrives and mutes the client "
+        "for the debt, so deliveries would come in 1 MB steps several seconds apart and any "
+        "window shorter than a few requests would read as 0x or as a multiple of the quota. "
+        "16384 is the Java client's default batch.size; with it every request is a small "
+        "fraction of a second of quota and the per-second series is smooth. librdkafka also "
+        "ignores throttle_time_ms (KIP-219) and keeps up to a million requests in flight, so "
+        "it is held only by the proxy not reading from its socket." % args.ck_batch_size,
+        "",
+        "![throttle accuracy](throttle_accuracy.png)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs, args, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = [m for m in args.modes if any(r.mode == m for r in runs)]
+    quotas = [q for q in args.quotas if any(r.quota == q for r in runs)]
+    if not modes or not quotas:
+        return
+    (e0, e1), (s0, s1) = windows(args)
+    fig, axes = plt.subplots(len(modes), len(quotas), squeeze=False,
+                             figsize=(4.6 * len(quotas), 3.4 * len(modes)))
+    colors = {"aio-producer": "tab:blue", "ck-producer": "tab:orange",
+              "aio-consumer": "tab:green"}
+    for i, mode in enumerate(modes):
+        for j, quota in enumerate(quotas):
+            ax = axes[i][j]
+            q_kb = quota / 1000.0
+            top = 4.0 * q_kb
+            for run in runs:
+                if run.mode != mode or run.quota != quota:
+                    continue
+                series = [b / 1000.0 for b in run.series(args.seconds)]
+                xs = [k + 0.5 for k in range(len(series))]
+                ax.plot(xs, series, marker=".", markersize=3, linewidth=1,
+                        color=colors[run.kind], label=run.kind)
+                for xk, yk in zip(xs, series):
+                    if yk > top:  # clipped: say how high it went
+                        ax.annotate("%.0f" % yk, (xk, top), fontsize=6, color=colors[run.kind],
+                                    ha="center", va="top")
+            ax.axhline(q_kb, color="k", linestyle="--", linewidth=1, label="quota")
+            ax.axvspan(e0, e1, color="tab:red", alpha=0.06)
+            ax.axvspan(s0, s1, color="tab:gray", alpha=0.08)
+            ax.set_ylim(0, top * 1.02)
+            ax.set_xlim(0, args.seconds)
+            ax.set_title("%s, quota %g KB/s" % (mode, q_kb), fontsize=9)
+            ax.set_xlabel("seconds since start", fontsize=8)
+            ax.set_ylabel("KB/s delivered (per second)", fontsize=8)
+            ax.tick_params(labelsize=7)
+            if i == 0 and j == 0:
+                ax.legend(fontsize=7, loc="upper right")
+    fig.suptitle("Achieved rate per second through kthrottle (shaded: red = start window, "
+                 "grey = steady window; values above 4x quota are clipped and printed)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def print_runs(runs, args):
+    for run in runs:
+        s = summarize(run, args)
+        print("    %-13s %-12s start %s  steady %s  whole %s  peak %s  proxy %s%s" % (
+            run.kind, run.client_id, fx(s["early"]), fx(s["steady"]), fx(s["whole"]),
+            fx(s["peak"]), fx(s["proxy_rate"]),
+            ("  [%s]" % notes_of(run, s)) if notes_of(run, s) else ""), flush=True)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description="Measure how closely kthrottle holds clients to their byte-rate quotas: an "
+        "aiokafka producer, a confluent-kafka producer and an aiokafka consumer, each with its "
+        "own client-id quota, run at once through a kthrottle proxy in front of a local Tansu "
+        "broker, for each quota size and each --quota-mode. Prints a table of achieved rate / "
+        "quota at the start and in steady state and writes throttle_accuracy.md/.png into "
+        "--output-dir.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--seconds", type=float, default=30.0,
+                   help="measured period per quota size (all clients of one size run at once)")
+    p.add_argument("--quotas", default="50000,200000,1000000",
+                   help="comma-separated quota sizes in bytes per second; each client gets "
+                   "this as its producer_byte_rate or consumer_byte_rate")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="comma-separated kthrottle --quota-mode values; a fresh proxy per mode")
+    p.add_argument("--early-seconds", type=float, default=5.0,
+                   help="the start window is 0 to this many seconds")
+    p.add_argument("--steady-from", type=float, default=10.0,
+                   help="the steady window runs from here to --seconds (from --seconds/2 when "
+                   "the run is shorter than this)")
+    p.add_argument("--burst-seconds", type=float, default=None,
+                   help="pass --quota-burst-seconds to the proxy (token-bucket mode; default: "
+                   "the proxy's own default, 1 s)")
+    p.add_argument("--record-size", type=int, default=1024, help="record value size in bytes")
+    p.add_argument("--linger-ms", type=int, default=5, help="linger for both producers")
+    p.add_argument("--max-in-flight", type=int, default=256,
+                   help="most unacknowledged records of the aiokafka producer")
+    p.add_argument("--ck-batch-size", type=int, default=16384,
+                   help="confluent-kafka batch.size (librdkafka's own default is 1000000)")
+    p.add_argument("--fetch-bytes", type=int, default=64 * 1024,
+                   help="aiokafka consumer max_partition_fetch_bytes")
+    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT,
+                   help="where throttle_accuracy.md and throttle_accuracy.png are written")
+    args = p.parse_args(argv)
+    try:
+        args.quotas = [int(float(q)) for q in args.quotas.split(",") if q.strip()]
+    except ValueError:
+        p.error("--quotas: comma-separated numbers, e.g. 50000,200000")
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not args.quotas or min(args.quotas) < 1:
+        p.error("--quotas: at least one positive quota")
+    if len(set(quota_label(q) for q in args.quotas)) != len(args.quotas):
+        p.error("--quotas: give distinct quota sizes")
+    unknown = set(args.modes) - set(MODES)
+    if unknown or not args.modes:
+        p.error("--modes: unknown %s (choose from %s)" % (sorted(unknown), ", ".join(MODES)))
+    if args.seconds < 2 or args.seconds > 600:
+        p.error("--seconds must be between 2 and 600")
+    if min(args.record_size, args.max_in_flight, args.ck_batch_size, args.fetch_bytes) < 1:
+        p.error("sizes must be >= 1")
+    return args
+
+
+def preload_records(quota, args):
+    """Enough data that the consumer never runs dry: the window mode's initial burst is
+    about 10 s of quota, its steady state about 10% over; 1.5x on top of that."""
+    seconds = args.seconds + 15
+    return int(quota * seconds * 1.5 / args.record_size) + 1
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _sigterm_to_interrupt)  # same cleanup path as Ctrl-C
+    command = "python benchmarks/throttle_accuracy.py" + (
+        " " + shlex.join(sys.argv[1:] if argv is None else argv)
+        if (sys.argv[1:] if argv is None else argv) else "")
+
+    facts = machine_facts()
+    log_dir = Path(tempfile.mkdtemp(prefix="throttle_accuracy-"))
+    procs = Processes(log_dir)
+    broker = TansuBroker(log_path=str(log_dir / "tansu-broker.log"))
+    quota_file = log_dir / "quotas.toml"
+    write_quota_file(quota_file, args.quotas)
+    run_id = uuid.uuid4().hex[:6]
+    runs = []
+    failures = []
+    started = time.monotonic()
+    interrupted = False
+    try:
+        broker.start()
+        print("Tansu broker pid %d on %s; logs and quota file in %s"
+              % (broker.proc.pid, broker.bootstrap, log_dir), flush=True)
+        consumer_topics = {}
+        for quota in args.quotas:
+            consumer_topics[quota] = "ta-%s-%s-aio-consumer" % (run_id, quota_label(quota))
+            broker.create_topic(consumer_topics[quota], partitions=1)
+        with new_runner() as runner:
+            value = b"x" * args.record_size
+            for quota, topic in consumer_topics.items():
+                n = preload_records(quota, args)
+                t = time.monotonic()
+                runner.run(asyncio.wait_for(preload(broker.bootstrap, topic, n, value), 300))
+                print("preloaded %s: %d records (%.0f MB) in %.1f s"
+                      % (topic, n, n * args.record_size / 1e6, time.monotonic() - t), flush=True)
+            for mode in args.modes:
+                proxy = start_proxy(broker, procs, quota_file, mode, args)
+                print("kthrottle --quota-mode %s: pid %d on %s, admin on 127.0.0.1:%d"
+                      % (mode, proxy.proc.pid, proxy.bootstrap, proxy.admin_port), flush=True)
+                try:
+                    for quota in args.quotas:
+                        label = quota_label(quota)
+                        topics = {kind: "ta-%s-%s-%s-%s" % (run_id, mode, label, kind)
+                                  for kind in ("aio-producer", "ck-producer")}
+                        topics["aio-consumer"] = consumer_topics[quota]
+                        for kind in ("aio-producer", "ck-producer"):
+                            broker.create_topic(topics[kind], partitions=1)
+                        print("  %s, quota %s B/s, %g s ..." % (mode, format(quota, ","),
+                                                                args.seconds), flush=True)
+                        try:
+                            got = runner.run(asyncio.wait_for(
+                                run_quota(proxy, quota, topics, args), args.seconds + 120))
+                        except (KeyboardInterrupt, asyncio.CancelledError):
+                            raise
+                        except Exception as exc:
+                            text = "%s, %s: %s: %s" % (mode, quota, type(exc).__name__, exc)
+                            failures.append(text)
+                            print("    ! " + text, flush=True)
+                            continue
+                        runs += got
+                        print_runs(got, args)
+                        if proxy.proc.poll() is not None:
+                            raise RuntimeError("the proxy exited (code %s)"
+                                               % proxy.proc.returncode)
+                        if broker.proc.poll() is not None:
+                            raise RuntimeError("the Tansu broker exited (code %s)"
+                                               % broker.proc.returncode)
+                finally:
+                    procs.stop(proxy.proc)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted; stopping processes and writing what was measured",
+              file=sys.stderr)
+    except Exception as exc:
+        failures.append("%s: %s" % (type(exc).__name__, exc))
+        print("! %s: %s" % (type(exc).__name__, exc), file=sys.stderr)
+    finally:
+        procs.stop_all()
+        broker.stop()
+    elapsed = time.monotonic() - started
+
+    if not runs:
+        print("nothing measured; logs kept in %s" % log_dir, file=sys.stderr)
+        return 1
+    report = markdown_report(runs, facts, args, elapsed, command, interrupted)
+    if failures:
+        report += "\nFailures:\n\n" + "\n".join("- " + f for f in failures) + "\n"
+    print()
+    print(report)
+    out = args.output_dir
+    (out / "throttle_accuracy.md").write_text(report)
+    plot(runs, args, out / "throttle_accuracy.png")
+    print("wrote throttle_accuracy.md, throttle_accuracy.png in %s" % out)
+    if interrupted or failures:
+        print("process logs kept in %s" % log_dir, file=sys.stderr)
+        return 1
+    shutil.rmtree(log_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

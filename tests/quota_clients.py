@@ -1,0 +1,99 @@
+"""Helpers for quota tests: a producer running on its own thread, the proxy's
+admin endpoint, and the ``kthrottle quotas`` command."""
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+from conftest import ROOT
+
+RECORD = b"x" * 1024
+
+
+class BackgroundProducer:
+    """An aiokafka producer writing 1 KiB records as fast as it is let, on a
+    thread of its own; ``rate(t0, t1)`` is what was delivered per second
+    between two time.monotonic() instants."""
+
+    def __init__(self, bootstrap, topic, client_id):
+        self.bootstrap, self.topic, self.client_id = bootstrap, topic, client_id
+        self.events = []  # (time.monotonic(), bytes delivered)
+        self.error = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(30)
+
+    def _main(self):
+        try:
+            asyncio.run(self._produce())
+        except Exception as exc:  # reported by the test
+            self.error = exc
+
+    async def _produce(self):
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, client_id=self.client_id,
+                                    acks=1, linger_ms=5, max_batch_size=16384)
+        await producer.start()
+        try:
+            pending = set()
+            while not self._stop.is_set():
+                fut = await producer.send(self.topic, RECORD, partition=0)
+                fut.add_done_callback(lambda f: self.events.append((time.monotonic(), len(RECORD))))
+                pending.add(fut)
+                if len(pending) > 100:
+                    _, pending = await asyncio.wait(pending, timeout=0.2,
+                                                    return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await producer.stop()
+
+    def rate(self, t0, t1):
+        return sum(n for t, n in list(self.events) if t0 <= t < t1) / (t1 - t0)
+
+
+def admin_get(port, path):
+    with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=5) as r:
+        body = r.read().decode()
+    return json.loads(body) if path == "/quotas" else body
+
+
+def produce_quotas(port, client_id):
+    """{connection id: (quota, entity)} for the connections carrying client_id."""
+    out = {}
+    for conn in admin_get(port, "/quotas")["connections"]:
+        for client in conn["clients"]:
+            if client["client_id"] == client_id:
+                out[conn["connection"]] = (client["produce"]["quota"], client["produce"]["entity"])
+    return out
+
+
+def metric(port, name):
+    for line in admin_get(port, "/metrics").splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def kthrottle_quotas(*args):
+    return subprocess.run([sys.executable, "-m", "kthrottle", "quotas", *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+
+def wait_until(predicate, timeout, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
