@@ -6,7 +6,13 @@ import signal
 import sys
 
 from . import __version__, quotas_command
-from .config import DEFAULT_LISTEN, ConfigError, build_config, load_toml, parse_host_port
+from .config import (
+    DEFAULT_LISTEN,
+    ConfigError,
+    build_config,
+    load_toml,
+    parse_host_port,
+)
 
 
 def _host_port(what):
@@ -48,7 +54,7 @@ def _add_proxy_flags(p, bootstrap_required_text):
         help="TOML file of quotas, re-read when it changes (see kthrottle quotas --help)",
     )
     q.add_argument(
-        "--zookeeper", metavar="HOST:PORT[/chroot]",
+        "--zookeeper", metavar="HOST:PORT[/chroot]", type=quotas_command.zookeeper_arg,
         help="read quotas from ZooKeeper in Kafka's layout (/config/users, /config/clients) "
         "and follow its change notifications",
     )
@@ -237,6 +243,12 @@ def _run_local(config):
             % (broker.proc.pid, broker.bootstrap, host, port, host, port),
             flush=True,
         )
+        if config.quota_file or config.zookeeper:
+            print("Quotas from %s" % (config.quota_file or "ZooKeeper " + config.zookeeper),
+                  flush=True)
+        if config.admin_listen:
+            print("Metrics on http://%s:%d/metrics, live connections on /quotas"
+                  % config.admin_listen, flush=True)
 
     try:
         run_loop(lambda: serve(config, ready))

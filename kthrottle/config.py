@@ -26,6 +26,19 @@ def parse_host_port(value, what):
     return host, port
 
 
+def parse_zookeeper(value, what="zookeeper"):
+    """Check ``HOST:PORT[,HOST:PORT...][/chroot]`` (ZooKeeper's connect string,
+    as Kafka's zookeeper.connect takes it); returns it unchanged."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError("%s must be HOST:PORT[,HOST:PORT...][/chroot]" % what)
+    hosts, slash, chroot = value.partition("/")
+    for host in hosts.split(","):
+        parse_host_port(host, what)
+    if slash and (not chroot or chroot.endswith("/") or "//" in chroot):
+        raise ConfigError("%s has a bad chroot %r (like /kafka)" % (what, "/" + chroot))
+    return value
+
+
 @dataclass
 class ProxyConfig:
     bootstrap_servers: list = field(default_factory=list)  # [(host, port)]
@@ -115,7 +128,9 @@ def _convert(key, value):
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise ConfigError("%s must be a number, got %r" % (key, value))
         return float(value)
-    if key in ("quota-file", "zookeeper", "quota-mode"):
+    if key == "zookeeper":
+        return parse_zookeeper(value)
+    if key in ("quota-file", "quota-mode"):
         if not isinstance(value, str) or not value:
             raise ConfigError("%s must be a non-empty string" % key)
         return value

@@ -25,6 +25,15 @@ class _EntityName(argparse.Action):
         namespace.entity_names = names
 
 
+def zookeeper_arg(value):
+    from .config import ConfigError, parse_zookeeper
+
+    try:
+        return parse_zookeeper(value, "--zookeeper")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_parser(sub):
     quotas = sub.add_parser(
         "quotas", help="alter, describe or delete quotas in a quota file or ZooKeeper",
@@ -52,7 +61,7 @@ def add_parser(sub):
         p = actions.add_parser(name, help=text, description=text)
         where = p.add_mutually_exclusive_group(required=True)
         where.add_argument("--quota-file", metavar="PATH", help="the TOML quota file a proxy reads")
-        where.add_argument("--zookeeper", metavar="HOST:PORT[/chroot]",
+        where.add_argument("--zookeeper", metavar="HOST:PORT[/chroot]", type=zookeeper_arg,
                            help="ZooKeeper of a ZooKeeper-mode Kafka cluster (or of the proxies)")
         p.add_argument("--entity-type", action="append", choices=ENTITY_TYPES, default=[],
                        help="users or clients; give both for a <user, client-id> entity")

@@ -55,7 +55,10 @@ class BackgroundProducer:
                     _, pending = await asyncio.wait(pending, timeout=0.2,
                                                     return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await producer.stop()
+            try:  # what a throttled producer still holds may take long to flush
+                await asyncio.wait_for(producer.stop(), 10)
+            except asyncio.TimeoutError:
+                pass
 
     def rate(self, t0, t1):
         return sum(n for t, n in list(self.events) if t0 <= t < t1) / (t1 - t0)

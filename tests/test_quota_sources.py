@@ -141,7 +141,7 @@ def test_quotas_written_as_kafka_writes_them_are_enforced(zookeeper, broker, tmp
         proxy.start()
         try:
             proxy.wait_for_log("3 entities")
-            zk.create("/config/clients/reports", b'{"version":1,"config":{"producer_byte_rate":"777"}}')
+            zk.create("/config/clients/reports", b'{"version":1,"config":{"producer_byte_rate":"777000"}}')
             zk.create("/config/changes/config_change_", b'{"version":2,"entity_path":"clients/reports"}',
                       sequence=True)
             proxy.wait_for_log("quota change for clients/reports")
@@ -149,7 +149,7 @@ def test_quotas_written_as_kafka_writes_them_are_enforced(zookeeper, broker, tmp
             broker.create_topic(topic)
             with BackgroundProducer(proxy.bootstrap, topic, "reports"):
                 assert wait_until(lambda: set(produce_quotas(admin, "reports").values())
-                                  == {(777, "clients/reports")}, timeout=10)
+                                  == {(777000, "clients/reports")}, timeout=10)
         finally:
             proxy.stop()
     finally:

@@ -32,7 +32,7 @@ class ProxyCollector:
         server = self.server
         labels = ["user", "client_id"]
         rate = {k: GaugeMetricFamily(
-            "kthrottle_%s_%s" % (_KIND[k], "request_rate" if k == REQUEST_RATE else "byte_rate"),
+            "kthrottle_request_rate" if k == REQUEST_RATE else "kthrottle_%s_byte_rate" % _KIND[k],
             "Measured %s rate per quota bucket (Kafka's sampled rate)"
             % ("request" if k == REQUEST_RATE else _KIND[k] + " byte"), labels=labels)
             for k in _KIND}

@@ -137,6 +137,7 @@ def _count(snapshot):
 CONFIG_ROOT = "/config"
 CHANGES = "/config/changes"
 CHANGE_PREFIX = "config_change_"
+CHANGE_EXPIRATION_SECONDS = 15 * 60  # Kafka's changeExpirationMs
 _CHANGE_SEQ = re.compile(r"^%s(\d+)$" % CHANGE_PREFIX)
 
 
@@ -267,9 +268,27 @@ class ZooKeeperQuotaStore:
         else:
             self.zk.create(znode, data, makepath=True)
         self.zk.ensure_path(CHANGES)
-        self.zk.create("%s/%s" % (CHANGES, CHANGE_PREFIX),
-                       json.dumps({"version": 2, "entity_path": path}, separators=(",", ":")).encode(), sequence=True)
+        created = self.zk.create(
+            "%s/%s" % (CHANGES, CHANGE_PREFIX),
+            json.dumps({"version": 2, "entity_path": path}, separators=(",", ":")).encode(),
+            sequence=True)
+        self._purge_notifications(self.zk.exists(created).ctime / 1000.0)
         return new
+
+    def _purge_notifications(self, now, older_than=CHANGE_EXPIRATION_SECONDS):
+        """Kafka's brokers delete notifications older than 15 minutes; with
+        only proxies watching, the tool does it so they do not pile up.
+        ``now`` is ZooKeeper's clock (a znode's ctime), not this machine's."""
+        from kazoo.exceptions import NoNodeError
+
+        horizon = now - older_than
+        for name in self._children(CHANGES):
+            znode = "%s/%s" % (CHANGES, name)
+            try:
+                if self.zk.exists(znode).ctime / 1000.0 < horizon:
+                    self.zk.delete(znode)
+            except (NoNodeError, AttributeError):
+                pass  # deleted meanwhile
 
 
 class ZooKeeperQuotaSource:
