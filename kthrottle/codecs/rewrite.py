@@ -13,6 +13,7 @@ from typing import Callable, NamedTuple
 from . import apis
 from .errors import ProtocolError
 from .frames import response_body_offset
+from .throttle import walk_produce
 from .wire import (
     INT16,
     INT32,
@@ -206,27 +207,10 @@ def _fetch(buf, pos, version, advertise):
 
 
 def _produce(buf, pos, version, advertise):
-    """Produce v10+: walk to the top-level tagged fields."""
+    """Produce v10+: the NodeEndpoints tag follows throttle_time_ms."""
     if version < apis.NODE_ENDPOINTS_FROM[apis.PRODUCE]:
         return [], []
-    topics, pos = read_array_length(buf, pos, True)
-    for _ in range(topics):
-        if version >= 13:
-            pos += 16  # topic_id
-        else:
-            pos = skip_string(buf, pos, True)  # name
-        partitions, pos = read_array_length(buf, pos, True)
-        for _ in range(partitions):
-            # index, error_code, base_offset, log_append_time_ms, log_start_offset
-            pos += 30
-            errors, pos = read_array_length(buf, pos, True)
-            for _ in range(errors):
-                pos = skip_string(buf, pos + 4, True)  # batch_index, message
-                pos = skip_tagged_fields(buf, pos)
-            pos = skip_string(buf, pos, True)  # error_message
-            pos = skip_tagged_fields(buf, pos)
-        pos = skip_tagged_fields(buf, pos)
-    pos += 4  # throttle_time_ms
+    pos = walk_produce(buf, pos, version) + 4  # past throttle_time_ms
     return _node_endpoints_tag(buf, pos, advertise)
 
 

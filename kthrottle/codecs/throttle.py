@@ -40,7 +40,7 @@ _FIXED_SIZES = {
 }
 
 
-def _walk_produce(buf, pos, version):
+def walk_produce(buf, pos, version):
     """Produce v1+: throttle_time_ms follows the ``responses`` array."""
     flexible = version >= 9
     # index, error_code, base_offset, log_append_time_ms (v2+), log_start_offset (v5+)
@@ -84,7 +84,7 @@ def _walk_api_versions(buf, pos, version):
     return pos
 
 
-_WALKERS = {apis.PRODUCE: _walk_produce, apis.API_VERSIONS: _walk_api_versions}
+_WALKERS = {apis.PRODUCE: walk_produce, apis.API_VERSIONS: _walk_api_versions}
 
 
 def _count(buf, pos, compact):
