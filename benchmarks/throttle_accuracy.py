@@ -194,9 +194,11 @@ def read_proxy_metrics(admin_port, client_ids):
 
 
 async def preload(bootstrap, topic, records, value):
-    """Write ``records`` records straight to the broker for a consumer to fetch."""
+    """Write ``records`` records straight to the broker for a consumer to fetch, in 16 KiB
+    batches: a fetch returns at least one whole batch, so the batch size bounds how small a
+    fetch response can be."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=10,
-                                max_batch_size=256 * 1024, client_id="throttle-accuracy-preload")
+                                max_batch_size=16384, client_id="throttle-accuracy-preload")
     await producer.start()
     try:
         in_flight = deque()
@@ -272,7 +274,8 @@ async def aio_consume(run, bootstrap, clock, args, ready, go):
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, client_id=run.client_id, group_id=None,
         enable_auto_commit=False, auto_offset_reset="earliest",
-        max_partition_fetch_bytes=args.fetch_bytes, request_timeout_ms=60000,
+        max_partition_fetch_bytes=args.fetch_bytes, fetch_max_bytes=args.fetch_max_bytes,
+        request_timeout_ms=60000,
     )
     try:
         await consumer.start()
@@ -355,9 +358,11 @@ async def run_quota(proxy, quota, topics, args):
     go = asyncio.Event()
     aio_ready = {kind: asyncio.Event() for kind in ("aio-producer", "aio-consumer")}
     ck_ready, ck_go, ck_stop = threading.Event(), threading.Event(), threading.Event()
+    phase_start = time.monotonic()
     ck = threading.Thread(target=ck_produce, daemon=True, name="ck-producer",
                           args=(runs["ck-producer"], proxy.bootstrap, value, clock, args,
                                 ck_ready, ck_go, ck_stop))
+    measured = None
     tasks = [
         asyncio.ensure_future(aio_produce(runs["aio-producer"], proxy.bootstrap, value, clock,
                                           args, aio_ready["aio-producer"], go)),
@@ -369,18 +374,25 @@ async def run_quota(proxy, quota, topics, args):
         # every client connected (and the producers' metadata known) before the clock starts
         waiting = [asyncio.ensure_future(e.wait()) for e in aio_ready.values()]
         waiting.append(asyncio.ensure_future(asyncio.to_thread(ck_ready.wait, 30)))
-        done, _ = await asyncio.wait(waiting + tasks, timeout=30,
-                                     return_when=asyncio.FIRST_EXCEPTION)
-        for w in waiting:
-            w.cancel()
-        for task in tasks:
-            if task.done():
-                task.result()  # a client that failed to start: raise its error
-        if not all(e.is_set() for e in aio_ready.values()) or not ck_ready.is_set():
-            raise TimeoutError("clients did not connect within 30 s")
+        connect_by = time.monotonic() + 30
+        not_ready = set(waiting)
+        while not_ready:
+            done, _ = await asyncio.wait(not_ready | set(tasks),
+                                         timeout=max(0.0, connect_by - time.monotonic()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                raise TimeoutError("clients did not connect within 30 s")
+            for task in tasks:
+                if task.done():
+                    task.result()  # a client that failed to start: raise its error
+                    raise RuntimeError("a client ended before the measurement started")
+            not_ready -= done
+        if not ck_ready.is_set():
+            raise TimeoutError("the confluent-kafka producer did not connect")
         for run in runs.values():
             if run.errors:
                 raise RuntimeError("%s: %s" % (run.kind, run.first_error))
+        connected = time.monotonic()
         clock.t0 = time.monotonic() + 0.05
         clock.end = clock.t0 + args.seconds
         for run in runs.values():
@@ -396,6 +408,7 @@ async def run_quota(proxy, quota, topics, args):
                 run.proxy = metrics.get(run.client_id, {})
         except Exception as exc:
             print("    ! could not read the proxy's /metrics: %s" % exc, flush=True)
+        measured = time.monotonic()
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
     finally:
         ck_stop.set()
@@ -404,6 +417,9 @@ async def run_quota(proxy, quota, topics, args):
             task.cancel()
         await asyncio.wait(tasks, timeout=15)
         await asyncio.to_thread(ck.join, 20)
+    if measured is not None:
+        print("    (clients connected in %.1f s, stopped in %.1f s)"
+              % (connected - phase_start, time.monotonic() - measured), flush=True)
     return list(runs.values())
 
 
@@ -515,7 +531,7 @@ def markdown_report(runs, facts, args, elapsed, command, interrupted):
         "Machine: %s CPUs, %s; Python %s; aiokafka %s; confluent-kafka %s (librdkafka %s); "
         "client on %s; %s; kthrottle at %s."
         % (facts["nproc"], facts["cpu_model"], facts["python"], facts["aiokafka"],
-           confluent_kafka.version()[0], confluent_kafka.libversion()[0], facts["client_loop"],
+           confluent_kafka.__version__, confluent_kafka.libversion()[0], facts["client_loop"],
            facts["tansu"], facts["kthrottle_commit"]),
         "",
         "Command: `%s`%s" % (command, " (interrupted)" if interrupted else ""),
@@ -524,13 +540,15 @@ def markdown_report(runs, facts, args, elapsed, command, interrupted):
         "size with the three clients running at once; %d B records, acks=1, linger %d ms; "
         "aiokafka producer max_batch_size 16384 and at most %d records unacknowledged; "
         "confluent-kafka batch.size %d, otherwise librdkafka's defaults; aiokafka consumer "
-        "max_partition_fetch_bytes %d on a topic preloaded directly against the broker. "
+        "max_partition_fetch_bytes %d and fetch_max_bytes %d on a topic preloaded directly "
+        "against the broker in 16 KiB batches. "
         "Each client has its own client-id (`<client>-<quota>`), topic (1 partition) and quota "
         "(`clients/<client-id>` entity in the quota file). Run took %.0f s."
         % (", ".join(args.modes),
            "" if args.burst_seconds is None else ", --quota-burst-seconds %g" % args.burst_seconds,
            ", ".join(format(q, ",") for q in args.quotas), args.seconds, args.record_size,
-           args.linger_ms, args.max_in_flight, args.ck_batch_size, args.fetch_bytes, elapsed),
+           args.linger_ms, args.max_in_flight, args.ck_batch_size, args.fetch_bytes,
+           args.fetch_max_bytes, elapsed),
         "",
         "How to read it: each cell is the record-value bytes a client got through per second "
         "in that window, divided by its quota (producers: acknowledged records, timed at the "
@@ -590,8 +608,8 @@ def plot(runs, args, path):
     (e0, e1), (s0, s1) = windows(args)
     fig, axes = plt.subplots(len(modes), len(quotas), squeeze=False,
                              figsize=(4.6 * len(quotas), 3.4 * len(modes)))
-    colors = {"aio-producer": "tab:blue", "ck-producer": "tab:orange",
-              "aio-consumer": "tab:green"}
+    style = {"aio-producer": ("tab:blue", "-", "o"), "ck-producer": ("tab:orange", "--", "s"),
+             "aio-consumer": ("tab:green", "-", "^")}
     for i, mode in enumerate(modes):
         for j, quota in enumerate(quotas):
             ax = axes[i][j]
@@ -602,12 +620,14 @@ def plot(runs, args, path):
                     continue
                 series = [b / 1000.0 for b in run.series(args.seconds)]
                 xs = [k + 0.5 for k in range(len(series))]
-                ax.plot(xs, series, marker=".", markersize=3, linewidth=1,
-                        color=colors[run.kind], label=run.kind)
-                for xk, yk in zip(xs, series):
-                    if yk > top:  # clipped: say how high it went
-                        ax.annotate("%.0f" % yk, (xk, top), fontsize=6, color=colors[run.kind],
-                                    ha="center", va="top")
+                label = run.kind
+                clipped = [(k, y) for k, y in enumerate(series) if y > top]
+                if clipped:  # say how high the clipped seconds went
+                    label += " (%s)" % ", ".join("%gx at %d s" % (round(y / q_kb, 1), k)
+                                                 for k, y in clipped[:2])
+                color, line, marker = style[run.kind]
+                ax.plot(xs, series, marker=marker, markersize=2.5, linewidth=1, color=color,
+                        linestyle=line, label=label, alpha=0.85)
             ax.axhline(q_kb, color="k", linestyle="--", linewidth=1, label="quota")
             ax.axvspan(e0, e1, color="tab:red", alpha=0.06)
             ax.axvspan(s0, s1, color="tab:gray", alpha=0.08)
@@ -617,11 +637,9 @@ def plot(runs, args, path):
             ax.set_xlabel("seconds since start", fontsize=8)
             ax.set_ylabel("KB/s delivered (per second)", fontsize=8)
             ax.tick_params(labelsize=7)
-            if i == 0 and j == 0:
-                ax.legend(fontsize=7, loc="upper right")
-    fig.suptitle("Achieved rate per second through kthrottle (shaded: red = start window, "
-                 "grey = steady window; values above 4x quota are clipped and printed)",
-                 fontsize=9)
+            ax.legend(fontsize=6, loc="upper right")
+    fig.suptitle("Achieved rate per second through kthrottle\n(shaded: start and steady "
+                 "windows; above 4x quota clipped, peaks in the legend)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -672,6 +690,11 @@ def parse_args(argv=None):
                    help="confluent-kafka batch.size (librdkafka's own default is 1000000)")
     p.add_argument("--fetch-bytes", type=int, default=64 * 1024,
                    help="aiokafka consumer max_partition_fetch_bytes")
+    p.add_argument("--fetch-max-bytes", type=int, default=None,
+                   help="aiokafka consumer fetch_max_bytes, the whole response's limit "
+                   "(default: --fetch-bytes). Tansu ignores the per-partition limit and "
+                   "honours only this one, so with aiokafka's default (52428800) every "
+                   "fetch is as large as the proxy's cap, quota x 10 s")
     p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT,
                    help="where throttle_accuracy.md and throttle_accuracy.png are written")
     args = p.parse_args(argv)
@@ -689,7 +712,10 @@ def parse_args(argv=None):
         p.error("--modes: unknown %s (choose from %s)" % (sorted(unknown), ", ".join(MODES)))
     if args.seconds < 2 or args.seconds > 600:
         p.error("--seconds must be between 2 and 600")
-    if min(args.record_size, args.max_in_flight, args.ck_batch_size, args.fetch_bytes) < 1:
+    if args.fetch_max_bytes is None:
+        args.fetch_max_bytes = args.fetch_bytes
+    if min(args.record_size, args.max_in_flight, args.ck_batch_size, args.fetch_bytes,
+           args.fetch_max_bytes) < 1:
         p.error("sizes must be >= 1")
     return args
 

@@ -5,7 +5,6 @@ import struct
 import uuid
 
 import psutil
-import pytest
 
 from kthrottle.codecs import FrameReader
 

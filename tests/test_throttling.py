@@ -6,7 +6,6 @@ them. Rates are measured by the clients themselves over 20 s of steady state,
 after the burst allowance (1 s of quota, the default token bucket) is spent.
 """
 import asyncio
-import json
 import threading
 import time
 import urllib.request
