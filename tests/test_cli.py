@@ -24,10 +24,28 @@ def test_help_explains_the_proxy_flags():
     out = kthrottle("proxy", "--help")
     assert out.returncode == 0
     for flag in ("--bootstrap-server", "--listen", "--node-port-base", "--advertised-host",
-                 "--max-frame-size", "--config"):
+                 "--max-frame-size", "--config", "--quota-file", "--zookeeper", "--admin-listen",
+                 "--quota-mode", "--quota-window-num", "--quota-window-size-seconds",
+                 "--max-throttle-ms", "--quota-burst-seconds"):
         assert flag in out.stdout
     top = kthrottle("--help")
-    assert "proxy" in top.stdout and "local" in top.stdout
+    assert "proxy" in top.stdout and "local" in top.stdout and "quotas" in top.stdout
+    alter = kthrottle("quotas", "alter", "--help")
+    for flag in ("--quota-file", "--zookeeper", "--entity-type", "--entity-name",
+                 "--entity-default", "--add-config", "--delete-config"):
+        assert flag in alter.stdout
+
+
+def test_quota_settings_come_from_flags_or_the_config_file(tmp_path):
+    path = tmp_path / "kthrottle.toml"
+    path.write_text('bootstrap-server = ["k1:9092"]\nquota-file = "q.toml"\nquota-mode = "window"\n'
+                    'quota-window-num = 5\nquota-window-size-seconds = 2\nmax-throttle-ms = 3000\n'
+                    'admin-listen = "127.0.0.1:9464"\n')
+    config = build_config(load_toml(path), {"quota_window_num": 6})
+    settings = config.quota_settings()
+    assert (settings.mode, settings.samples, settings.window, settings.max_throttle) == (
+        "window", 6, 2.0, 3.0)
+    assert config.quota_file == "q.toml" and config.admin_listen == ("127.0.0.1", 9464)
 
 
 def test_flags_win_over_the_config_file(tmp_path):
@@ -57,6 +75,10 @@ def test_config_in_a_proxy_section(tmp_path):
     ('bootstrap-server = ["k1:99999"]\n', "port in 0-65535"),
     ('bootstrap-server = ["k1:9092"]\nmax-frame-size = "big"\n', "must be an integer"),
     ('bootstrap-server = ["k1:9092"\n', "not valid TOML"),
+    ('bootstrap-server = ["k1:9092"]\nquota-mode = "fair"\n', "quota mode must be"),
+    ('bootstrap-server = ["k1:9092"]\nquota-window-num = 1\n', "at least 2"),
+    ('bootstrap-server = ["k1:9092"]\nzookeeper = "zk:2181/"\n', "bad chroot"),
+    ('bootstrap-server = ["k1:9092"]\nquota-file = "q"\nzookeeper = "zk:2181"\n', "not both"),
 ])
 def test_bad_config_files_give_a_clear_error(tmp_path, text, message):
     path = tmp_path / "bad.toml"
