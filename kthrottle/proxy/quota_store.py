@@ -76,7 +76,7 @@ class FileQuotaSource:
     """Re-reads the file when it changes (polled: cheap, and it also sees an
     editor's rename-over or a ConfigMap's symlink swap)."""
 
-    def __init__(self, path, poll_interval=0.5):
+    def __init__(self, path, poll_interval=0.25):
         self.store = FileQuotaStore(path)
         self.poll_interval = poll_interval
         self.healthy = False
