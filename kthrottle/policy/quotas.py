@@ -119,13 +119,16 @@ class Bucket:
     """The accounting for one (quota key, user tag, client tag)."""
 
     __slots__ = ("key", "user_tag", "client_tag", "limit", "entity", "settings",
-                 "rate", "tokens", "last_used", "throttle_ms_total", "throttled")
+                 "rate", "tokens", "cap", "last_used", "throttle_ms_total", "throttled")
 
     def __init__(self, key, resolution, settings):
         self.key = key
         self.user_tag = resolution.user_tag
         self.client_tag = resolution.client_tag
         self.settings = settings
+        # the longest delay (None: W as measured, window mode)
+        self.cap = settings.max_throttle or (
+            (settings.samples - 1) * settings.window if settings.mode == TOKEN_BUCKET else None)
         self.rate = SampledRate(settings.samples, settings.window)
         self.tokens = None
         self.limit = None
@@ -152,16 +155,17 @@ class Bucket:
         if self.limit is None:
             return 0
         if self.tokens is not None:
-            self.tokens.record(value, now)
-            delay = self.tokens.throttle_seconds(now)
-            cap = self.settings.max_throttle or (self.settings.samples - 1) * self.settings.window
+            delay = self.tokens.take(value, now)
+            if delay <= 0:
+                return 0
+            cap = self.cap
         else:
-            w = self.rate.window_seconds(now)
-            delay = throttle_seconds(self.rate.total() / w, self.limit, w)
-            cap = self.settings.max_throttle or w
-        if delay <= 0:
-            return 0
-        ms = to_ms(min(delay, cap))
+            total, w = self.rate.scan(now)
+            delay = throttle_seconds(total / w, self.limit, w)
+            if delay <= 0:
+                return 0
+            cap = self.cap or w
+        ms = to_ms(delay if delay < cap else cap)
         if ms:
             self.throttled += 1
             self.throttle_ms_total += ms
@@ -203,17 +207,25 @@ class ClientQuotas:
             self.refresh()
         return self
 
+    # Per request: the generation check is written out rather than calling current().
+
     def record_produce(self, nbytes, now):
         """A Produce request of ``nbytes`` (the whole request, as Kafka counts)."""
-        return self.current().produce.record(nbytes, now)
+        if self.generation != self.manager.generation:
+            self.refresh()
+        return self.produce.record(nbytes, now)
 
     def record_fetch(self, nbytes, now):
         """A Fetch response of ``nbytes``."""
-        return self.current().fetch.record(nbytes, now)
+        if self.generation != self.manager.generation:
+            self.refresh()
+        return self.fetch.record(nbytes, now)
 
     def record_request(self, now):
         """One request against the request-rate quota (KIP-124)."""
-        return self.current().request.record(1, now)
+        if self.generation != self.manager.generation:
+            self.refresh()
+        return self.request.record(1, now)
 
     def fetch_max_bytes(self):
         return self.current().fetch.max_in_window()

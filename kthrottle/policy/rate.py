@@ -41,33 +41,43 @@ class SampledRate:
             self._values[i] = 0.0
         self._values[i] += value
 
-    def _purge(self, now):
-        """Windows older than samples x window are reset, as Kafka does."""
+    def scan(self, now):
+        """(total, W) at ``now``, in one pass: windows older than samples x
+        window are reset first, as Kafka purges them; W is the time since the
+        oldest live window started, padded to samples - 1 windows."""
         expire = self.samples * self.window
         starts = self._starts
+        values = self._values
+        oldest = now
+        total = 0.0
         for i in range(self.samples):
             start = starts[i]
-            if start is not None and now - start >= expire:
+            if start is None:
+                continue
+            if now - start >= expire:
                 starts[i] = now
-                self._values[i] = 0.0
-
-    def window_seconds(self, now):
-        """W: the time the rate divides by (padded to samples - 1 windows)."""
-        self._purge(now)
-        oldest = min((s for s in self._starts if s is not None), default=now)
+                values[i] = 0.0
+                continue
+            if start < oldest:
+                oldest = start
+            total += values[i]
         elapsed = now - oldest
         full = int(elapsed / self.window)
         if full < self.samples - 1:
             elapsed += (self.samples - 1 - full) * self.window
-        return elapsed
+        return total, elapsed
+
+    def window_seconds(self, now):
+        """W: the time the rate divides by (padded to samples - 1 windows)."""
+        return self.scan(now)[1]
 
     def total(self):
         return sum(self._values)
 
     def measure(self, now):
         """Rate per second at ``now``."""
-        w = self.window_seconds(now)
-        return self.total() / w
+        total, w = self.scan(now)
+        return total / w
 
     def unrecord(self, value, now):
         self.record(-value, now)
@@ -107,6 +117,22 @@ class TokenBucket:
     def record(self, value, now):
         self._refill(now)
         self._tokens -= value
+
+    def take(self, value, now):
+        """record() then throttle_seconds() in one step: this runs per
+        request, so it is written out flat."""
+        last = self._last
+        tokens = self._tokens
+        if last is None:
+            self._last = now
+        elif now > last:
+            tokens += (now - last) * self.limit
+            if tokens > self.burst:
+                tokens = self.burst
+            self._last = now
+        tokens -= value
+        self._tokens = tokens
+        return -tokens / self.limit if tokens < 0 else 0.0
 
     def unrecord(self, value, now):
         self._refill(now)
