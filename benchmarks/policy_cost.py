@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from proxy_overhead import git_describe  # noqa: E402
+from proxy_overhead import cpu_model, git_describe  # noqa: E402
 
 from kthrottle.policy.entities import (  # noqa: E402
     CONSUMER_BYTE_RATE,
@@ -330,14 +330,7 @@ def growth_line(results, args):
 
 
 def markdown_report(results, args, elapsed, command, timer_ns):
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model()
 
     main = args.entities
     lines = [

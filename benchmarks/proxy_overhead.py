@@ -141,6 +141,7 @@ class Endpoint:
     config: str
     bootstrap: str
     proc: Optional[subprocess.Popen] = None
+    admin_port: Optional[int] = None  # kthrottle's /metrics and /quotas, when asked for
 
 
 def metadata_probe(host, port, timeout=10.0):
@@ -167,30 +168,36 @@ def _recv_exact(sock, n):
     return buf
 
 
-def start_kthrottle(broker, procs, attempts=3):
+def start_kthrottle(broker, procs, extra_args=(), admin=False, name="kthrottle", attempts=3):
+    """``python -m kthrottle proxy`` in front of ``broker`` on free ports (with an
+    admin endpoint if asked), ready once its node listener is open."""
     last_error = None
     for attempt in range(attempts):
-        listen = free_port()
-        node_port = free_port()
-        if node_port == listen or node_port - TANSU_NODE_ID < 1024:
+        listen, node_port = free_port(), free_port()
+        admin_port = free_port() if admin else None
+        if len({listen, node_port, admin_port}) < 3 or node_port - TANSU_NODE_ID < 1024:
             continue
-        node_port_base = node_port - TANSU_NODE_ID
-        proc = procs.spawn("kthrottle", [
+        argv = [
             sys.executable, "-m", "kthrottle", "proxy",
             "--bootstrap-server", broker.bootstrap,
             "--listen", "127.0.0.1:%d" % listen,
-            "--node-port-base", str(node_port_base),
-            "--log-level", "WARNING",
-        ])
+            "--node-port-base", str(node_port - TANSU_NODE_ID),  # Tansu is node 111
+            "--log-level", "WARNING", *extra_args,
+        ]
+        if admin_port:
+            argv += ["--admin-listen", "127.0.0.1:%d" % admin_port]
+        proc = procs.spawn(name, argv)
         try:
             wait_for_port("127.0.0.1", listen, timeout=20, proc=proc)
-            metadata_probe("127.0.0.1", listen)
+            metadata_probe("127.0.0.1", listen)  # opens the node 111 listener
             wait_for_port("127.0.0.1", node_port, timeout=5, proc=proc)
-            return Endpoint("kthrottle", "127.0.0.1:%d" % listen, proc)
+            if admin_port:
+                wait_for_port("127.0.0.1", admin_port, timeout=5, proc=proc)
+            return Endpoint(name, "127.0.0.1:%d" % listen, proc, admin_port)
         except Exception as exc:  # most likely a port taken in between: try other ports
             last_error = exc
             procs.stop(proc)
-            print("    kthrottle start attempt %d failed: %s" % (attempt + 1, exc), flush=True)
+            print("    %s start attempt %d failed: %s" % (name, attempt + 1, exc), flush=True)
     raise RuntimeError("kthrottle did not start: %s" % last_error)
 
 
@@ -481,15 +488,18 @@ def summarize(results, configs):
     return summary
 
 
-def machine_facts():
-    model = "unknown"
+def cpu_model():
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return "unknown"
+
+
+def machine_facts():
+    model = cpu_model()
     try:
         tansu = subprocess.run([tansu_binary(), "--version"], capture_output=True,
                                text=True, timeout=10).stdout.strip()

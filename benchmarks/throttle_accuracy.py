@@ -56,15 +56,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 from proxy_overhead import (  # noqa: E402
-    TANSU_NODE_ID,
     Processes,
     _sigterm_to_interrupt,
     machine_facts,
-    metadata_probe,
     new_runner,
+    start_kthrottle,
 )
 
-from kthrottle.embedded import TansuBroker, free_port, wait_for_port  # noqa: E402
+from kthrottle.embedded import TansuBroker  # noqa: E402
 
 MODES = ("token-bucket", "window")
 CLIENTS = ("aio-producer", "ck-producer", "aio-consumer")
@@ -135,45 +134,12 @@ def quota_label(quota):
 # --------------------------------------------------------------------------- processes
 
 
-@dataclass
-class Proxy:
-    mode: str
-    bootstrap: str
-    admin_port: int
-    proc: object
-
-
-def start_proxy(broker, procs, quota_file, mode, args, attempts=3):
+def start_proxy(broker, procs, quota_file, mode, args):
     """A kthrottle proxy in front of ``broker`` with the quota file and an admin endpoint."""
-    last_error = None
-    for attempt in range(attempts):
-        listen, node_port, admin = free_port(), free_port(), free_port()
-        if len({listen, node_port, admin}) < 3 or node_port - TANSU_NODE_ID < 1024:
-            continue
-        argv = [
-            sys.executable, "-m", "kthrottle", "proxy",
-            "--bootstrap-server", broker.bootstrap,
-            "--listen", "127.0.0.1:%d" % listen,
-            "--node-port-base", str(node_port - TANSU_NODE_ID),  # Tansu is node 111
-            "--quota-file", str(quota_file),
-            "--admin-listen", "127.0.0.1:%d" % admin,
-            "--quota-mode", mode,
-            "--log-level", "WARNING",
-        ]
-        if args.burst_seconds is not None:
-            argv += ["--quota-burst-seconds", str(args.burst_seconds)]
-        proc = procs.spawn("kthrottle-%s" % mode, argv)
-        try:
-            wait_for_port("127.0.0.1", listen, timeout=20, proc=proc)
-            metadata_probe("127.0.0.1", listen)  # opens the node 111 listener
-            wait_for_port("127.0.0.1", node_port, timeout=5, proc=proc)
-            wait_for_port("127.0.0.1", admin, timeout=5, proc=proc)
-            return Proxy(mode, "127.0.0.1:%d" % listen, admin, proc)
-        except Exception as exc:  # most likely a port taken in between: try other ports
-            last_error = exc
-            procs.stop(proc)
-            print("    kthrottle start attempt %d failed: %s" % (attempt + 1, exc), flush=True)
-    raise RuntimeError("kthrottle did not start: %s" % last_error)
+    extra = ["--quota-file", str(quota_file), "--quota-mode", mode]
+    if args.burst_seconds is not None:
+        extra += ["--quota-burst-seconds", str(args.burst_seconds)]
+    return start_kthrottle(broker, procs, extra, admin=True, name="kthrottle-%s" % mode)
 
 
 def write_quota_file(path, quotas):
@@ -386,7 +352,8 @@ def ck_produce(run, bootstrap, value, clock, args, ready, go, stop):
 async def run_quota(proxy, quota, topics, args):
     """All clients of one quota size at once against one proxy; returns their ClientRuns."""
     label = quota_label(quota)
-    runs = {kind: ClientRun(proxy.mode, quota, kind, "%s-%s" % (kind, label), topics[kind])
+    mode = proxy.config[len("kthrottle-"):]
+    runs = {kind: ClientRun(mode, quota, kind, "%s-%s" % (kind, label), topics[kind])
             for kind in CLIENTS}
     value = b"x" * args.record_size
     clock = Clock()
@@ -646,9 +613,9 @@ def markdown_report(runs, facts, args, elapsed, command, interrupted):
         "alternates: each response is a whole 64 KiB. Tansu ignores a fetch's per-partition "
         "limit (max_partition_fetch_bytes) and honours only the request's max_bytes, so the "
         "consumer sets both: with aiokafka's default fetch_max_bytes (50 MiB) every response "
-        "is as large as the proxy's fetch cap, quota x 10 s, which in token-bucket mode means "
-        "about 10 s of quota at once followed by a 9-10 s mute (`--fetch-max-bytes 52428800` "
-        "shows it).",
+        "is as large as the proxy's fetch cap: quota x 10 s in window mode (Kafka's cap), "
+        "the burst allowance (--quota-burst-seconds of quota) in token-bucket mode "
+        "(`--fetch-max-bytes 52428800` shows it).",
         "",
         "![throttle accuracy](throttle_accuracy.png)",
     ]
@@ -757,7 +724,8 @@ def parse_args(argv=None):
                    help="aiokafka consumer fetch_max_bytes, the whole response's limit "
                    "(default: --fetch-bytes). Tansu ignores the per-partition limit and "
                    "honours only this one, so with aiokafka's default (52428800) every "
-                   "fetch is as large as the proxy's cap, quota x 10 s")
+                   "fetch is as large as the proxy's cap (window mode: quota x 10 s; "
+                   "token-bucket: the burst allowance)")
     p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT,
                    help="where throttle_accuracy.md and throttle_accuracy.png are written")
     args = p.parse_args(argv)

@@ -255,3 +255,12 @@ def test_unused_buckets_expire_after_an_hour():
     assert manager.expire(4700.0) == 10  # the never-used ones
     assert manager.expire(6700.0) == 1  # c0's produce bucket
     assert manager.buckets == {}
+
+
+def test_a_fetch_is_capped_at_what_one_window_or_the_bucket_allows():
+    snapshot = {"clients/c": {FETCH: 1000.0}}
+    window = QuotaManager(snapshot, QuotaSettings(mode=WINDOW)).client("u", "c")
+    assert window.fetch_max_bytes() == 10_000  # Kafka: quota x (11 - 1) x 1 s
+    bucket = QuotaManager(snapshot, QuotaSettings(burst_seconds=2.5)).client("u", "c")
+    assert bucket.fetch_max_bytes() == 2_500
+    assert QuotaManager(snapshot).client("u", "other").fetch_max_bytes() is None

@@ -175,10 +175,15 @@ class Bucket:
         return self.rate.measure(now)
 
     def max_in_window(self):
-        """Kafka's cap on one fetch: quota x (samples - 1) x window."""
+        """The most one fetch may ask for: Kafka's cap, quota x (samples - 1)
+        x window, in window mode; the burst allowance in token-bucket mode, so
+        that one response cannot carry ten times what the bucket holds."""
         if self.limit is None:
             return None
-        return self.limit * (self.settings.samples - 1) * self.settings.window
+        settings = self.settings
+        if settings.mode == TOKEN_BUCKET:
+            return self.limit * settings.burst_seconds
+        return self.limit * (settings.samples - 1) * settings.window
 
 
 class ClientQuotas:
