@@ -306,7 +306,7 @@ def test_fetch_max_bytes_offset(version):
     import struct
     import uuid as uuidlib
     from kthrottle.codecs._kafka import FetchRequest as F
-    from kthrottle.codecs.frames import fetch_max_bytes_offset
+    from kthrottle.codecs.frames import fetch_max_bytes_offset, fetch_replica_id
 
     part = F.FetchTopic.FetchPartition(partition=0, fetch_offset=5, partition_max_bytes=1 << 20)
     req = F[version](replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=52428800,
@@ -317,6 +317,13 @@ def test_fetch_max_bytes_offset(version):
     frame = req.encode(header=True, framed=True)
     offset = fetch_max_bytes_offset(frame, version)
     assert struct.unpack_from(">i", frame, offset)[0] == 52428800
+    assert fetch_replica_id(frame, version) == -1
+    if version < 15:  # a follower's fetch names its broker id
+        follower = F[version](replica_id=3, max_wait_ms=500, min_bytes=1, max_bytes=1,
+                              isolation_level=0, session_id=0, session_epoch=-1, topics=[],
+                              forgotten_topics_data=[], rack_id="")
+        follower.with_header(correlation_id=2, client_id="broker-3-fetcher")
+        assert fetch_replica_id(follower.encode(header=True, framed=True), version) == 3
 
 
 def test_frame_cutter_stops_after_the_frame_in_progress_and_hands_back_the_rest():

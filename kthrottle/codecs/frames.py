@@ -255,6 +255,19 @@ def fetch_max_bytes_offset(frame, api_version):
     return pos
 
 
+def fetch_replica_id(frame, api_version):
+    """``replica_id`` of a framed Fetch request: a broker's id when a follower
+    replicates, -1 for a consumer. From v15 it sits in a tagged field at the end
+    (KIP-903), which only brokers set: -1 is returned for those versions."""
+    if api_version >= 15:
+        return -1
+    try:
+        pos = request_body_offset(frame, api_version >= 12)
+        return INT32.unpack_from(frame, pos)[0]
+    except Exception:
+        raise ProtocolError("truncated Fetch request") from None
+
+
 def response_correlation_id(frame):
     return INT32.unpack_from(frame, 4)[0]
 

@@ -26,6 +26,7 @@ from ..codecs.frames import (
     WHOLE,
     FrameCutter,
     fetch_max_bytes_offset,
+    fetch_replica_id,
 )
 from ..codecs.throttle import (
     clients_back_off_from,
@@ -237,6 +238,10 @@ class ClientConnection(asyncio.Protocol):
         acks_0 = api_key == PRODUCE and produce_acks(head, api_version) == 0
         self.requests += 1
         quotas = self._quotas(client_id or "")
+        if quotas is not None and api_key == FETCH and fetch_replica_id(head, api_version) >= 0:
+            # replication is not a client: no client quota applies (KIP-124
+            # exempts it from request quotas; Kafka has replication quotas)
+            quotas = None
         delay = 0
         result = PASS
         if quotas is not None:
