@@ -54,6 +54,10 @@ UNANSWERED_IDS_KEPT = 1024
 # (LeaderAndIsr, StopReplica, UpdateMetadata, ControlledShutdown).
 REQUEST_QUOTA_EXEMPT = frozenset((4, 5, 6, 7))
 
+# Client-ids whose quota lookups one connection keeps (clients send one; a
+# connection that sends more is not given unbounded memory for them).
+CLIENT_IDS_KEPT = 64
+
 # The principal of a connection that has not authenticated (KIP-55).
 ANONYMOUS = "ANONYMOUS"
 
@@ -211,6 +215,8 @@ class ClientConnection(asyncio.Protocol):
             return None
         quotas = self.client_quotas.get(client_id)
         if quotas is None:
+            if len(self.client_quotas) >= CLIENT_IDS_KEPT:
+                self.client_quotas.clear()  # a client cycling client-ids: start over
             quotas = self.client_quotas[client_id] = manager.client(self.principal, client_id)
         return quotas
 
