@@ -185,14 +185,6 @@ def throttle_time_at(frame, api_key, api_version):
     return _locate(frame, entry, api_version)
 
 
-def read_throttle_time(frame, api_key, api_version):
-    """throttle_time_ms of a whole framed response, or None if it has none."""
-    pos = throttle_time_at(frame, api_key, api_version)
-    if pos is None:
-        return None
-    return INT32.unpack_from(frame, pos)[0]
-
-
 def raise_throttle_time(frame, api_key, api_version, throttle_ms):
     """A copy of the framed response with throttle_time_ms raised to
     ``throttle_ms`` (capped at the int32 maximum), or None when the response
@@ -301,12 +293,3 @@ def clients_back_off_from(api_key):
     """First response version whose throttle_time_ms clients honour by backing
     off on their own; None if no version is known to be honoured."""
     return CLIENTS_BACK_OFF_FROM.get(api_key)
-
-
-def client_backs_off(api_key, api_version):
-    """Whether the Java client backs off on its own after a response of this
-    version with throttle_time_ms > 0. (kafka-python 3.x backs off after any
-    response with the field once it takes the broker for 2.0+; librdkafka
-    never does.)"""
-    first = CLIENTS_BACK_OFF_FROM.get(api_key)
-    return first is not None and api_version >= first

@@ -79,9 +79,6 @@ class SampledRate:
         total, w = self.scan(now)
         return total / w
 
-    def unrecord(self, value, now):
-        self.record(-value, now)
-
 
 def throttle_seconds(rate, limit, window_seconds):
     """X = (O - T) / T x W, 0 when within the limit."""
@@ -133,10 +130,6 @@ class TokenBucket:
         tokens -= value
         self._tokens = tokens
         return -tokens / self.limit if tokens < 0 else 0.0
-
-    def unrecord(self, value, now):
-        self._refill(now)
-        self._tokens = min(self.burst, self._tokens + value)
 
     def throttle_seconds(self, now):
         self._refill(now)
