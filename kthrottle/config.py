@@ -46,6 +46,9 @@ class ProxyConfig:
     node_port_base: int | None = None
     advertised_host: str | None = None
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    # how long one broker address may take to accept a connection before the
+    # next is tried (Kafka's socket.connection.setup.timeout.ms default)
+    upstream_connect_timeout_ms: int = 10_000
     quota_file: str | None = None
     zookeeper: str | None = None
     admin_listen: tuple | None = None
@@ -89,6 +92,8 @@ class ProxyConfig:
             )
         if self.max_frame_size <= 0:
             raise ConfigError("max-frame-size must be a positive number of bytes")
+        if self.upstream_connect_timeout_ms <= 0:
+            raise ConfigError("upstream-connect-timeout-ms must be a positive number of ms")
         if self.node_port_base is not None and not 0 < self.node_port_base < 65536:
             raise ConfigError("node-port-base must be a port number")
         if self.quota_file and self.zookeeper:
@@ -104,6 +109,7 @@ _KEYS = {
     "node-port-base": "node_port_base",
     "advertised-host": "advertised_host",
     "max-frame-size": "max_frame_size",
+    "upstream-connect-timeout-ms": "upstream_connect_timeout_ms",
     "quota-file": "quota_file",
     "zookeeper": "zookeeper",
     "admin-listen": "admin_listen",
@@ -134,7 +140,8 @@ def _convert(key, value):
         if not isinstance(value, str) or not value:
             raise ConfigError("%s must be a non-empty string" % key)
         return value
-    if key in ("node-port-base", "max-frame-size", "quota-window-num", "max-throttle-ms"):
+    if key in ("node-port-base", "max-frame-size", "quota-window-num", "max-throttle-ms",
+               "upstream-connect-timeout-ms"):
         if not isinstance(value, int) or isinstance(value, bool):
             raise ConfigError("%s must be an integer, got %r" % (key, value))
         return value

@@ -76,7 +76,7 @@ def produce_quotas(port, client_id):
     for conn in admin_get(port, "/quotas")["connections"]:
         for client in conn["clients"]:
             if client["client_id"] == client_id:
-                out[conn["connection"]] = (client["produce"]["quota"], client["produce"]["entity"])
+                out[conn["connection"]] = (client["produce"]["quota"], client["produce"].get("entity"))
     return out
 
 

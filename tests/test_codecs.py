@@ -16,16 +16,17 @@ from kafka_frames import (
     produce_request,
     proxied,
 )
-from kthrottle.codecs.frames import DROP, HEAD_SIZE, MIN_REQUEST_SIZE, PASS, WHOLE, FrameCutter
+from kthrottle.codecs.frames import DROP, HEAD_SIZE, MIN_REQUEST_SIZE, PASS, WHOLE, FrameCutter, NeedHead
 from kthrottle.codecs import (
     FrameReader,
+    HeadTooShort,
     Node,
     ProtocolError,
-    parse_request_header,
-    produce_acks,
+    RequestHead,
     rewrite_response,
     unsupported_api_versions_response,
 )
+from kthrottle.codecs.request import MAX_HEAD_SIZE, capped_fetch_head
 from kthrottle.codecs import apis
 from kthrottle.codecs._kafka import ApiVersionsResponse
 
@@ -270,17 +271,112 @@ def test_frame_reader_reports_a_frame_cut_short_by_eof():
 def test_produce_request_header_and_acks(version, acks):
     txn = "txn-1" if version % 2 else None
     frame = produce_request(version, acks, transactional_id=txn)
-    header = parse_request_header(frame)
-    assert header == (apis.PRODUCE, version, 11, "app-1")
-    assert produce_acks(frame, version) == acks
+    head = RequestHead(frame[:HEAD_SIZE], len(frame))
+    assert (head.api_key, head.api_version, head.correlation_id, head.client_id) == (
+        apis.PRODUCE, version, 11, "app-1")
+    assert head.acks == acks
 
 
 def test_truncated_request_header_is_a_protocol_error():
     frame = produce_request(9, 1)
     with pytest.raises(ProtocolError):
-        parse_request_header(frame[:10])
+        RequestHead(frame[:10], 10)
     with pytest.raises(ProtocolError):
-        produce_acks(frame[:22], 9)
+        RequestHead(frame[:22], 22).acks
+
+
+@pytest.mark.parametrize("version", [3, 9])
+def test_a_head_too_short_for_its_fields_asks_for_exactly_what_it_needs(version):
+    # a transactional.id longer than the head: the head must grow to reach
+    # acks, and nothing past acks is asked for
+    txn = "t" * 700
+    frame = produce_request(version, 1, transactional_id=txn)
+    head = RequestHead(frame[:HEAD_SIZE], len(frame))
+    with pytest.raises(HeadTooShort) as err:
+        head.acks
+    needed = err.value.needed
+    assert HEAD_SIZE < needed < len(frame)
+    assert RequestHead(frame[:needed], len(frame)).acks == 1
+    with pytest.raises(HeadTooShort):
+        RequestHead(frame[: needed - 1], len(frame)).acks
+
+
+def test_a_garbage_header_is_refused_without_gathering_the_frame():
+    # client_id length 30000 in a 100 MiB frame whose bytes are garbage: the
+    # head may grow to hold the client-id, never to the frame
+    frame_len = 100 * 1024 * 1024
+    head = frame_len.to_bytes(4, "big") + bytes([0, 0, 0, 9, 0, 0, 0, 1, 0x75, 0x30]) + b"\xff" * 498
+    with pytest.raises(HeadTooShort) as err:
+        RequestHead(head, frame_len + 4).client_id
+    assert err.value.needed == 14 + 30000 <= MAX_HEAD_SIZE
+    with pytest.raises(ProtocolError, match="not UTF-8"):
+        RequestHead(head + b"\xff" * 30000, frame_len + 4).client_id
+    # a client-id longer than the frame holds is refused at once
+    short = (100).to_bytes(4, "big") + head[4:104]
+    with pytest.raises(ProtocolError, match="truncated"):
+        RequestHead(short, 104).client_id
+
+
+def test_frame_cutter_grows_the_head_on_request_under_any_chunking():
+    frames = [(n + 4).to_bytes(4, "big") + i.to_bytes(4, "big") + bytes([i]) * n
+              for i, n in enumerate([10, 2000, 300000, 900, 600])]
+    stream = b"".join(frames)
+    rng = random.Random(5)
+    for trial in range(30):
+        heads = []
+
+        def on_head(head, total):
+            want = min(total, 1500)
+            if len(head) < want:
+                return NeedHead(want)
+            heads.append(bytes(head))
+            return PASS
+
+        cutter = FrameCutter(on_head, None)
+        out, pos = [], 0
+        while pos < len(stream):
+            step = rng.choice([1, 3, 100, HEAD_SIZE, 1000, 4096, 100000])
+            cutter.feed(stream[pos : pos + step], out)
+            pos += step
+        assert b"".join(bytes(o) for o in out) == stream
+        assert heads == [f[:1500] for f in frames]
+
+
+class _Upper:
+    """A stream that forwards every byte of its frame upper-cased."""
+
+    def __init__(self):
+        self.seen = 0
+
+    def feed(self, chunk, out):
+        self.seen += len(chunk)
+        out.append(bytes(chunk).upper())
+
+
+def test_frame_cutter_hands_a_streamed_frame_to_its_stream_chunk_by_chunk():
+    frames = [(n + 4).to_bytes(4, "big") + b"abcd" + b"x" * n for n in (10, 3000, 200000, 5)]
+    stream = b"".join(frames)
+    rng = random.Random(9)
+    for trial in range(20):
+        streams = []
+
+        def on_head(head, total):
+            s = _Upper()
+            streams.append(s)
+            if len(streams) == 2:  # a patched head, then the stream
+                return b"P" * len(head), s
+            return s
+
+        cutter = FrameCutter(on_head, None)
+        out, pos = [], 0
+        while pos < len(stream):
+            step = rng.choice([1, 7, 600, 70000])
+            cutter.feed(stream[pos : pos + step], out)
+            pos += step
+        got = b"".join(bytes(o) for o in out)
+        second = b"P" * HEAD_SIZE + frames[1][HEAD_SIZE:].upper()
+        assert got == frames[0].upper() + second + frames[2].upper() + frames[3].upper()
+        assert [s.seen for s in streams] == [len(f) for f in frames]
 
 
 def test_frame_cutter_forwards_a_patched_head_in_place_of_the_original():
@@ -302,11 +398,10 @@ def test_frame_cutter_forwards_a_patched_head_in_place_of_the_original():
 
 
 @pytest.mark.parametrize("version", [3, 4, 11, 12, 13, 15, 17])
-def test_fetch_max_bytes_offset(version):
+def test_fetch_max_bytes_offset_replica_id_and_the_cap_patch(version):
     import struct
     import uuid as uuidlib
     from kthrottle.codecs._kafka import FetchRequest as F
-    from kthrottle.codecs.frames import fetch_max_bytes_offset, fetch_replica_id
 
     part = F.FetchTopic.FetchPartition(partition=0, fetch_offset=5, partition_max_bytes=1 << 20)
     req = F[version](replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=52428800,
@@ -315,15 +410,21 @@ def test_fetch_max_bytes_offset(version):
                      forgotten_topics_data=[], rack_id="")
     req.with_header(correlation_id=1, client_id="consumer-1")
     frame = req.encode(header=True, framed=True)
-    offset = fetch_max_bytes_offset(frame, version)
+    head = RequestHead(frame, len(frame))
+    offset = head.max_bytes_offset
     assert struct.unpack_from(">i", frame, offset)[0] == 52428800
-    assert fetch_replica_id(frame, version) == -1
+    assert head.replica_id == -1
+    patched = capped_fetch_head(head, 4096)
+    assert len(patched) == len(frame)
+    assert F.decode(patched[4:], version=version, header=True).max_bytes == 4096
+    assert capped_fetch_head(RequestHead(patched, len(patched)), 4096) is None
     if version < 15:  # a follower's fetch names its broker id
         follower = F[version](replica_id=3, max_wait_ms=500, min_bytes=1, max_bytes=1,
                               isolation_level=0, session_id=0, session_epoch=-1, topics=[],
                               forgotten_topics_data=[], rack_id="")
         follower.with_header(correlation_id=2, client_id="broker-3-fetcher")
-        assert fetch_replica_id(follower.encode(header=True, framed=True), version) == 3
+        encoded = follower.encode(header=True, framed=True)
+        assert RequestHead(encoded, len(encoded)).replica_id == 3
 
 
 def test_frame_cutter_stops_after_the_frame_in_progress_and_hands_back_the_rest():

@@ -34,6 +34,38 @@ from .rate import SampledRate, TokenBucket, throttle_seconds, to_ms
 WINDOW = "window"
 TOKEN_BUCKET = "token-bucket"
 
+# Kafka's API keys for the rules below (the policy speaks Kafka's numbering
+# without depending on the codecs).
+PRODUCE = 0
+FETCH = 1
+# Inter-broker cluster actions are exempt from request quotas (KIP-124):
+# LeaderAndIsr, StopReplica, UpdateMetadata, ControlledShutdown.
+REQUEST_QUOTA_EXEMPT = frozenset((4, 5, 6, 7))
+
+
+class Decision(NamedTuple):
+    """What a request or response earned: a throttle time and why."""
+
+    delay_ms: int
+    reason: str | None  # the quota key that set the delay (None: no delay)
+
+
+NO_DELAY = Decision(0, None)
+
+
+def client_quotas_apply(api_key, replica_id):
+    """A follower's replication fetch (replica_id >= 0) is a broker, not a
+    client: no client quota counts it (KIP-124 exempts it from request
+    quotas; Kafka has separate replication quotas)."""
+    return not (api_key == FETCH and replica_id >= 0)
+
+
+def request_quota_applies(api_key, acks):
+    """Whether a request counts against the request-rate quota (KIP-124):
+    cluster actions do not, nor does an acks=0 Produce (no response carries
+    its throttle time, so Kafka does not count it)."""
+    return api_key not in REQUEST_QUOTA_EXEMPT and not (api_key == PRODUCE and acks == 0)
+
 
 class Resolution(NamedTuple):
     """Where a quota comes from and which bucket it is counted in."""
@@ -86,13 +118,16 @@ class QuotaConfig:
 class QuotaSettings:
     samples: int = 11  # quota.window.num
     window: float = 1.0  # quota.window.size.seconds
-    # Longest delay for one response, in seconds. None: W, the padded window
-    # the rate is measured over (10-11 s by default). Kafka caps only
-    # request-rate throttles (at one window) and leaves byte-rate ones
-    # uncapped; capping every delay keeps a client from being parked for
-    # minutes after a burst, while a sustained overuse is still repaid over
-    # successive responses.
+    # Longest byte-rate delay for one response, in seconds. None: W, the
+    # padded window the rate is measured over (10-11 s by default). Kafka
+    # leaves byte-rate throttles uncapped; capping them keeps a client from
+    # being parked for minutes after a burst, while a sustained overuse is
+    # still repaid over successive responses.
     max_throttle: float | None = None
+    # Longest request-rate delay, in seconds. None: one quota window, as
+    # Kafka caps request-quota throttles (KIP-124), so that a throttled
+    # coordinator connection still heartbeats within a session timeout.
+    max_request_throttle: float | None = None
     # TOKEN_BUCKET (default): a client may burst ``burst_seconds`` of its quota,
     # then is held to the quota; steady state lands on the quota. WINDOW:
     # exactly Kafka's sampled windows and X = (O - T) / T x W, including the
@@ -113,6 +148,8 @@ class QuotaSettings:
             raise ValueError("burst seconds must be positive")
         if self.max_throttle is not None and self.max_throttle <= 0:
             raise ValueError("max throttle must be positive")
+        if self.max_request_throttle is not None and self.max_request_throttle <= 0:
+            raise ValueError("max request throttle must be positive")
 
 
 class Bucket:
@@ -127,8 +164,11 @@ class Bucket:
         self.client_tag = resolution.client_tag
         self.settings = settings
         # the longest delay (None: W as measured, window mode)
-        self.cap = settings.max_throttle or (
-            (settings.samples - 1) * settings.window if settings.mode == TOKEN_BUCKET else None)
+        if key == REQUEST_RATE:
+            self.cap = settings.max_request_throttle or settings.window
+        else:
+            self.cap = settings.max_throttle or (
+                (settings.samples - 1) * settings.window if settings.mode == TOKEN_BUCKET else None)
         self.rate = SampledRate(settings.samples, settings.window)
         self.tokens = None
         self.limit = None
@@ -187,8 +227,9 @@ class Bucket:
 
 
 class ClientQuotas:
-    """The three buckets one (user, client-id) counts in, resolved once per
-    configuration generation. What a connection holds on to."""
+    """The buckets one (user, client-id) counts in, resolved once per
+    configuration generation; None for a quota key with no quota (no quota,
+    no bucket). What a connection holds on to; it asks for decisions."""
 
     __slots__ = ("manager", "user", "client_id", "generation", "produce", "fetch", "request")
 
@@ -212,28 +253,58 @@ class ClientQuotas:
             self.refresh()
         return self
 
-    # Per request: the generation check is written out rather than calling current().
+    def on_request(self, api_key, nbytes, acks, now):
+        """A request of ``nbytes`` (the whole frame). A Produce counts whole
+        against the byte quota, as in Kafka (data is accepted, then the
+        client is throttled); every request but the exempt ones counts
+        against the request quota. When both are violated the larger delay
+        applies (KIP-124)."""
+        if self.generation != self.manager.generation:
+            self.refresh()
+        delay = 0
+        reason = None
+        bucket = self.request
+        if bucket is not None and request_quota_applies(api_key, acks):
+            delay = bucket.record(1, now)
+            if delay:
+                reason = REQUEST_RATE
+        if api_key == PRODUCE:
+            bucket = self.produce
+            if bucket is not None:
+                produce_delay = bucket.record(nbytes, now)
+                if produce_delay > delay:
+                    delay = produce_delay
+                    reason = PRODUCER_BYTE_RATE
+        return Decision(delay, reason) if delay else NO_DELAY
+
+    def on_fetch_response(self, nbytes, now):
+        """A Fetch response of ``nbytes`` on its way to the client."""
+        if self.generation != self.manager.generation:
+            self.refresh()
+        bucket = self.fetch
+        if bucket is None:
+            return NO_DELAY
+        delay = bucket.record(nbytes, now)
+        return Decision(delay, CONSUMER_BYTE_RATE) if delay else NO_DELAY
+
+    # One quota key at a time (benchmarks and tests of the rate rules).
 
     def record_produce(self, nbytes, now):
-        """A Produce request of ``nbytes`` (the whole request, as Kafka counts)."""
-        if self.generation != self.manager.generation:
-            self.refresh()
-        return self.produce.record(nbytes, now)
+        self.current()
+        return self.produce.record(nbytes, now) if self.produce is not None else 0
 
     def record_fetch(self, nbytes, now):
-        """A Fetch response of ``nbytes``."""
-        if self.generation != self.manager.generation:
-            self.refresh()
-        return self.fetch.record(nbytes, now)
+        self.current()
+        return self.fetch.record(nbytes, now) if self.fetch is not None else 0
 
     def record_request(self, now):
-        """One request against the request-rate quota (KIP-124)."""
-        if self.generation != self.manager.generation:
-            self.refresh()
-        return self.request.record(1, now)
+        self.current()
+        return self.request.record(1, now) if self.request is not None else 0
 
     def fetch_max_bytes(self):
-        return self.current().fetch.max_in_window()
+        """The most one Fetch may ask for (None: no fetch quota)."""
+        fetch = self.current().fetch
+        return fetch.max_in_window() if fetch is not None else None
 
 
 class QuotaManager:
@@ -251,9 +322,19 @@ class QuotaManager:
         request; existing buckets keep their measured rates."""
         self.config = QuotaConfig(snapshot)
         self.generation += 1
+        # a bucket whose entity is gone is dropped now (its clients resolve
+        # again on their next request), not left in the metrics for an hour
+        paths = self.config.snapshot
+        gone = [k for k, b in self.buckets.items() if b.entity not in paths]
+        for k in gone:
+            del self.buckets[k]
 
     def bucket(self, key, user, client_id):
+        """The bucket counting ``key`` for this user and client-id; None when
+        no quota applies (nothing is measured for unlimited clients)."""
         resolution = self.config.resolve(user, client_id, key)
+        if resolution.limit is None:
+            return None
         bucket_key = (key, resolution.user_tag, resolution.client_tag)
         bucket = self.buckets.get(bucket_key)
         if bucket is None:
@@ -282,6 +363,7 @@ class QuotaManager:
 
 
 __all__ = [
-    "QUOTA_KEYS", "Bucket", "ClientQuotas", "QuotaConfig", "QuotaManager", "QuotaSettings",
-    "Resolution", "TOKEN_BUCKET", "WINDOW",
+    "NO_DELAY", "QUOTA_KEYS", "Bucket", "ClientQuotas", "Decision", "QuotaConfig",
+    "QuotaManager", "QuotaSettings", "Resolution", "TOKEN_BUCKET", "WINDOW",
+    "client_quotas_apply", "request_quota_applies",
 ]

@@ -5,6 +5,8 @@ import logging
 import socket
 
 from .connection import ClientConnection
+from .filters import standard_filters
+from .pipeline import FilterTable
 
 log = logging.getLogger("kthrottle.proxy")
 
@@ -21,6 +23,8 @@ class ProxyServer:
         self.nodes = {}  # node id -> (host, port) the broker advertises
         self.listeners = {}  # node id -> asyncio Server (None key: bootstrap)
         self.connections = set()
+        # who looks at what, per API key and version: built once
+        self.filter_table = FilterTable(standard_filters(self.advertise, quotas))
         self._ids = itertools.count(1)
         self._starting = set()
 

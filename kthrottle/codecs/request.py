@@ -1,0 +1,216 @@
+"""A request's head, parsed once: header fields, then body offsets on demand.
+
+The proxy sees a request's first bytes (its head) before the rest streams on.
+``RequestHead`` reads the header (api key, version, correlation id,
+client-id) when made; the body fields a decision may need (Produce ``acks``,
+Fetch ``replica_id`` and ``max_bytes``) are located only when asked for, and
+each only once. A field that lies past the head but inside the frame raises
+``HeadTooShort`` with the number of bytes the head must have, so the framing
+can gather that much (never the whole frame) and parse again; a field past
+the end of the frame is a ProtocolError.
+"""
+from . import apis
+from .errors import ProtocolError
+from .wire import INT16, INT16_INT16_INT32, INT32, read_uvarint
+
+# Longest request head the proxy gathers to read the fields it needs. Kafka
+# strings (client-id, transactional.id) are at most 32767 bytes, so 64 KiB
+# holds any valid header and Produce prefix; a frame claiming more is garbage.
+MAX_HEAD_SIZE = 64 * 1024
+
+# ControlledShutdown v0 is the one request sent with header v0 (no client-id).
+_CONTROLLED_SHUTDOWN = 7
+
+_UNREAD = object()
+
+
+class HeadTooShort(Exception):
+    """The head ends before a field that the frame still holds."""
+
+    def __init__(self, needed):
+        super().__init__(needed)
+        self.needed = needed
+
+
+def request_header_flexible(api_key, api_version):
+    """Whether the request uses header v2 (tagged fields after the client-id):
+    the same versions as the body is flexible (ApiVersions included, whose
+    *response* header alone stays v0). None for an API kafka-python's
+    schemas do not know."""
+    if api_key not in apis.FLEXIBLE_VERSIONS:
+        return None
+    versions = apis.FLEXIBLE_VERSIONS[api_key]
+    return versions is not None and versions[0] <= api_version <= versions[1]
+
+
+class RequestHead:
+    """The first bytes of one framed request (size prefix included)."""
+
+    __slots__ = ("buf", "frame_len", "api_key", "api_version", "correlation_id",
+                 "_client_id", "_body", "_acks", "_fetch")
+
+    def __init__(self, buf, frame_len):
+        self.buf = buf
+        self.frame_len = frame_len
+        if len(buf) < 12:
+            raise ProtocolError("truncated request header")
+        self.api_key, self.api_version, self.correlation_id = INT16_INT16_INT32.unpack_from(buf, 4)
+        if self.api_key < 0 or self.api_version < 0:
+            raise ProtocolError("invalid api key %d version %d" % (self.api_key, self.api_version))
+        self._client_id = _UNREAD
+        self._body = self._acks = self._fetch = None
+        if self.api_key == _CONTROLLED_SHUTDOWN and self.api_version == 0:
+            self._client_id = None
+            self._body = 12
+
+    @property
+    def client_id(self):
+        """The header's client-id (None when null)."""
+        client_id = self._client_id
+        if client_id is _UNREAD:
+            buf = self.buf
+            self._need(14, "request header")
+            size = INT16.unpack_from(buf, 12)[0]
+            if size < 0:
+                client_id = None
+            else:
+                end = self._need(14 + size, "request header client_id")
+                try:
+                    client_id = bytes(buf[14:end]).decode("utf-8")
+                except UnicodeDecodeError:
+                    raise ProtocolError("request client_id is not UTF-8") from None
+            self._client_id = client_id
+        return client_id
+
+    def _need(self, end, what):
+        """``end`` if the head reaches that far; else HeadTooShort (the frame
+        holds it) or ProtocolError (it does not, or it is absurdly far)."""
+        if end <= len(self.buf):
+            return end
+        if end > self.frame_len:
+            raise ProtocolError("truncated %s" % what)
+        if end > MAX_HEAD_SIZE:
+            raise ProtocolError("%s ends at byte %d, past the %d bytes a head may take"
+                                % (what, end, MAX_HEAD_SIZE))
+        raise HeadTooShort(end)
+
+    @property
+    def body_offset(self):
+        """Offset of the body (after the header's tagged fields, if any)."""
+        pos = self._body
+        if pos is None:
+            flexible = request_header_flexible(self.api_key, self.api_version)
+            if flexible is None:
+                raise ProtocolError("api key %d has no known request header" % self.api_key)
+            self.client_id  # checks the header reaches past the client-id
+            pos = 14 + max(INT16.unpack_from(self.buf, 12)[0], 0)
+            if flexible:
+                pos = self._skip_tags(pos)
+            self._body = pos
+        return pos
+
+    def _more(self, what):
+        """A varint ran past the head: ask for more of the frame, if any."""
+        n = len(self.buf)
+        if n >= self.frame_len:
+            raise ProtocolError("truncated %s" % what)
+        self._need(min(self.frame_len, n + 256), what)
+
+    def _skip_tags(self, pos):
+        buf = self.buf
+        try:
+            count, pos = read_uvarint(buf, pos)
+            for _ in range(count):
+                _tag, pos = read_uvarint(buf, pos)
+                size, pos = read_uvarint(buf, pos)
+                pos += size
+        except ProtocolError:
+            self._more("request header tagged fields")
+        return self._need(pos, "request header tagged fields")
+
+    @property
+    def acks(self):
+        """Produce ``acks`` (0: the broker sends no response)."""
+        acks = self._acks
+        if acks is None:
+            if self.api_key != apis.PRODUCE:
+                raise ValueError("acks of a non-Produce request")
+            buf = self.buf
+            pos = self.body_offset
+            version = self.api_version
+            if version >= 3:  # transactional_id, nullable string
+                if version >= 9:
+                    try:
+                        n, pos = read_uvarint(buf, pos)
+                    except ProtocolError:
+                        self._more("Produce transactional_id")
+                    pos += max(n - 1, 0)
+                else:
+                    self._need(pos + 2, "Produce transactional_id")
+                    n = INT16.unpack_from(buf, pos)[0]
+                    pos += 2 + max(n, 0)
+            self._need(pos + 2, "Produce acks")
+            acks = self._acks = INT16.unpack_from(buf, pos)[0]
+        return acks
+
+    def _fetch_fields(self):
+        fields = self._fetch
+        if fields is None:
+            if self.api_key != apis.FETCH:
+                raise ValueError("fetch fields of a non-Fetch request")
+            pos = self.body_offset
+            version = self.api_version
+            if version >= 15:
+                # replica_id moved into a tagged field at the end (KIP-903),
+                # which only brokers set
+                replica_id = -1
+                max_bytes_at = pos + 8  # max_wait_ms, min_bytes
+            else:
+                self._need(pos + 4, "Fetch replica_id")
+                replica_id = INT32.unpack_from(self.buf, pos)[0]
+                max_bytes_at = pos + 12  # replica_id, max_wait_ms, min_bytes
+            if version >= 3:
+                self._need(max_bytes_at + 4, "Fetch max_bytes")
+            else:
+                max_bytes_at = None
+            fields = self._fetch = (replica_id, max_bytes_at)
+        return fields
+
+    @property
+    def replica_id(self):
+        """Fetch ``replica_id``: a broker's id when a follower replicates,
+        -1 for a consumer (always -1 from v15, see _fetch_fields)."""
+        return self._fetch_fields()[0]
+
+    @property
+    def max_bytes_offset(self):
+        """Offset of Fetch ``max_bytes`` (v3+), else None."""
+        return self._fetch_fields()[1]
+
+    def fields_for_policy(self):
+        """Locate every body field a decision on this request may read, so
+        that HeadTooShort comes before any decision is made, never after
+        one was counted."""
+        self.client_id
+        key = self.api_key
+        if key == apis.PRODUCE:
+            self.acks
+        elif key == apis.FETCH:
+            self._fetch_fields()
+
+
+def with_int32(buf, offset, value):
+    """A copy of ``buf`` with the int32 at ``offset`` set to ``value``
+    (same length: a patched head forwarded in place of the original)."""
+    patched = bytearray(buf)
+    INT32.pack_into(patched, offset, value)
+    return bytes(patched)
+
+
+def capped_fetch_head(head, max_bytes):
+    """The Fetch head with ``max_bytes`` lowered to ``max_bytes``, or None when
+    it already asks for no more (or the version has no such field, v0-2)."""
+    offset = head.max_bytes_offset
+    if offset is None or INT32.unpack_from(head.buf, offset)[0] <= max_bytes:
+        return None
+    return with_int32(head.buf, offset, max_bytes)

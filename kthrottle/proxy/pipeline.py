@@ -1,0 +1,719 @@
+"""One client connection as a machine with no I/O and no clock of its own.
+
+In the manner of h11's ``Connection``: bytes from the client, bytes from the
+broker and timer ticks go in, each with ``now``; actions come out as plain
+values for the asyncio adapter (``connection.py``) to carry out, in order.
+Nothing here touches a socket, a loop or a clock, so every rule of a
+connection is tested by feeding bytes.
+
+Kafka answers requests in order on a connection, so a FIFO of in-flight
+requests tells which response is which. What the proxy does to a request or
+a response comes from a fixed list of filters (``filters.py``). Each says,
+per API key and version, whether it needs nothing of a frame, its head, the
+whole frame, or (responses) a stream rewrite; the table of who looks at what
+is built once, so an API no filter wants costs one dict lookup and passes
+through as the bytes it came in as.
+"""
+import enum
+from collections import deque
+from typing import NamedTuple
+
+from ..codecs import ProtocolError
+from ..codecs.apis import ALL_RESPONSES, PRODUCE
+from ..codecs.frames import DROP, MIN_REQUEST_SIZE, MIN_RESPONSE_SIZE, PASS, WHOLE, FrameCutter, NeedHead
+from ..codecs.request import HeadTooShort, RequestHead
+from ..codecs.throttle import (
+    clients_back_off_from,
+    raise_throttle_time,
+    throttle_time_offset,
+    throttle_time_patch,
+)
+from ..codecs.wire import INT16_INT16_INT32, INT32
+
+# Largest response accepted from a broker: responses are not bounded by
+# socket.request.max.bytes (a Fetch answer is bounded by the client's
+# fetch.max.bytes, 50 MiB by default); only an absurd size is refused.
+MAX_RESPONSE_SIZE = 1 << 30
+
+# acks=0 Produce correlation ids remembered in case the broker answers them.
+UNANSWERED_IDS_KEPT = 1024
+
+# Client-ids whose quota lookups one connection keeps (clients send one; a
+# connection that sends more is not given unbounded memory for them).
+CLIENT_IDS_KEPT = 64
+
+# The principal of a connection that has not authenticated (KIP-55).
+ANONYMOUS = "ANONYMOUS"
+
+# Correlation ids of the proxy's own requests to the broker start here (any
+# int32 works: the broker echoes it and responses are matched in order).
+INTERNAL_CORRELATION_BASE = 0x7F000000
+
+
+class Phase(enum.Enum):
+    CONNECTING = "connecting"  # the broker connection is not up yet
+    AUTHENTICATING = "authenticating"  # a filter holds the connection until it knows the principal
+    READY = "ready"
+    CLOSED = "closed"
+
+
+# What a frame needs from a filter (ordered: the strongest need wins).
+NOTHING = 0
+HEAD = 1
+STREAM = 2  # responses only: a length-keeping rewrite while the frame streams
+GATHER = 3  # the whole frame
+
+
+# Actions: what the adapter must do, in the order given. ---------------------
+
+class SendToBroker(NamedTuple):
+    chunks: list  # bytes-like objects, written in order
+
+
+class SendToClient(NamedTuple):
+    chunks: list
+
+
+class PauseClient(NamedTuple):
+    """Read nothing from the client until ``until``; call tick() then."""
+
+    until: float
+
+
+class ResumeClient(NamedTuple):
+    pass
+
+
+class HoldResponses(NamedTuple):
+    """Read nothing more from the broker: responses are held back until
+    ``until`` (an old client being throttled); call tick() then."""
+
+    until: float
+
+
+class ResumeBroker(NamedTuple):
+    pass
+
+
+class NodesSeen(NamedTuple):
+    """Broker addresses found in a response, before it reaches the client
+    (the adapter opens a listener per new node id)."""
+
+    nodes: list
+
+
+class Close(NamedTuple):
+    reason: str
+
+
+RESUME_CLIENT = ResumeClient()
+RESUME_BROKER = ResumeBroker()
+
+
+# Verdicts: what a filter answers about one frame (None: forward as is). ----
+
+class Forward(NamedTuple):
+    """Forward the request with this head in place of the original (same
+    length: a patched field)."""
+
+    head: bytes
+
+
+class Answer(NamedTuple):
+    """Answer in the broker's place; the request is not forwarded. The
+    answer reaches the client in request order."""
+
+    frame: bytes
+
+
+class Throttle(NamedTuple):
+    """The client earned ``delay_ms`` (KIP-219): it is not read from for that
+    long after this request, the response says so in throttle_time_ms, and
+    an old client that would not back off gets its response that late."""
+
+    delay_ms: int
+    reason: str
+
+
+class Refuse(NamedTuple):
+    """Close the connection; the request reaches no broker."""
+
+    reason: str
+
+
+class Filter:
+    """One behaviour of the proxy. Subclasses override what they need."""
+
+    name = "filter"
+
+    def request_need(self, api_key, api_version):
+        """NOTHING, HEAD or GATHER for requests of this API and version."""
+        return NOTHING
+
+    def response_need(self, api_key, api_version):
+        """NOTHING, HEAD, STREAM or GATHER for their responses."""
+        return NOTHING
+
+    def on_connect(self, conn):
+        """The broker connection is up (the filter may send requests of its
+        own with ``conn.send_request`` or hold the phase at AUTHENTICATING)."""
+
+    def on_request(self, conn, head, inflight):
+        """``head`` is a RequestHead (the whole frame when GATHER was asked);
+        returns None or a verdict."""
+        return None
+
+    def on_response_head(self, conn, inflight, head, frame_len):
+        """The first bytes of the response to ``inflight``; None or Throttle."""
+        return None
+
+    def stream(self, conn, inflight):
+        """For STREAM: a fresh rewriter with ``feed(chunk, out)``, ``done``
+        and ``nodes`` (codecs.stream), or None to leave this one alone."""
+        return None
+
+    def on_response(self, conn, inflight, frame):
+        """For GATHER: the whole framed response; returns the frame to send
+        on (the same object when unchanged)."""
+        return frame
+
+
+class FilterTable:
+    """Who looks at what, per (api key, version), built once at start-up."""
+
+    def __init__(self, filters):
+        self.filters = tuple(filters)
+        self._entries = {}
+        for api_key, cls in ALL_RESPONSES.items():
+            for version in range(cls.max_version + 2):  # one past: a too-new client
+                self._entries[api_key, version] = self._build(api_key, version)
+
+    def _build(self, api_key, version):
+        request_filters = tuple(f for f in self.filters if f.request_need(api_key, version))
+        request_need = max((f.request_need(api_key, version) for f in request_filters), default=0)
+        needs = [(f, f.response_need(api_key, version)) for f in self.filters]
+        response_filters = tuple(f for f, need in needs if need)
+        response_need = max((need for _, need in needs), default=0)
+        return request_need, request_filters, response_need, response_filters
+
+    def lookup(self, api_key, api_version):
+        entry = self._entries.get((api_key, api_version))
+        if entry is None:  # an API or version kafka-python does not know
+            entry = self._entries[api_key, api_version] = self._build(api_key, api_version)
+        return entry
+
+
+class InFlight:
+    """A request sent to the broker (or answered by the proxy) whose
+    response the client is still owed."""
+
+    __slots__ = ("correlation_id", "api_key", "api_version", "client_id", "answer",
+                 "throttle_ms", "throttle_reason", "quotas", "response_need",
+                 "response_filters", "on_response")
+
+    def __init__(self, correlation_id, api_key, api_version, response_need=NOTHING,
+                 response_filters=()):
+        self.correlation_id = correlation_id
+        self.api_key = api_key
+        self.api_version = api_version
+        self.client_id = None
+        self.answer = None  # the proxy's own answer, sent in the response's turn
+        self.throttle_ms = 0  # what the request earned (Throttle)
+        self.throttle_reason = None
+        self.quotas = None  # the quota filter's ClientQuotas for the response
+        self.response_need = response_need
+        self.response_filters = response_filters
+        self.on_response = None  # a filter's own request: who gets the answer
+
+    def __repr__(self):
+        return "InFlight(%d, api %d v%d)" % (self.correlation_id, self.api_key, self.api_version)
+
+
+class _Refused(Exception):
+    pass
+
+
+class Connection:
+    """The pipeline of one client connection and its broker connection."""
+
+    def __init__(self, table, max_frame_size, quotas=None):
+        self.table = table
+        self.quota_manager = quotas  # policy QuotaManager, or None
+        self.phase = Phase.CONNECTING
+        self.principal = ANONYMOUS
+        self.now = 0.0  # the time given with the current input
+        self.client_quotas = {}  # (principal, client-id) -> policy ClientQuotas
+        self.requests_in = FrameCutter(self._request_head, self._whole_request,
+                                       max_frame_size, MIN_REQUEST_SIZE)
+        self.responses_in = FrameCutter(self._response_head, self._whole_response,
+                                        MAX_RESPONSE_SIZE, MIN_RESPONSE_SIZE)
+        self.pending = deque()  # InFlight, in the order the broker will answer
+        self.unanswered = deque(maxlen=UNANSWERED_IDS_KEPT)  # acks=0 correlation ids
+        self.muted_until = 0.0  # the client is not read until then (throttled)
+        self.hold_until = 0.0  # responses are held until then (old clients)
+        self.requests = 0
+        self.bytes_from_client = 0
+        self.bytes_from_broker = 0
+        self._early = []  # client bytes that came before the broker connection
+        self._unread = None  # client bytes received since a mute began, in order
+        self._mute_due = 0  # ms to mute for once the request being read is in
+        self._held = None  # responses held back for an old client's throttle
+        self._hold_from = None  # index in the response output where holding starts
+        self._actions = None  # the actions of the current input
+        self._to_broker = None  # the request output of the current input
+        self._to_client = None  # the response output of the current input
+        self._internal = []  # the proxy's own requests waiting for a frame boundary
+        self._next_internal_id = INTERNAL_CORRELATION_BASE
+        self._gathering = None  # the InFlight whose response is being gathered whole
+        self._streaming = None  # (InFlight, rewriters) of the response being streamed
+        self._request_gathered = None  # the entry of a request being gathered whole
+
+    # inputs -----------------------------------------------------------
+
+    def broker_connected(self, now):
+        """The broker connection is up: replay what the client sent meanwhile."""
+        self.now = now
+        actions = self._actions = []
+        if self.phase is not Phase.CONNECTING:
+            return actions
+        self.phase = Phase.READY
+        for f in self.table.filters:
+            f.on_connect(self)
+        early, self._early = self._early, []
+        if not self._client_bytes(early, actions):
+            return actions
+        if self._unread is None:
+            actions.append(RESUME_CLIENT)
+        return actions
+
+    def client_data(self, data, now):
+        """Bytes from the client."""
+        self.bytes_from_client += len(data)
+        phase = self.phase
+        if phase is Phase.CONNECTING:
+            self._early.append(data)
+            return ()
+        if self._unread is not None or phase is Phase.CLOSED:
+            if self._unread is not None:  # muted: read on when the mute ends
+                self._unread.append(data)
+            return ()
+        self.now = now
+        actions = self._actions = []
+        self._client_bytes((data,), actions)
+        return actions
+
+    def _client_bytes(self, chunks, actions):
+        """Feed client bytes; False if that closed the connection."""
+        self._to_broker = out = []
+        try:
+            if self._internal and self.requests_in.at_boundary:
+                self._flush_internal(out)
+            for i, data in enumerate(chunks):
+                if self._unread is not None:  # throttled on the way
+                    self._unread.extend(chunks[i:])
+                    break
+                self._feed_client(data, out)
+        except ProtocolError as exc:
+            self._close("malformed request from client: %s" % exc)
+            return False
+        except _Refused as exc:
+            self._close(str(exc))
+            return False
+        finally:
+            self._to_broker = None
+        if out:
+            actions.insert(0, SendToBroker(out))
+        return True
+
+    def broker_data(self, data, now):
+        """Bytes from the broker."""
+        self.bytes_from_broker += len(data)
+        if self.phase is Phase.CLOSED:
+            return ()
+        self.now = now
+        actions = self._actions = []
+        out = self._to_client = []
+        try:
+            self.responses_in.feed(data, out)
+            self._finish_stream()
+            self._flush_answers()
+        except ProtocolError as exc:
+            return self._close("malformed response from broker: %s" % exc)
+        except ValueError as exc:  # an address the proxy cannot advertise
+            return self._close(str(exc))
+        finally:
+            self._to_client = None
+        if self._internal and self.requests_in.at_boundary:
+            # requests of the proxy's own, sent from a response callback
+            requests = []
+            self._flush_internal(requests)
+            actions.append(SendToBroker(requests))
+        self._send_to_client(out, actions)
+        return actions
+
+    def tick(self, now):
+        """A timer the adapter set (PauseClient, HoldResponses) is due."""
+        self.now = now
+        actions = self._actions = []
+        if self.phase is Phase.CLOSED:
+            return actions
+        if self._held is not None and now >= self.hold_until:
+            held, self._held = self._held, None
+            if held:
+                actions.append(SendToClient(held))
+            actions.append(RESUME_BROKER)
+        if self._unread is not None and now >= self.muted_until:
+            unread, self._unread = self._unread, None
+            if not self._client_bytes(unread, actions):
+                return actions
+            if self._unread is None:
+                actions.append(RESUME_CLIENT)
+        return actions
+
+    def client_eof(self):
+        """The client closed its side."""
+        self._actions = []
+        try:
+            self.requests_in.eof()
+        except ProtocolError as exc:
+            return self._close("client disconnected: %s" % exc)
+        return self._close("client disconnected")
+
+    def close(self, reason):
+        """Closed from outside (the broker went away, shutdown)."""
+        self._actions = []
+        return self._close(reason)
+
+    def _close(self, reason):
+        actions = self._actions
+        if self.phase is not Phase.CLOSED:
+            self.phase = Phase.CLOSED
+            actions.append(Close(reason))
+        return actions
+
+    # the request side ---------------------------------------------------
+
+    def _feed_client(self, data, out):
+        cutter = self.requests_in
+        cutter.feed(data, out)
+        if cutter.at_boundary:
+            if self._internal:
+                self._flush_internal(out)
+            if self._mute_due:
+                self._start_mute()
+        if self.pending:
+            self._flush_answers()
+
+    def _request_head(self, head, frame_len):
+        api_key, api_version, correlation_id = INT16_INT16_INT32.unpack_from(head, 4)
+        entry = self.table.lookup(api_key, api_version)
+        request_need, filters = entry[0], entry[1]
+        if not request_need and api_key != PRODUCE:
+            if api_key < 0 or api_version < 0:
+                raise ProtocolError("invalid api key %d version %d" % (api_key, api_version))
+            return self._admit(correlation_id, api_key, api_version, None, entry, False)
+        try:
+            request = RequestHead(head, frame_len)
+            acks_0 = api_key == PRODUCE and request.acks == 0
+            if request_need:
+                request.fields_for_policy()
+        except HeadTooShort as exc:
+            return NeedHead(exc.needed)
+        if request_need == GATHER and len(head) < frame_len:
+            self._request_gathered = entry
+            return WHOLE
+        return self._admit(correlation_id, api_key, api_version, request, entry, acks_0)
+
+    def _whole_request(self, frame):
+        entry, self._request_gathered = self._request_gathered, None
+        request = RequestHead(frame, len(frame))
+        acks_0 = request.api_key == PRODUCE and request.acks == 0
+        result = self._admit(request.correlation_id, request.api_key, request.api_version,
+                             request, entry, acks_0)
+        if result == DROP:
+            return None
+        return frame if result == PASS else result
+
+    def _admit(self, correlation_id, api_key, api_version, request, entry, acks_0):
+        """Run the request's filters; PASS, DROP, or a patched head."""
+        self.requests += 1
+        inflight = InFlight(correlation_id, api_key, api_version, entry[2], entry[3])
+        result = PASS
+        delay = 0
+        for f in entry[1]:
+            verdict = f.on_request(self, request, inflight)
+            if verdict is None:
+                continue
+            cls = verdict.__class__
+            if cls is Throttle:
+                if verdict.delay_ms > delay:
+                    delay = verdict.delay_ms
+                    inflight.throttle_ms = delay
+                    inflight.throttle_reason = verdict.reason
+            elif cls is Forward:
+                result = verdict.head
+                request.buf = result
+            elif cls is Answer:
+                inflight.answer = verdict.frame
+                inflight.throttle_ms = 0
+                self.pending.append(inflight)
+                return DROP
+            elif cls is Refuse:
+                raise _Refused(verdict.reason)
+            else:
+                raise TypeError("filter %s answered %r" % (f.name, verdict))
+        if delay:
+            # Stop reading after this request, not when its answer comes: a
+            # client that pipelines would otherwise push many more requests
+            # past the quota first (a broker reads one request at a time).
+            self._throttle_client(delay, reading_request=True)
+        if acks_0:
+            # acks=0: Kafka sends no response. Some brokers (Tansu) do anyway,
+            # which trips clients that expect none (aiokafka fails its
+            # connection): remember the id to drop such an answer.
+            self.unanswered.append(correlation_id)
+            return result
+        self.pending.append(inflight)
+        return result
+
+    def send_request(self, frame, api_key, api_version, on_response):
+        """Send a request of the proxy's own to the broker (a filter's: a
+        SASL exchange, say). ``frame`` is framed, with its correlation id left
+        to this method; ``on_response(conn, frame)`` gets the whole response,
+        which the client never sees. Sent at the next frame boundary."""
+        correlation_id = self._next_internal_id
+        self._next_internal_id += 1
+        frame = bytearray(frame)
+        INT32.pack_into(frame, 8, correlation_id)
+        inflight = InFlight(correlation_id, api_key, api_version, GATHER)
+        inflight.on_response = on_response
+        self._internal.append((bytes(frame), inflight))
+        if self._to_broker is not None and self.requests_in.at_boundary:
+            # within a request's head (or between frames): in stream order
+            self._flush_internal(self._to_broker)
+        return correlation_id
+
+    def _flush_internal(self, out):
+        for frame, inflight in self._internal:
+            out.append(frame)
+            self.pending.append(inflight)
+        self._internal.clear()
+
+    def quotas_for(self, client_id):
+        """The policy's ClientQuotas for this connection's principal and
+        ``client_id`` (kept per connection; None without quotas)."""
+        manager = self.quota_manager
+        if manager is None:
+            return None
+        key = (self.principal, client_id)
+        quotas = self.client_quotas.get(key)
+        if quotas is None:
+            if len(self.client_quotas) >= CLIENT_IDS_KEPT:
+                self.client_quotas.clear()  # a client cycling client-ids: start over
+            quotas = self.client_quotas[key] = manager.client(self.principal, client_id)
+        return quotas
+
+    # throttling the client -----------------------------------------------
+
+    def _throttle_client(self, delay_ms, reading_request=False):
+        """Read nothing more from the client for ``delay_ms``, from the end
+        of the request being read (so that request reaches the broker whole)."""
+        if delay_ms <= self._mute_due:
+            return
+        self._mute_due = delay_ms
+        cutter = self.requests_in
+        if not reading_request and cutter.at_boundary:
+            self._start_mute()
+        else:
+            cutter.stop_after_frame = True
+
+    def _start_mute(self):
+        delay_ms, self._mute_due = self._mute_due, 0
+        cutter = self.requests_in
+        cutter.stop_after_frame = False
+        rest, cutter.rest = cutter.rest, None
+        if self._unread is None:
+            self._unread = []
+        if rest:
+            self._unread.insert(0, rest)
+        until = self.now + delay_ms / 1000.0
+        if until <= self.muted_until:
+            return
+        self.muted_until = until
+        self._actions.append(PauseClient(until))
+
+    @property
+    def muted(self):
+        return self._unread is not None
+
+    # the response side ----------------------------------------------------
+
+    def _flush_answers(self):
+        """Send the proxy's own answers whose turn has come: the ones at the
+        front of the queue, once no response is part-way through."""
+        pending = self.pending
+        if not pending or pending[0].answer is None or not self.responses_in.at_boundary:
+            return
+        answers = []
+        while pending and pending[0].answer is not None:
+            answers.append(pending.popleft().answer)
+        if self._to_client is not None:  # within broker_data: in stream order
+            self._to_client.extend(answers)
+        else:
+            self._send_to_client(answers, self._actions)
+
+    def _send_to_client(self, out, actions):
+        if self._held is not None:
+            self._held += out
+            return
+        if self._hold_from is not None:
+            out, self._held = out[: self._hold_from], out[self._hold_from :]
+            self._hold_from = None
+            actions.append(HoldResponses(self.hold_until))
+        if out:
+            actions.append(SendToClient(out))
+
+    def _response_head(self, head, frame_len):
+        if self._streaming is not None:
+            self._finish_stream()
+        correlation_id = INT32.unpack_from(head, 4)[0]
+        pending = self.pending
+        if pending and pending[0].answer is not None:
+            # the proxy's own answers, due before this response
+            while pending and pending[0].answer is not None:
+                self._to_client.append(pending.popleft().answer)
+        if not pending or pending[0].correlation_id != correlation_id:
+            if correlation_id in self.unanswered:
+                self.unanswered.remove(correlation_id)
+                return DROP  # an answer to acks=0 that Kafka would not send
+            raise ProtocolError(
+                "response correlation id %d, expected %s"
+                % (correlation_id, pending[0].correlation_id if pending else "none")
+            )
+        inflight = pending.popleft()
+        need = inflight.response_need
+        if inflight.on_response is not None:
+            self._gathering = inflight
+            return WHOLE
+        if need == NOTHING:
+            if inflight.throttle_ms:
+                return self._throttled_head(inflight, head, PASS)
+            return PASS
+        for f in inflight.response_filters:
+            verdict = f.on_response_head(self, inflight, head, frame_len)
+            if verdict is not None and verdict.delay_ms > inflight.throttle_ms:
+                inflight.throttle_ms = verdict.delay_ms
+                inflight.throttle_reason = verdict.reason
+                self._throttle_client(verdict.delay_ms)
+        if need == GATHER:
+            self._gathering = inflight
+            if inflight.throttle_ms:
+                self._hold_if_needed(inflight)
+            return WHOLE
+        if need == STREAM:
+            rewriters = [r for r in (f.stream(self, inflight) for f in inflight.response_filters)
+                         if r is not None]
+            if rewriters:
+                mode = rewriters[0] if len(rewriters) == 1 else _Chain(rewriters)
+                self._streaming = (inflight, rewriters)
+                if inflight.throttle_ms:
+                    return self._throttled_head(inflight, head, mode)
+                return mode
+        if inflight.throttle_ms:
+            return self._throttled_head(inflight, head, PASS)
+        return PASS
+
+    def _hold_if_needed(self, inflight):
+        first = clients_back_off_from(inflight.api_key)
+        if first is None or inflight.api_version < first:
+            until = self.now + inflight.throttle_ms / 1000.0
+            if until > self.hold_until:
+                self.hold_until = until
+            if self._held is None and self._hold_from is None:
+                self._hold_from = len(self._to_client)
+            elif self._held is not None:
+                self._actions.append(HoldResponses(self.hold_until))
+
+    def _throttled_head(self, inflight, head, mode):
+        """Say the throttle time in the response (KIP-219) and hold the
+        response if the client would not back off by itself. librdkafka
+        ignores the field at every version: not reading it (see
+        _throttle_client) is what holds it."""
+        self._hold_if_needed(inflight)
+        api_key, api_version = inflight.api_key, inflight.api_version
+        offset = throttle_time_patch(head, api_key, api_version)
+        if offset is not None:
+            if INT32.unpack_from(head, offset)[0] >= inflight.throttle_ms:
+                return mode
+            patched = bytearray(head)
+            INT32.pack_into(patched, offset, inflight.throttle_ms)
+            patched = bytes(patched)
+            return patched if mode == PASS else (patched, mode)
+        if throttle_time_offset(api_key, api_version) is not None:
+            # the field follows variable-length data past the head
+            self._streaming = None
+            self._gathering = inflight
+            return WHOLE
+        return mode
+
+    def _whole_response(self, frame):
+        inflight, self._gathering = self._gathering, None
+        if inflight.on_response is not None:
+            inflight.on_response(self, frame)
+            return None
+        for f in inflight.response_filters:
+            frame = f.on_response(self, inflight, frame)
+        if inflight.response_need >= STREAM:
+            rewriters = [r for r in (f.stream(self, inflight) for f in inflight.response_filters)
+                         if r is not None]
+            for rewriter in rewriters:
+                out = []
+                rewriter.feed(frame, out)
+                frame = b"".join(out)
+                self._nodes_seen(rewriter.nodes)
+        if inflight.throttle_ms:
+            patched = raise_throttle_time(frame, inflight.api_key, inflight.api_version,
+                                          inflight.throttle_ms)
+            if patched is not None:
+                frame = patched
+        return frame
+
+    def _finish_stream(self):
+        """A streamed response is through: report the addresses it held
+        (its tail is in the output not yet sent)."""
+        streaming = self._streaming
+        if streaming is not None and all(r.done for r in streaming[1]):
+            self._streaming = None
+            for rewriter in streaming[1]:
+                self._nodes_seen(rewriter.nodes)
+
+    def nodes_seen(self, nodes):
+        """Filters report broker addresses found in a response (before the
+        response is sent on)."""
+        self._nodes_seen(nodes)
+
+    def _nodes_seen(self, nodes):
+        if nodes:
+            self._actions.append(NodesSeen(list(nodes)))
+
+
+class _Chain:
+    """Several stream rewriters over one response, one after the other."""
+
+    __slots__ = ("rewriters",)
+
+    def __init__(self, rewriters):
+        self.rewriters = rewriters
+
+    @property
+    def done(self):
+        return all(r.done for r in self.rewriters)
+
+    def feed(self, chunk, out):
+        chunks = [chunk]
+        for rewriter in self.rewriters:
+            step = []
+            for c in chunks:
+                rewriter.feed(c, step)
+            chunks = step
+        out.extend(chunks)
