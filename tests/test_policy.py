@@ -252,9 +252,53 @@ def test_unused_buckets_expire_after_an_hour():
     manager.client("ANONYMOUS", "c0").record_produce(1, 3000.0)
     assert manager.expire(1000.0) == 0  # starts the idle clock of never-used buckets
     assert manager.expire(3700.0) == 4  # the produce buckets of c1..c4
-    assert manager.expire(4700.0) == 10  # the never-used ones
+    # no fetch or request quota: those keys never had a bucket to expire
     assert manager.expire(6700.0) == 1  # c0's produce bucket
     assert manager.buckets == {}
+
+
+def test_no_quota_no_bucket_and_a_removed_entity_drops_its_buckets():
+    manager = QuotaManager({"clients/c": {PRODUCE: 100.0}})
+    free = manager.client("ANONYMOUS", "free")
+    assert (free.produce, free.fetch, free.request) == (None, None, None)
+    assert free.on_request(0, 10_000, 1, 0.0).delay_ms == 0
+    assert manager.buckets == {}
+    limited = manager.client("ANONYMOUS", "c")
+    limited.on_request(0, 50, 1, 0.0)
+    assert list(manager.buckets) == [(PRODUCE, "", "c")]
+    manager.update({})
+    assert manager.buckets == {}
+    assert limited.on_request(0, 10_000, 1, 1.0).delay_ms == 0
+
+
+def test_decisions_say_which_quota_set_the_delay_and_the_larger_one_wins():
+    from kthrottle.policy.quotas import REQUEST_RATE as REQ
+
+    manager = QuotaManager({"clients/c": {PRODUCE: 100.0, REQ: 1.0}})
+    quotas = manager.client("ANONYMOUS", "c")
+    first = quotas.on_request(0, 50, 1, 0.0)
+    assert first.delay_ms == 0 and first.reason is None
+    # request quota: 1 request of debt = 1 s; produce: 450 B of debt at 100 B/s = 4.5 s
+    second = quotas.on_request(0, 500, 1, 0.0)
+    assert (second.delay_ms, second.reason) == (4500, PRODUCE)
+    third = quotas.on_request(3, 0, None, 0.0)  # Metadata: request quota only
+    assert third.reason == REQ
+
+
+def test_request_throttles_are_capped_at_one_window_and_exemptions_hold():
+    from kthrottle.policy.quotas import REQUEST_RATE as REQ, client_quotas_apply, request_quota_applies
+
+    quotas = QuotaManager({"clients/c": {REQ: 0.01}}).client("ANONYMOUS", "c")
+    delays = [quotas.on_request(3, 0, None, 0.0).delay_ms for _ in range(5)]
+    assert max(delays) == 1000  # quota.window.size.seconds, as Kafka caps them
+    wider = QuotaManager({"clients/c": {REQ: 0.01}},
+                         QuotaSettings(window=2.0)).client("ANONYMOUS", "c")
+    assert max(wider.on_request(3, 0, None, 0.0).delay_ms for _ in range(5)) == 2000
+    assert not request_quota_applies(4, None)  # LeaderAndIsr (KIP-124)
+    assert not request_quota_applies(0, 0)  # acks=0 Produce
+    assert request_quota_applies(0, 1) and request_quota_applies(3, None)
+    assert not client_quotas_apply(1, 2)  # a follower's fetch
+    assert client_quotas_apply(1, -1)
 
 
 def test_a_fetch_is_capped_at_what_one_window_or_the_bucket_allows():

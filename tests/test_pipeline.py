@@ -1,0 +1,571 @@
+"""The connection pipeline without sockets: bytes and a fake clock in,
+actions out (as h11's tests feed bytes and check events)."""
+import random
+import struct
+import uuid
+import warnings
+
+import pytest
+
+from kafka_frames import BROKERS, advertise, api_versions, fetch, frame_response, metadata, produce
+from kthrottle.codecs import apis
+from kthrottle.codecs.frames import HEAD_SIZE
+from kthrottle.policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE
+from kthrottle.policy.quotas import QuotaManager, QuotaSettings
+from kthrottle.proxy.filters import standard_filters
+from kthrottle.proxy.pipeline import (
+    ANONYMOUS,
+    GATHER,
+    HEAD,
+    Close,
+    Connection,
+    Filter,
+    FilterTable,
+    HoldResponses,
+    NodesSeen,
+    PauseClient,
+    Phase,
+    ResumeBroker,
+    ResumeClient,
+    SendToBroker,
+    SendToClient,
+)
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from kafka.protocol.consumer import FetchRequest
+    from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
+    from kafka.protocol.producer import ProduceRequest, ProduceResponse
+
+MAX_FRAME = 100 * 1024 * 1024
+
+
+# frames -------------------------------------------------------------------
+
+def produce_req(cid, nbytes=70, version=8, acks=1, client_id="app-1", transactional_id=None):
+    R = ProduceRequest
+    D = R.TopicProduceData
+    req = R[version](transactional_id=transactional_id, acks=acks, timeout_ms=30000,
+                     topic_data=[D(name="orders", topic_id=uuid.UUID(int=7),
+                                   partition_data=[D.PartitionProduceData(index=0,
+                                                                          records=b"x" * nbytes)])])
+    req.with_header(correlation_id=cid, client_id=client_id)
+    return req.encode(header=True, framed=True)
+
+
+def fetch_req(cid, version=11, max_bytes=50 * 1024 * 1024, replica_id=-1, client_id="app-1"):
+    F = FetchRequest
+    part = F.FetchTopic.FetchPartition(partition=0, fetch_offset=5, partition_max_bytes=1 << 20)
+    req = F[version](replica_id=replica_id, max_wait_ms=500, min_bytes=1, max_bytes=max_bytes,
+                     isolation_level=0, session_id=0, session_epoch=-1,
+                     topics=[F.FetchTopic(topic="t", topic_id=uuid.UUID(int=3), partitions=[part])],
+                     forgotten_topics_data=[], rack_id="")
+    req.with_header(correlation_id=cid, client_id=client_id)
+    return req.encode(header=True, framed=True)
+
+
+def metadata_req(cid, version=8, client_id="app-1"):
+    req = MetadataRequest[version](topics=None, allow_auto_topic_creation=False,
+                                   include_cluster_authorized_operations=False,
+                                   include_topic_authorized_operations=False)
+    req.with_header(correlation_id=cid, client_id=client_id)
+    return req.encode(header=True, framed=True)
+
+
+def api_versions_req(cid, version=3):
+    if version > apis.MAX_DECODABLE_VERSION[apis.API_VERSIONS]:
+        return raw_request(cid, apis.API_VERSIONS, version, b"\x00\x00")  # kafka-python cannot
+    req = ApiVersionsRequest[version](client_software_name="t", client_software_version="1")
+    req.with_header(correlation_id=cid, client_id="app-1")
+    return req.encode(header=True, framed=True)
+
+
+def raw_request(cid, api_key, version, body=b"", client_id=b"app-1"):
+    payload = struct.pack(">hhih", api_key, version, cid, len(client_id)) + client_id + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def produce_resp(cid, version=8):
+    return frame_response(apis.PRODUCE, version, produce(version), cid)
+
+
+def fetch_resp(cid, version=11, records=b"\x00" * 300, **kw):
+    return frame_response(apis.FETCH, version, fetch(version, records=records, **kw), cid)
+
+
+def metadata_resp(cid, version=8):
+    return frame_response(apis.METADATA, version, metadata(version), cid)
+
+
+def generic_resp(cid, body=b"\x00\x00\x00\x00\x00\x00"):
+    return frame_response(apis.METADATA, 0, body, cid)  # header v0, any body
+
+
+# a harness that carries out actions the way the adapter does --------------
+
+class Harness:
+    def __init__(self, snapshot=None, settings=None, filters=None, connect=True):
+        self.manager = QuotaManager(snapshot, settings) if snapshot is not None else None
+        table = FilterTable(filters if filters is not None
+                            else standard_filters(advertise, self.manager))
+        self.conn = Connection(table, MAX_FRAME, self.manager)
+        self.now = 0.0
+        self.to_broker = bytearray()
+        self.to_client = bytearray()
+        self.client_paused_until = None
+        self.broker_paused_until = None
+        self.closed = None
+        self.nodes = []
+        self.log = []  # action kinds, in order
+        if connect:
+            self.run(self.conn.broker_connected(self.now))
+
+    def run(self, actions):
+        for a in actions:
+            self.log.append(type(a).__name__)
+            if isinstance(a, SendToBroker):
+                self.to_broker += b"".join(bytes(c) for c in a.chunks)
+            elif isinstance(a, SendToClient):
+                assert self.closed is None
+                self.to_client += b"".join(bytes(c) for c in a.chunks)
+            elif isinstance(a, PauseClient):
+                self.client_paused_until = a.until
+            elif isinstance(a, ResumeClient):
+                self.client_paused_until = None
+            elif isinstance(a, HoldResponses):
+                self.broker_paused_until = a.until
+            elif isinstance(a, ResumeBroker):
+                self.broker_paused_until = None
+            elif isinstance(a, NodesSeen):
+                # the listener must exist before the response reaches the client
+                self.nodes.append((list(a.nodes), len(self.to_client)))
+            elif isinstance(a, Close):
+                self.closed = a.reason
+
+    def client(self, data, chunk=None):
+        for i in range(0, len(data), chunk or max(len(data), 1)):
+            self.run(self.conn.client_data(data[i : i + (chunk or len(data))], self.now))
+
+    def broker(self, data, chunk=None):
+        for i in range(0, len(data), chunk or max(len(data), 1)):
+            self.run(self.conn.broker_data(data[i : i + (chunk or len(data))], self.now))
+
+    def at(self, t):
+        self.now = t
+        self.run(self.conn.tick(t))
+
+    def take_broker(self):
+        out, self.to_broker = bytes(self.to_broker), bytearray()
+        return out
+
+    def take_client(self):
+        out, self.to_client = bytes(self.to_client), bytearray()
+        return out
+
+
+def frames_of(stream):
+    out, pos = [], 0
+    while pos < len(stream):
+        n = struct.unpack_from(">i", stream, pos)[0] + 4
+        out.append(stream[pos : pos + n])
+        pos += n
+    assert pos == len(stream)
+    return out
+
+
+def cids(stream):
+    """Correlation ids of framed responses."""
+    return [struct.unpack_from(">i", f, 4)[0] for f in frames_of(stream)]
+
+
+def req_cids(stream):
+    """Correlation ids of framed requests."""
+    return [struct.unpack_from(">i", f, 8)[0] for f in frames_of(stream)]
+
+
+# pass-through -------------------------------------------------------------
+
+@pytest.mark.parametrize("chunk", [None, 1, 7, 513, 4096])
+def test_pipelined_requests_pass_unchanged_and_responses_come_back_in_order(chunk):
+    h = Harness()
+    requests = produce_req(1) + fetch_req(2) + produce_req(3, nbytes=5000) + fetch_req(4)
+    h.client(requests, chunk)
+    assert h.take_broker() == requests
+    responses = produce_resp(1) + fetch_resp(2) + produce_resp(3) + fetch_resp(4, records=b"r" * 9000)
+    h.broker(responses, chunk)
+    assert h.take_client() == responses
+    assert not h.conn.pending and h.closed is None
+    assert h.conn.requests == 4
+
+
+def test_a_response_out_of_order_closes_the_connection_with_the_reason():
+    h = Harness()
+    h.client(produce_req(1) + produce_req(2))
+    h.broker(produce_resp(2))
+    assert "correlation id 2, expected 1" in h.closed
+    assert h.conn.phase is Phase.CLOSED
+
+
+def test_client_bytes_before_the_broker_connection_are_replayed_in_order():
+    h = Harness(connect=False)
+    assert h.conn.phase is Phase.CONNECTING
+    h.client(produce_req(1) + metadata_req(2), chunk=100)
+    assert h.to_broker == b"" and h.log == []
+    h.run(h.conn.broker_connected(0.0))
+    assert h.conn.phase is Phase.READY
+    assert req_cids(h.take_broker()) == [1, 2]
+    assert h.log[-1] == "ResumeClient"
+
+
+def test_garbage_replayed_after_connecting_closes_instead_of_leaving_the_client_paused():
+    h = Harness(connect=False)
+    h.client(b"\x00\x00\x00\x05\x00\xff\xff\xff\xff")  # a frame too short for a header
+    h.run(h.conn.broker_connected(0.0))
+    assert h.closed and "too small" in h.closed
+    assert "ResumeClient" not in h.log
+
+
+# acks=0 -------------------------------------------------------------------
+
+def test_acks_0_expects_no_response_and_a_brokers_stray_answer_is_dropped():
+    h = Harness()
+    h.client(produce_req(1, acks=0) + produce_req(2, acks=1))
+    assert req_cids(h.take_broker()) == [1, 2]
+    assert [p.correlation_id for p in h.conn.pending] == [2]
+    h.broker(produce_resp(1) + produce_resp(2))  # Tansu answers acks=0 anyway
+    assert cids(h.take_client()) == [2]
+    assert h.closed is None
+
+
+# the proxy's own answers keep their place in the response order ----------
+
+def test_too_new_api_versions_is_answered_at_once_when_nothing_is_pending():
+    h = Harness()
+    h.client(api_versions_req(7, version=apis.MAX_DECODABLE_VERSION[apis.API_VERSIONS] + 1))
+    assert h.take_broker() == b""
+    answer = h.take_client()
+    assert cids(answer) == [7]
+    assert struct.unpack_from(">h", answer, 8)[0] == 35  # UNSUPPORTED_VERSION
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 100, 700])
+def test_a_local_answer_waits_behind_a_response_being_streamed(chunk):
+    h = Harness()
+    too_new = apis.MAX_DECODABLE_VERSION[apis.API_VERSIONS] + 1
+    h.client(fetch_req(1))
+    big = fetch_resp(1, records=b"r" * 5000)
+    h.broker(big[:1000])  # the response is part-way through
+    h.client(api_versions_req(2, version=too_new))
+    assert h.to_client == big[:1000]  # the answer did not cut into the response
+    h.broker(big[1000:], chunk)
+    out = h.take_client()
+    assert cids(out) == [1, 2]
+    assert out[: len(big)] == big
+
+
+def test_a_local_answer_waits_behind_a_gathered_response():
+    h = Harness()
+    too_new = apis.MAX_DECODABLE_VERSION[apis.API_VERSIONS] + 1
+    h.client(metadata_req(1) + api_versions_req(2, version=too_new) + metadata_req(3))
+    assert req_cids(h.take_broker()) == [1, 3]
+    assert h.to_client == b""
+    resp = metadata_resp(1) + metadata_resp(3)
+    h.broker(resp[:50])
+    h.broker(resp[50:])
+    assert cids(h.take_client()) == [1, 2, 3]
+
+
+def test_a_local_answer_waits_behind_a_held_response():
+    # Produce v2: the client does not back off itself (KIP-219), so the
+    # throttled response is held; an answer due after it must wait too
+    h = Harness({"clients/app-1": {PRODUCER_BYTE_RATE: 1000.0}})
+    too_new = apis.MAX_DECODABLE_VERSION[apis.API_VERSIONS] + 1
+    h.client(produce_req(1, nbytes=3000, version=2))
+    delay = h.conn.pending[0].throttle_ms
+    assert delay > 0
+    h.at(delay / 1000.0)  # the mute ends; the next request is read
+    h.client(api_versions_req(2, version=too_new))
+    h.broker(produce_resp(1, version=2))
+    assert h.to_client == b"" and h.broker_paused_until is not None
+    h.at(h.broker_paused_until)
+    assert cids(h.take_client()) == [1, 2]
+
+
+# throttling ---------------------------------------------------------------
+
+def test_a_throttled_request_goes_on_whole_and_nothing_after_it_is_read_until_the_mute_ends():
+    h = Harness({"clients/app-1": {PRODUCER_BYTE_RATE: 1000.0}})
+    first = produce_req(1, nbytes=3000)  # over the 1 s burst: throttled
+    rest = produce_req(2) + produce_req(3)
+    stream = first + rest
+    h.client(stream[: len(first) + 30])  # the mute begins mid-frame of request 2
+    assert h.take_broker() == first
+    until = h.client_paused_until
+    assert until is not None and until > 0
+    h.client(stream[len(first) + 30 :])  # bytes already on their way are kept
+    assert h.take_broker() == b""
+    h.at(until - 0.001)
+    assert h.take_broker() == b""
+    h.at(until)
+    got = h.take_broker()
+    assert got.startswith(produce_req(2))
+    while h.client_paused_until is not None:  # each request over quota mutes again
+        h.at(h.client_paused_until)
+        got += h.take_broker()
+    assert got == rest
+
+
+def test_the_response_says_the_throttle_time_and_new_clients_get_it_at_once():
+    h = Harness({"clients/app-1": {PRODUCER_BYTE_RATE: 1000.0}})
+    h.client(produce_req(1, nbytes=3000, version=8))
+    delay = h.conn.pending[0].throttle_ms
+    h.broker(produce_resp(1, version=8))
+    out = h.take_client()
+    assert ProduceResponse[8].decode(out[8:]).throttle_time_ms == delay
+    assert h.broker_paused_until is None
+
+
+def test_a_fetch_response_over_quota_mutes_the_client_and_its_fetch_is_capped():
+    h = Harness({"clients/app-1": {CONSUMER_BYTE_RATE: 2000.0}})
+    h.client(fetch_req(1, max_bytes=50 * 1024 * 1024))
+    sent = h.take_broker()
+    decoded = FetchRequest[11].decode(sent[4:], header=True)
+    assert decoded.max_bytes == 2000  # the token bucket's burst (1 s of quota)
+    h.broker(fetch_resp(1, records=b"r" * 6000))
+    out = h.take_client()
+    assert struct.unpack_from(">i", out, 8)[0] > 0  # throttle_time_ms, patched in the head
+    assert h.client_paused_until is not None
+
+
+def test_replication_fetches_and_cluster_actions_count_against_no_client_quota():
+    snapshot = {"clients/<default>": {REQUEST_RATE: 1.0, CONSUMER_BYTE_RATE: 10.0}}
+    h = Harness(snapshot)
+    follower = fetch_req(1, replica_id=3, max_bytes=1 << 20, client_id="broker-3")
+    h.client(follower)
+    assert h.take_broker() == follower  # not capped
+    h.broker(fetch_resp(1, records=b"r" * 50000))
+    assert h.client_paused_until is None
+    for cid in range(2, 12):  # LeaderAndIsr (4): exempt from request quotas (KIP-124)
+        h.client(raw_request(cid, 4, 0))
+    assert h.client_paused_until is None
+    # nothing was counted anywhere
+    assert all(b.rate.total() == 0 for b in h.manager.buckets.values())
+
+
+def test_acks_0_is_exempt_from_the_request_quota():
+    h = Harness({"clients/app-1": {REQUEST_RATE: 1.0}})
+    for cid in range(1, 20):
+        h.client(produce_req(cid, acks=0))
+    assert h.client_paused_until is None
+    h.client(metadata_req(30))
+    h.client(metadata_req(31))  # the 1 s burst is one request
+    assert h.client_paused_until is not None
+
+
+def test_request_rate_throttles_are_capped_at_one_window():
+    # a coordinator connection muted for 10 s would miss its heartbeats
+    h = Harness({"clients/app-1": {REQUEST_RATE: 0.1}})
+    for cid in range(1, 40):
+        h.client(metadata_req(cid))
+        if h.client_paused_until is not None:
+            break
+    assert h.client_paused_until == pytest.approx(1.0)
+    assert h.conn.pending[-1].throttle_ms == 1000
+    assert h.conn.pending[-1].throttle_reason == REQUEST_RATE
+
+
+def test_byte_rate_throttles_keep_their_own_cap():
+    h = Harness({"clients/app-1": {PRODUCER_BYTE_RATE: 100.0}})
+    h.client(produce_req(1, nbytes=5000))
+    assert h.conn.pending[-1].throttle_ms == 10_000  # W, not one window
+
+
+def test_a_header_longer_than_the_head_is_counted_once():
+    h = Harness({"clients/<default>": {REQUEST_RATE: 1000.0}})
+    long_id = "c" * 900  # the header runs past the first 512 bytes
+    frame = produce_req(1, client_id=long_id, nbytes=20000)
+    h.client(frame, chunk=300)
+    assert h.take_broker() == frame
+    (bucket,) = h.manager.buckets.values()
+    assert bucket.rate.total() == 1
+    assert h.conn.requests == 1
+
+
+def test_a_garbage_frame_is_refused_from_its_head():
+    h = Harness()
+    # 100 MiB frame, client_id length 0x7fff: refused once the head shows it
+    # cannot be a request (no UTF-8 client-id), long before 100 MiB arrive
+    head = struct.pack(">ihhih", 100 * 1024 * 1024, 0, 8, 1, 0x7FFF) + b"\xff" * 40000
+    h.client(head)
+    assert h.closed and "UTF-8" in h.closed
+    assert h.conn.requests_in.buffered <= 64 * 1024
+
+
+def test_the_quota_lookup_follows_the_principal():
+    snapshot = {"users/alice": {PRODUCER_BYTE_RATE: 100.0},
+                "clients/app-1": {PRODUCER_BYTE_RATE: 1e9}}
+    h = Harness(snapshot)
+    h.client(produce_req(1, nbytes=50))
+    assert h.conn.quotas_for("app-1").produce.entity == "clients/app-1"
+    h.conn.principal = "alice"  # authenticated (a later filter sets it)
+    h.client(produce_req(2, nbytes=5000))
+    assert h.conn.quotas_for("app-1").produce.entity == "users/alice"
+    assert h.client_paused_until is not None
+    assert set(h.conn.client_quotas) == {(ANONYMOUS, "app-1"), ("alice", "app-1")}
+
+
+def test_clients_without_a_quota_get_no_bucket():
+    h = Harness({"clients/someone-else": {PRODUCER_BYTE_RATE: 100.0}})
+    for cid in range(1, 10):
+        h.client(produce_req(cid, client_id="free-%d" % cid))
+    assert h.manager.buckets == {}
+    assert h.client_paused_until is None
+
+
+def test_bytes_read_during_a_mute_are_counted_once():
+    h = Harness({"clients/app-1": {PRODUCER_BYTE_RATE: 1000.0}})
+    stream = produce_req(1, nbytes=3000) + b"".join(produce_req(c) for c in range(2, 6))
+    h.client(stream, chunk=200)
+    h.at(60.0)
+    h.at(120.0)
+    assert h.conn.bytes_from_client == len(stream)
+    assert h.take_broker() == stream
+
+
+# address rewriting --------------------------------------------------------
+
+def test_metadata_addresses_are_rewritten_and_reported_before_the_client_sees_them():
+    h = Harness()
+    h.client(metadata_req(1))
+    h.broker(metadata_resp(1), chunk=64)
+    out = h.take_client()
+    assert b"kafka-1.internal.example" not in out and b"proxy.example" in out
+    (nodes, client_bytes_then), = h.nodes
+    assert client_bytes_then == 0
+    assert sorted(n.node_id for n in nodes) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 100, 4096])
+def test_fetch_v16_endpoints_are_rewritten_while_the_records_stream(chunk):
+    h = Harness()
+    h.client(fetch_req(1, version=16))
+    resp = fetch_resp(1, version=16, records=b"r" * 20000)
+    h.broker(resp[:3000], chunk)
+    streamed = bytes(h.to_client)
+    assert len(streamed) >= 2500  # the records went on before the tail came
+    h.broker(resp[3000:], chunk)
+    out = streamed + h.take_client()[len(streamed):]
+    assert len(out) == len(resp)
+    assert b"kafka-1.internal.example" not in out
+    assert b"r" * 20000 in out
+    assert sorted(n.node_id for n in h.nodes[0][0]) == [1, 2, 3]
+
+
+def test_api_versions_answers_are_clamped_to_what_the_proxy_decodes():
+    h = Harness()
+    h.client(api_versions_req(1))
+    body = api_versions(3, [(apis.PRODUCE, 0, 99), (apis.FETCH, 0, 99), (999, 0, 5)])
+    h.broker(frame_response(apis.API_VERSIONS, 3, body, 1))
+    from kafka.protocol.metadata import ApiVersionsResponse
+
+    decoded = ApiVersionsResponse[3].decode(h.take_client()[8:])
+    ranges = {k.api_key: k.max_version for k in decoded.api_keys}
+    assert ranges[apis.PRODUCE] == apis.MAX_DECODABLE_VERSION[apis.PRODUCE]
+    assert ranges[apis.FETCH] == apis.MAX_DECODABLE_VERSION[apis.FETCH]
+    assert ranges[999] == 5
+
+
+def test_a_too_new_request_of_a_decoded_api_closes_before_reaching_the_broker():
+    h = Harness()
+    h.client(raw_request(1, apis.METADATA, apis.MAX_DECODABLE_VERSION[apis.METADATA] + 1))
+    assert h.take_broker() == b""
+    assert "newer than the proxy can decode" in h.closed
+
+
+# filters: the table, own requests, phases ---------------------------------
+
+class Recorder(Filter):
+    name = "recorder"
+
+    def __init__(self):
+        self.requests = []
+
+    def request_need(self, api_key, api_version):
+        return HEAD if api_key == apis.METADATA else 0
+
+    def on_request(self, conn, head, inflight):
+        self.requests.append((head.api_key, head.correlation_id, head.client_id))
+
+
+def test_the_table_sends_a_filter_only_what_it_asked_for():
+    rec = Recorder()
+    h = Harness(filters=[rec])
+    h.client(produce_req(1) + metadata_req(2) + fetch_req(3) + metadata_req(4, client_id="x"))
+    assert rec.requests == [(apis.METADATA, 2, "app-1"), (apis.METADATA, 4, "x")]
+    table = h.conn.table
+    assert table.lookup(apis.PRODUCE, 8)[1] == ()
+    assert table.lookup(apis.METADATA, 8)[1] == (rec,)
+
+
+class Handshake(Filter):
+    """Sends an ApiVersions of its own as soon as the broker is up and keeps
+    the phase at AUTHENTICATING until the answer comes."""
+
+    name = "handshake"
+
+    def __init__(self):
+        self.answers = []
+
+    def on_connect(self, conn):
+        conn.phase = Phase.AUTHENTICATING
+        conn.send_request(api_versions_req(0), apis.API_VERSIONS, 3, self._answered)
+
+    def _answered(self, conn, frame):
+        self.answers.append(frame)
+        conn.phase = Phase.READY
+        conn.principal = "proxy-user"
+
+
+def test_a_filter_sends_its_own_request_and_sees_the_answer_the_client_never_does():
+    f = Handshake()
+    h = Harness(filters=[f], connect=False)
+    h.client(metadata_req(1))
+    h.run(h.conn.broker_connected(0.0))
+    assert h.conn.phase is Phase.AUTHENTICATING
+    sent = frames_of(h.take_broker())
+    own_cid = struct.unpack_from(">i", sent[0], 8)[0]
+    assert struct.unpack_from(">h", sent[0], 4)[0] == apis.API_VERSIONS
+    assert req_cids(sent[1]) == [1]  # the client's request goes after it
+    body = api_versions(3, [(apis.PRODUCE, 0, 8)])
+    h.broker(frame_response(apis.API_VERSIONS, 3, body, own_cid) + metadata_resp(1))
+    assert len(f.answers) == 1
+    assert cids(h.take_client()) == [1]
+    assert h.conn.phase is Phase.READY and h.conn.principal == "proxy-user"
+
+
+def test_random_chunking_of_a_mixed_stream_never_changes_what_arrives():
+    rng = random.Random(11)
+    for trial in range(15):
+        h = Harness()
+        reqs = [produce_req(1, nbytes=rng.randrange(10, 3000)), fetch_req(2),
+                metadata_req(3), fetch_req(4, version=16), produce_req(5, acks=0),
+                produce_req(6, version=10)]
+        stream = b"".join(reqs)
+        pos = 0
+        while pos < len(stream):
+            n = rng.choice([1, 3, 50, HEAD_SIZE, 2000])
+            h.client(stream[pos : pos + n])
+            pos += n
+        assert h.take_broker() == stream
+        resps = (produce_resp(1) + fetch_resp(2) + metadata_resp(3)
+                 + fetch_resp(4, version=16, records=b"z" * 7000) + produce_resp(6, version=10))
+        pos = 0
+        while pos < len(resps):
+            n = rng.choice([1, 3, 50, HEAD_SIZE, 2000])
+            h.broker(resps[pos : pos + n])
+            pos += n
+        out = h.take_client()
+        assert cids(out) == [1, 2, 3, 4, 6]
+        # only the gathered Metadata answer changes length (shorter hosts)
+        assert len(out) == len(resps) - 3 * (len("kafka-1.internal.example") - len("proxy.example"))
+        assert h.closed is None
