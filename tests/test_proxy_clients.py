@@ -285,3 +285,35 @@ def test_unreachable_broker_closes_the_client_with_a_reason(tmp_path):
         assert p.alive()
     finally:
         p.stop()
+
+
+def test_a_blackholed_bootstrap_address_is_given_up_on_and_the_next_one_serves(broker, tmp_path):
+    import time
+
+    from conftest import ProxyProcess
+
+    # a listener whose accept queue is full: the kernel drops further SYNs,
+    # so a connect to it hangs as one to a firewalled host does
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(0)
+    filler = socket.create_connection(hole.getsockname())
+    p = ProxyProcess("127.0.0.1:%d" % hole.getsockname()[1], tmp_path / "proxy.log",
+                     ["--bootstrap-server", broker.bootstrap,
+                      "--upstream-connect-timeout-ms", "500"]).start()
+    try:
+        started = time.monotonic()
+        s = _raw_connect(p)
+        s.sendall(_api_versions_request(3, 77))
+        s.settimeout(10)
+        frame = _read_frame(s)
+        waited = time.monotonic() - started
+        s.close()
+        assert struct.unpack_from(">ih", frame, 4) == (77, 0)
+        assert waited < 8  # not the ~2 minutes of the kernel's SYN retries
+        p.wait_for_log("did not answer within 0.5 s")
+        p.wait_for_log("-> broker %s" % broker.bootstrap)
+    finally:
+        p.stop()
+        filler.close()
+        hole.close()

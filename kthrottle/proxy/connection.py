@@ -103,6 +103,8 @@ class ClientConnection(asyncio.Protocol):
                     timeout)
             except asyncio.TimeoutError:
                 errors.append("%s:%s did not answer within %g s" % (host, port, timeout))
+                log.warning("connection %d: broker %s; trying the next address", self.conn_id,
+                            errors[-1])
                 continue
             except OSError as exc:
                 errors.append("%s:%s %s" % (host, port, exc.strerror or exc))
