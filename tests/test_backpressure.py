@@ -62,10 +62,10 @@ def test_slow_client_pauses_the_broker_side_and_loses_nothing(broker):
                 await asyncio.sleep(0.1)
             assert "client write buffer full" in conn.upstream.reasons
             await asyncio.sleep(0.5)
-            buffered = conn.client.transport.get_write_buffer_size() + conn.responses_in.buffered
+            buffered = conn.client.transport.get_write_buffer_size() + conn.pipeline.responses_in.buffered
             # one response past the high-water mark at most, never all 40 MB
             assert buffered <= WRITE_HIGH_WATER + 2 * PARTITION_MAX_BYTES, buffered
-            assert len(conn.pending) > REQUESTS // 4
+            assert len(conn.pipeline.pending) > REQUESTS // 4
 
             # Reading again drains everything, in order, intact.
             frames = FrameReader()

@@ -304,7 +304,7 @@ def test_a_throttled_request_goes_on_whole_and_nothing_after_it_is_read_until_th
     assert until is not None and until > 0
     h.client(stream[len(first) + 30 :])  # bytes already on their way are kept
     assert h.take_broker() == b""
-    h.at(until - 0.001)
+    h.at(until - 0.01)
     assert h.take_broker() == b""
     h.at(until)
     got = h.take_broker()
@@ -569,3 +569,14 @@ def test_random_chunking_of_a_mixed_stream_never_changes_what_arrives():
         # only the gathered Metadata answer changes length (shorter hosts)
         assert len(out) == len(resps) - 3 * (len("kafka-1.internal.example") - len("proxy.example"))
         assert h.closed is None
+
+
+def test_a_timer_that_fires_early_is_set_again_not_lost():
+    h = Harness({"clients/app-1": {PRODUCER_BYTE_RATE: 1000.0}})
+    h.client(produce_req(1, nbytes=3000) + produce_req(2))
+    until = h.client_paused_until
+    h.client_paused_until = None
+    h.at(until - 0.05)  # far too early: nothing is read, the timer is set again
+    assert h.client_paused_until == until and h.take_broker() == produce_req(1, nbytes=3000)
+    h.at(until - 0.0005)  # within a millisecond: due
+    assert h.take_broker().startswith(produce_req(2))

@@ -45,6 +45,10 @@ CLIENT_IDS_KEPT = 64
 # The principal of a connection that has not authenticated (KIP-55).
 ANONYMOUS = "ANONYMOUS"
 
+# A timer that fires this close to its deadline counts as due (event loops
+# round timers to the millisecond, and may fire a fraction of one early).
+TIMER_SLACK = 0.002
+
 # Correlation ids of the proxy's own requests to the broker start here (any
 # int32 works: the broker echoes it and responses are matched in order).
 INTERNAL_CORRELATION_BASE = 0x7F000000
@@ -299,7 +303,17 @@ class Connection:
             return ()
         self.now = now
         actions = self._actions = []
-        self._client_bytes((data,), actions)
+        out = self._to_broker = []
+        try:
+            self._feed_client(data, out)
+        except ProtocolError as exc:
+            return self._close("malformed request from client: %s" % exc)
+        except _Refused as exc:
+            return self._close(str(exc))
+        finally:
+            self._to_broker = None
+        if out:
+            actions.insert(0, SendToBroker(out))
         return actions
 
     def _client_bytes(self, chunks, actions):
@@ -335,8 +349,11 @@ class Connection:
         out = self._to_client = []
         try:
             self.responses_in.feed(data, out)
-            self._finish_stream()
-            self._flush_answers()
+            if self._streaming is not None:
+                self._finish_stream()
+            pending = self.pending
+            if pending and pending[0].answer is not None:
+                self._flush_answers()
         except ProtocolError as exc:
             return self._close("malformed response from broker: %s" % exc)
         except ValueError as exc:  # an address the proxy cannot advertise
@@ -348,26 +365,39 @@ class Connection:
             requests = []
             self._flush_internal(requests)
             actions.append(SendToBroker(requests))
-        self._send_to_client(out, actions)
+        if self._held is None and self._hold_from is None:
+            if out:
+                actions.append(SendToClient(out))
+        else:
+            self._send_to_client(out, actions)
         return actions
 
     def tick(self, now):
-        """A timer the adapter set (PauseClient, HoldResponses) is due."""
+        """A timer the adapter set (PauseClient, HoldResponses) is due. A
+        timer that fires early (event loops round timers to the millisecond)
+        is set again rather than lost."""
         self.now = now
         actions = self._actions = []
         if self.phase is Phase.CLOSED:
             return actions
-        if self._held is not None and now >= self.hold_until:
-            held, self._held = self._held, None
-            if held:
-                actions.append(SendToClient(held))
-            actions.append(RESUME_BROKER)
-        if self._unread is not None and now >= self.muted_until:
-            unread, self._unread = self._unread, None
-            if not self._client_bytes(unread, actions):
-                return actions
-            if self._unread is None:
-                actions.append(RESUME_CLIENT)
+        due = now + TIMER_SLACK
+        if self._held is not None:
+            if due >= self.hold_until:
+                held, self._held = self._held, None
+                if held:
+                    actions.append(SendToClient(held))
+                actions.append(RESUME_BROKER)
+            else:
+                actions.append(HoldResponses(self.hold_until))
+        if self._unread is not None:
+            if due >= self.muted_until:
+                unread, self._unread = self._unread, None
+                if not self._client_bytes(unread, actions):
+                    return actions
+                if self._unread is None:
+                    actions.append(RESUME_CLIENT)
+            else:
+                actions.append(PauseClient(self.muted_until))
         return actions
 
     def client_eof(self):
@@ -396,12 +426,13 @@ class Connection:
     def _feed_client(self, data, out):
         cutter = self.requests_in
         cutter.feed(data, out)
-        if cutter.at_boundary:
+        if (self._internal or self._mute_due) and cutter.at_boundary:
             if self._internal:
                 self._flush_internal(out)
             if self._mute_due:
                 self._start_mute()
-        if self.pending:
+        pending = self.pending
+        if pending and pending[0].answer is not None:
             self._flush_answers()
 
     def _request_head(self, head, frame_len):

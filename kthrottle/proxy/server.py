@@ -118,8 +118,11 @@ class ProxyServer:
         servers = [s for s in self.listeners.values() if isinstance(s, asyncio.AbstractServer)]
         for s in servers:
             s.close()
+        connecting = [c._connect_task for c in self.connections
+                      if c._connect_task is not None and not c._connect_task.done()]
         for conn in list(self.connections):
             conn.close("proxy shutting down")
+        await asyncio.gather(*connecting, return_exceptions=True)
         for s in servers:
             await s.wait_closed()
         self.listeners.clear()
