@@ -120,3 +120,178 @@ def produce_request(version, acks, transactional_id=None, client_id="app-1"):
                                    partition_data=[D.PartitionProduceData(index=0, records=b"x" * 70)])])
     req.with_header(correlation_id=11, client_id=client_id)
     return req.encode(header=True, framed=True)
+
+
+# -- KIP-951 responses for the stream rewriter (tests/test_stream_rewrite.py) --
+
+import random as _random  # noqa: E402
+
+
+def _uvarint(value):
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def tagged_field(tag, value):
+    """One raw tagged field (KIP-482): tag, size, value."""
+    return _uvarint(tag) + _uvarint(len(value)) + value
+
+
+# A partition's snapshot_id as kafka-python encodes it in the partition's tag
+# section (count 1, tag 2, 13 bytes: end_offset, epoch, empty tags); the
+# builders below splice unknown tags in after it.
+SNAPSHOT_END_OFFSET, SNAPSHOT_EPOCH = 0x0102030405060708, 0x0A0B0C0D
+_SNAPSHOT_TAGS = (b"\x01\x02\x0d" + SNAPSHOT_END_OFFSET.to_bytes(8, "big")
+                  + SNAPSHOT_EPOCH.to_bytes(4, "big") + b"\x00")
+
+
+def with_partition_unknown_tag(body, tag=9, value=b"\xde\xad"):
+    """``body`` with one more (unknown) tag in each partition tag section that
+    holds only the snapshot_id built by fetch_many (a newer broker's field)."""
+    assert _SNAPSHOT_TAGS in body
+    return body.replace(_SNAPSHOT_TAGS, b"\x02" + _SNAPSHOT_TAGS[1:] + tagged_field(tag, value))
+
+
+def with_top_level_tags(body_without, body_with, extra):
+    """The response ``body_with`` (NodeEndpoints present) or ``body_without``
+    (absent; pass body_with=None) with its top-level tag section replaced by
+    its own fields plus the raw ``extra`` ones {tag: value}, in tag order."""
+    prefix = bytes(body_without)[:-1]
+    assert bytes(body_without)[-1] == 0  # no top-level tags
+    fields = dict(extra)
+    if body_with is not None:
+        body_with = bytes(body_with)
+        assert body_with.startswith(prefix) and body_with[len(prefix)] == 1
+        fields[0] = None
+    section = _uvarint(len(fields))
+    for tag in sorted(fields):
+        section += body_with[len(prefix) + 1:] if tag == 0 else tagged_field(tag, fields[tag])
+    return prefix + section
+
+
+def fetch_many(version, addresses=BROKERS, with_endpoints=True, seed=0):
+    """A Fetch v12+ answer from one of 3 brokers as a consumer sees it: three
+    topics, partitions with records of many sizes (1-, 2- and 3-byte length
+    varints, empty, null), aborted transactions, a NOT_LEADER_OR_FOLLOWER
+    partition naming its current leader, diverging_epoch and snapshot_id tags."""
+    rng = _random.Random(seed)
+    R = FetchResponse
+    T = R.FetchableTopicResponse
+    P = T.PartitionData
+    sizes = [700, 0, None, 60, 20000, 3000, 90000, 1, 127, 128]
+    topics = []
+    for t in range(3):
+        parts = []
+        for i in range(3 + t):
+            size = sizes[(t * 4 + i) % len(sizes)]
+            kw = {}
+            if i == 1:
+                kw["aborted_transactions"] = [
+                    P.AbortedTransaction(producer_id=1000 + k, first_offset=k * 7) for k in range(t + 1)]
+            elif i == 2:
+                kw["aborted_transactions"] = None  # nullable: null
+            if (t, i) == (1, 0):  # moved: the client is told where to (KIP-951)
+                kw["error_code"] = 6
+                kw["current_leader"] = P.LeaderIdAndEpoch(leader_id=addresses[2][0], leader_epoch=12)
+                size = None
+            if (t, i) == (0, 2):
+                kw["diverging_epoch"] = P.EpochEndOffset(epoch=4, end_offset=77)
+            if i == 0 and t != 1:
+                kw["snapshot_id"] = P.SnapshotId(end_offset=SNAPSHOT_END_OFFSET, epoch=SNAPSHOT_EPOCH)
+            parts.append(P(**{"partition_index": i, "error_code": 0, "high_watermark": 5000 + i,
+                              "last_stable_offset": 4000 + i, "log_start_offset": i,
+                              "aborted_transactions": [], "preferred_read_replica": -1,
+                              "records": None if size is None else rng.randbytes(size), **kw}))
+        topics.append(T(topic="topic-%d" % t, topic_id=uuid.UUID(int=100 + t), partitions=parts))
+    endpoints = _brokers(R.NodeEndpoint, addresses) if with_endpoints else []
+    return bytes(R[version](throttle_time_ms=25, error_code=0, session_id=123456,
+                            responses=topics, node_endpoints=endpoints).encode())
+
+
+def produce_many(version, addresses=BROKERS, with_endpoints=True):
+    """A Produce v10+ answer: two topics, record errors with messages, error
+    messages and a NOT_LEADER_OR_FOLLOWER partition naming its current leader."""
+    R = ProduceResponse
+    T = R.TopicProduceResponse
+    P = T.PartitionProduceResponse
+    topics = []
+    for t in range(2):
+        parts = []
+        for i in range(3):
+            kw = {}
+            if i == 1:
+                kw = {"error_code": 6, "error_message": "not leader",
+                      "current_leader": P.LeaderIdAndEpoch(leader_id=addresses[i][0], leader_epoch=8)}
+            elif i == 2:
+                kw = {"error_code": 87, "error_message": "invalid record",
+                      "record_errors": [
+                          P.BatchIndexAndErrorMessage(batch_index=3, batch_index_error_message="bad"),
+                          P.BatchIndexAndErrorMessage(batch_index=5, batch_index_error_message=None)]}
+            parts.append(P(**{"index": i, "error_code": 0, "base_offset": 100 * i,
+                              "log_append_time_ms": -1, "log_start_offset": 0, "record_errors": [],
+                              "error_message": None, **kw}))
+        topics.append(T(name="topic-%d" % t, topic_id=uuid.UUID(int=100 + t), partition_responses=parts))
+    endpoints = _brokers(R.NodeEndpoint, addresses) if with_endpoints else []
+    return bytes(R[version](responses=topics, throttle_time_ms=30, node_endpoints=endpoints).encode())
+
+
+# -- any response, filled generically from its schema (tests/test_throttle_codec.py) --
+
+# One value per schema type: short, non-empty, distinct from the throttle
+# values the tests look for.
+_SAMPLE = {
+    "int8": 3, "int16": 7, "uint16": 7, "int32": 7, "int64": 7, "float64": 1.5,
+    "bool": True, "uuid": uuid.UUID(int=0x5EED), "string": "s1",
+    "bytes": b"\x01\x02", "records": b"rec",
+}
+
+
+def _sample(field, name_values):
+    if field.name in name_values:
+        return name_values[field.name]
+    if field.name == "error_code":
+        return 0  # ApiVersions reads a non-zero one as "v0 body follows" (KIP-511)
+    if field.type_str == "bitfield":  # kafka-python's authorized-operations sets
+        return {2, 3}
+    if field.type_str not in _SAMPLE:
+        raise TypeError("no sample value for %s of type %s" % (field.name, field.type_str))
+    return _SAMPLE[field.type_str]
+
+
+def _fill(data_class, version, name_values, repeat=1):
+    """Field values for ``data_class`` (a kafka-python DataContainer class):
+    those of ``version``, arrays of ``repeat`` elements (nested ones: 1)."""
+    values = {}
+    for field in data_class._struct._fields:
+        if not field.for_version_q(version):
+            continue
+        if field.is_struct_array() or field.is_struct():
+            # nested classes hang off their parent class, by type name
+            nested = getattr(data_class, field.type_str)
+            value = nested(**_fill(nested, version, name_values))
+            if field.is_struct_array():
+                value = [value] + [nested(**_fill(nested, version, name_values))
+                                   for _ in range(repeat - 1)]
+        elif field.is_array():
+            value = [_sample(field.array_of, {})] * repeat
+        else:
+            value = _sample(field, name_values)
+        values[field.name] = value
+    return values
+
+
+def filled_response(cls, version, repeat=1, correlation_id=77, framed=True, **name_values):
+    """A framed response (size, header, body; ``framed=False``: the body) of
+    kafka-python schema class ``cls`` at ``version`` with every field of that
+    version set: arrays of one element (``repeat`` for the top-level ones),
+    short strings, tagged fields set too. ``name_values`` override fields by
+    name at any depth (e.g. throttle_time_ms=12345)."""
+    response = cls[version](**_fill(cls, version, name_values, repeat))
+    if not framed:
+        return bytes(response.encode())
+    response.with_header(correlation_id=correlation_id)
+    return bytes(response.encode(header=True, framed=True))

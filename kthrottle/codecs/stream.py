@@ -1,0 +1,363 @@
+"""Cut-through rewrite of KIP-951 NodeEndpoints in Fetch v16+ and Produce v10+.
+
+These responses name brokers in a top-level tagged field (tag 0, NodeEndpoints)
+that comes after everything else, after all the records of a Fetch. The frame's
+size prefix goes out before that tail is seen, so the rewrite must keep the
+frame's length: the records stream through untouched (forwarded as slices of
+the chunks given, never copied), only the top-level tagged section at the end
+is held back, rewritten to the same byte count and then forwarded.
+
+How the length is kept (``_rewrite_tail``):
+
+- each endpoint gets the proxy's host and port (as rewrite._broker_entry does,
+  which also leaves an entry with a negative node id alone);
+- when that makes the section shorter, one more top-level tagged field, all
+  zeros, pads it back to its length (``_padding``). Its tag is 127, the
+  largest one-byte tag, or the largest tag of the next varint length (16383,
+  ...) when 127 cannot make up the exact byte count (a 130-byte deficit) or is
+  not above the tags already there. That is safe: readers skip tags they do
+  not know (KIP-482; Java keeps them as unknown tagged fields, librdkafka's
+  rd_kafka_buf_skip_tags and kafka-python skip them), and at every version
+  the proxy lets clients use (ApiVersions answers are clamped to what it can
+  decode) Fetch and Produce define only tag 0 at the top level. It goes last,
+  so the tags stay in ascending order;
+- when the section would grow, or no padding fits (a 1-byte deficit: no
+  tagged field is shorter than 2 bytes), the NodeEndpoints field is dropped
+  and padding takes its place: the client then refreshes its metadata, as
+  before KIP-951, and no broker address leaks.
+
+A ValueError from ``advertise`` propagates (the proxy closes that connection).
+
+A response without tag 0 (the common case: brokers fill NodeEndpoints only for
+partitions answering NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH) comes out
+byte for byte as it came.
+"""
+from . import apis
+from .errors import ProtocolError
+from .rewrite import Node
+from .wire import (
+    INT32,
+    encode_string,
+    read_int32,
+    read_string,
+    read_uvarint,
+    skip_string,
+    skip_tagged_fields,
+    write_uvarint,
+)
+
+# What a structure walker (a generator) yields: ``skip << 2 | kind``, to skip
+# ``skip`` bytes (forwarded unread) and then read one value of this kind, which
+# the walker is sent back:
+_VARINT = 0  # an unsigned varint (a tag, a size, a compact string length)
+_ARRAY = 1  # a compact array length (N+1, 0 = null): answered N, or 0 for null
+_COUNT = 2  # a tag count (a plain uvarint)
+_SKIP = 3  # nothing: only the skip (answered None)
+# The walker returns once it reaches the top-level tagged section, which runs
+# to the end of the frame: the tail.
+
+
+def stream_rewriter(api_key, api_version, advertise):
+    """A fresh StreamRewriter for one framed response of this API/version, or None
+    when the response carries no broker addresses (Produce < v10, Fetch < v16, any
+    other API). Raises ProtocolError for a version newer than the proxy can decode
+    (as rewrite_response does): its layout is unknown, addresses could leak."""
+    first = apis.NODE_ENDPOINTS_FROM.get(api_key)
+    if first is None or api_version < first:
+        return None
+    if api_version > apis.MAX_DECODABLE_VERSION[api_key]:
+        raise ProtocolError("api_key %d v%d is newer than the proxy can decode" % (api_key, api_version))
+    walk = _walk_fetch() if api_key == apis.FETCH else _walk_produce(api_version)
+    return StreamRewriter(walk, advertise)
+
+
+class StreamRewriter:
+    """Rewrites one framed response as its bytes go by (see the module doc).
+
+    ``nodes``: Node(node_id, host, port) for each endpoint, as the broker
+    advertised it; complete once ``done``, which is set by the feed call that
+    takes the frame's last byte (that call appends the tail to ``out``, so a
+    caller can learn the nodes before writing that output).
+    """
+
+    __slots__ = ("nodes", "done", "_advertise", "_walk", "_req", "_pos", "_end",
+                 "_size", "_varint", "_shift", "_tail")
+
+    def __init__(self, walk, advertise):
+        self.nodes = []
+        self.done = False
+        self._advertise = advertise
+        self._walk = walk
+        self._req = next(walk)  # what the walker waits for
+        self._pos = 0  # bytes of the frame fed so far
+        self._end = None  # the frame's length, size prefix included, once known
+        self._size = b""  # the size prefix, while it straddles chunks
+        self._varint = 0  # a varint straddling chunks: value so far
+        self._shift = 0  # and the shift of its next byte
+        self._tail = None  # the tail gathered so far, once it straddles chunks
+
+    def feed(self, chunk, out):
+        """chunk: the next bytes of ONE framed response (bytes or memoryview),
+        starting with its 4-byte size prefix on the first call; chunks never
+        extend past the frame's end. Appends to ``out`` the bytes to forward, in
+        order. Over the whole frame the output has exactly the input's length
+        and is byte-identical except the NodeEndpoints tail.
+        Raises ProtocolError on a malformed or truncated structure, ValueError
+        on a chunk past the frame's end (and whatever ``advertise`` raises)."""
+        n = len(chunk)
+        if not n:
+            return
+        base = self._pos  # frame offset of chunk[0]
+        end = self._end
+        i = 0  # where the walk resumes in this chunk
+        if end is None:  # the size prefix
+            if self.done:
+                raise ValueError("the frame is already complete")
+            i = 4 - len(self._size)
+            self._size += bytes(chunk[:i])
+            if len(self._size) < 4:
+                out.append(chunk)
+                self._pos = base + n
+                return
+            end = self._end = INT32.unpack(self._size)[0] + 4
+            if end < 9:  # correlation_id and at least one byte of body
+                raise ProtocolError("response frame of %d bytes is too short" % end)
+        if base + n > end:
+            raise ValueError("chunk runs %d bytes past the end of the frame" % (base + n - end))
+        self._pos = base + n
+        if self._tail is not None:  # all of this chunk is tail
+            self._tail += chunk
+            if base + n == end:
+                self._finish(self._tail, out)
+            return
+
+        req = self._req
+        if req >> 2 >= n - i:  # the hot path: a skip (inside records) covers the chunk
+            self._req = req - ((n - i) << 2)
+            out.append(chunk)
+            if base + n == end:
+                raise ProtocolError("truncated response: it ends before its tagged fields")
+            return
+        view = chunk if chunk.__class__ is memoryview else memoryview(chunk)
+        walk = self._walk
+        send = walk.send
+        left = end - base  # frame bytes from chunk[0] on
+        shift = self._shift  # > 0: a varint straddles from the previous chunk
+        try:
+            while True:
+                skip = req >> 2
+                if skip:
+                    if skip > n - i:
+                        req -= (n - i) << 2
+                        i = n
+                        break
+                    i += skip
+                    req &= 3
+                if req == _SKIP:
+                    req = send(None)
+                else:
+                    if i == n:
+                        break
+                    value = view[i]
+                    i += 1
+                    if value >= 0x80 or shift:  # a varint of several bytes
+                        b = value
+                        value = (self._varint if shift else 0) | (b & 0x7F) << shift
+                        while b >= 0x80:
+                            shift += 7
+                            if shift > 28:
+                                raise ProtocolError("varint longer than 5 bytes at offset %d"
+                                                    % (base + i))
+                            if i == n:
+                                break
+                            b = view[i]
+                            i += 1
+                            value |= (b & 0x7F) << shift
+                        if b >= 0x80:  # the chunk ends inside it
+                            self._varint = value
+                            self._shift = shift
+                            break
+                        shift = self._shift = 0
+                    if req:  # a count: each element takes a byte or more
+                        if req == _ARRAY:
+                            value = value - 1 if value else 0
+                        if value > left - i:
+                            raise ProtocolError("count of %d at offset %d runs past the frame"
+                                                % (value, base + i))
+                    req = send(value)
+                if req >> 2 > left - i:
+                    raise ProtocolError("truncated response: %d bytes to skip at offset %d of %d"
+                                        % (req >> 2, base + i, end))
+        except StopIteration:  # the walker reached the tail, at i
+            if i > 0:
+                out.append(view[:i])
+            if base + i == end:
+                raise ProtocolError("truncated response: it ends before its tagged fields")
+            if base + n == end:
+                self._finish(view[i:], out)  # the whole tail is in this chunk: no copy
+            else:
+                self._tail = bytearray(view[i:])
+            return
+        self._req = req
+        out.append(chunk)
+        if base + n == end:
+            raise ProtocolError("truncated response: it ends before its tagged fields")
+
+    def _finish(self, tail, out):
+        self._tail = None
+        new = _rewrite_tail(tail, self._advertise, self.nodes)
+        out.append(tail if new is None else new)
+        self.done = True
+        self._end = None
+
+
+def _tags(skip):
+    """Skip ``skip`` bytes, then a tagged-field section (KIP-482)."""
+    for _ in range((yield skip << 2 | _COUNT)):
+        yield _VARINT  # tag
+        yield (yield _VARINT) << 2 | _SKIP  # size, then the value
+
+
+def _walk_fetch():
+    """Fetch v16+ up to its top-level tagged fields (FetchResponse.json).
+    Skips are folded into the next read: a partition costs three requests."""
+    yield from _tags(4)  # correlation_id, header tagged fields (response header v1)
+    # throttle_time_ms, error_code, session_id; responses
+    for _ in range((yield 10 << 2 | _ARRAY)):
+        # topic_id; partitions
+        for _ in range((yield 16 << 2 | _ARRAY)):
+            # partition_index, error_code, high_watermark, last_stable_offset,
+            # log_start_offset; aborted_transactions (nullable)
+            for _ in range((yield 30 << 2 | _ARRAY)):
+                yield from _tags(16)  # producer_id, first_offset; tagged fields
+            n = yield 4 << 2 | _VARINT  # preferred_read_replica; records (N+1, 0: null)
+            # the records; the partition's tagged fields (diverging_epoch,
+            # current_leader, snapshot_id)
+            for _ in range((yield (n - 1 if n > 1 else 0) << 2 | _COUNT)):
+                yield _VARINT  # tag
+                yield (yield _VARINT) << 2 | _SKIP  # size, then the value
+        yield from _tags(0)
+
+
+def _walk_produce(version):
+    """Produce v10+ up to its top-level tagged fields (ProduceResponse.json;
+    the same walk as throttle.walk_produce)."""
+    yield from _tags(4)  # correlation_id, header tagged fields (response header v1)
+    for _ in range((yield _ARRAY)):  # responses
+        if version >= 13:
+            skip = 16  # topic_id (KIP-516)
+        else:
+            n = yield _VARINT  # name
+            skip = n - 1 if n > 1 else 0
+        for _ in range((yield skip << 2 | _ARRAY)):  # partition_responses
+            # index, error_code, base_offset, log_append_time_ms,
+            # log_start_offset; record_errors
+            for _ in range((yield 30 << 2 | _ARRAY)):
+                n = yield 4 << 2 | _VARINT  # batch_index; batch_index_error_message
+                yield from _tags(n - 1 if n > 1 else 0)
+            n = yield _VARINT  # error_message
+            yield from _tags(n - 1 if n > 1 else 0)  # current_leader lives here
+        yield from _tags(0)
+    yield 4 << 2 | _SKIP  # throttle_time_ms
+
+
+# -- the tail ---------------------------------------------------------------
+
+# Padding tag numbers: the largest of each varint length (see the module doc).
+_PAD_TAGS = (127, 16383, 2097151, 268435455, 2**31 - 1)
+
+
+def _uvarint_size(value):
+    return len(write_uvarint(value))
+
+
+def _padding(nbytes, above):
+    """A tagged field of exactly ``nbytes`` bytes (tag, size, zeros) whose tag
+    number is above ``above``, or None if there is none."""
+    for tag in _PAD_TAGS:
+        if tag <= above:
+            continue
+        rest = nbytes - _uvarint_size(tag)
+        for k in range(1, 6):  # bytes of the size varint
+            size = rest - k
+            if size >= 0 and _uvarint_size(size) == k:
+                return write_uvarint(tag) + write_uvarint(size) + bytes(size)
+    return None
+
+
+def _rewrite_tail(tail, advertise, nodes):
+    """The top-level tagged section ``tail`` (to the frame's end) with
+    NodeEndpoints rewritten, at the same length; None when it has none."""
+    count, pos = read_uvarint(tail, 0)
+    total = len(tail)
+    if count > total:
+        raise ProtocolError("%d tagged fields in %d bytes" % (count, total))
+    others = []  # the other fields, as they came
+    node_field = None
+    top = -1
+    for _ in range(count):
+        start = pos
+        tag, pos = read_uvarint(tail, pos)
+        size, pos = read_uvarint(tail, pos)
+        end = pos + size
+        if end > total:
+            raise ProtocolError("truncated tagged field %d at the end of the response" % tag)
+        if tag == 0:
+            if node_field is not None:
+                raise ProtocolError("NodeEndpoints appears twice")
+            node_field = (start, pos, end)
+        else:
+            others.append(tail[start:end])
+        if tag > top:
+            top = tag
+        pos = end
+    if pos != total:
+        raise ProtocolError("%d bytes after the response's tagged fields" % (total - pos))
+    if node_field is None:
+        return None
+    start, value_at, end = node_field
+    value = _rewrite_endpoints(tail, value_at, end, advertise, nodes)
+    rest = b"".join(others)
+    kept = b"\x00" + write_uvarint(len(value)) + value + rest
+    deficit = total - _uvarint_size(count) - len(kept)
+    if deficit == 0:
+        return write_uvarint(count) + kept
+    if deficit > 0:
+        deficit = total - _uvarint_size(count + 1) - len(kept)
+        pad = _padding(deficit, top) if deficit > 0 else None
+        if pad is not None:
+            return write_uvarint(count + 1) + kept + pad
+    # Longer, or no padding fits: drop NodeEndpoints (padding in its place).
+    pad = _padding(end - start, top)
+    if pad is None:
+        raise ProtocolError("no padding for NodeEndpoints with tag numbers up to %d" % top)
+    return write_uvarint(count) + rest + pad
+
+
+def _rewrite_endpoints(buf, pos, end, advertise, nodes):
+    """The NodeEndpoints array in ``buf[pos:end]``, each host and port replaced
+    by what ``advertise(node_id)`` gives (ValueError from it propagates)."""
+    n, p = read_uvarint(buf, pos)
+    n -= 1  # compact array; null (-1) counts as empty
+    if n > end - p:
+        raise ProtocolError("NodeEndpoints of %d entries in %d bytes" % (n, end - p))
+    parts = [buf[pos:p]]
+    for _ in range(n):
+        entry = p
+        node_id, p = read_int32(buf, p)
+        host, p = read_string(buf, p, True)
+        if host is None:
+            raise ProtocolError("null host in NodeEndpoints")
+        port, p = read_int32(buf, p)
+        rest = p
+        p = skip_string(buf, p, True)  # rack
+        p = skip_tagged_fields(buf, p)
+        if node_id < 0:  # as rewrite._broker_entry: not a broker, left alone
+            parts.append(buf[entry:p])
+            continue
+        nodes.append(Node(node_id, host, port))
+        new_host, new_port = advertise(node_id)
+        parts += (INT32.pack(node_id), encode_string(new_host, True), INT32.pack(new_port), buf[rest:p])
+    if p != end:
+        raise ProtocolError("NodeEndpoints size does not match its contents")
+    return b"".join(parts)
