@@ -48,6 +48,11 @@ def _add_proxy_flags(p, bootstrap_required_text):
         help="largest request accepted; a larger one closes that connection "
         "(default 104857600, Kafka's socket.request.max.bytes)",
     )
+    p.add_argument(
+        "--upstream-connect-timeout-ms", type=int, metavar="MS",
+        help="how long one broker address may take to accept a connection before the next "
+        "is tried (default 10000, Kafka's socket.connection.setup.timeout.ms)",
+    )
     q = p.add_argument_group("quotas (KIP-55 <user, client-id> byte-rate and request-rate quotas)")
     q.add_argument(
         "--quota-file", metavar="PATH",
@@ -73,8 +78,9 @@ def _add_proxy_flags(p, bootstrap_required_text):
                    help="length of one sample, Kafka's quota.window.size.seconds (default 1)")
     q.add_argument(
         "--max-throttle-ms", type=int, metavar="MS",
-        help="longest delay for one response (default: the measured window W, 10-11 s; "
-        "Kafka caps only request-rate throttles)",
+        help="longest byte-rate delay for one response (default: the measured window W, "
+        "10-11 s; Kafka leaves byte-rate throttles uncapped). Request-rate delays are capped "
+        "at one quota window, as in Kafka",
     )
     q.add_argument("--quota-burst-seconds", type=float, metavar="S",
                    help="token-bucket mode: burst allowance in seconds of quota (default 1)")
@@ -122,6 +128,7 @@ def _flag_values(args):
         "node_port_base": args.node_port_base,
         "advertised_host": args.advertised_host,
         "max_frame_size": args.max_frame_size,
+        "upstream_connect_timeout_ms": args.upstream_connect_timeout_ms,
         "quota_file": args.quota_file,
         "zookeeper": args.zookeeper,
         "admin_listen": args.admin_listen,
@@ -150,13 +157,13 @@ async def serve(config, on_ready=None):
 
     source = None
     if config.quota_file or config.zookeeper:
-        from .proxy.quota_store import FileQuotaSource, ZooKeeperQuotaSource
+        from .sources import FileQuotaSource, ZooKeeperQuotaSource
 
         source = (FileQuotaSource(config.quota_file) if config.quota_file
                   else ZooKeeperQuotaSource(config.zookeeper))
     manager = QuotaManager(None, config.quota_settings()) if source else None
     if source is not None:
-        from .proxy.quota_store import QuotaStoreError
+        from .sources import QuotaStoreError
 
         try:  # quotas are in force before the first client is accepted
             await source.start(manager.update)

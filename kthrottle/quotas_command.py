@@ -119,15 +119,17 @@ def _config_text(config):
 
 
 def _open_store(args):
-    from .proxy.quota_store import FileQuotaStore, ZooKeeperQuotaStore
-
     if args.quota_file:
+        from .sources.file import FileQuotaStore
+
         return FileQuotaStore(args.quota_file)
+    from .sources.zookeeper import ZooKeeperQuotaStore
+
     return ZooKeeperQuotaStore(args.zookeeper).connect()
 
 
 def run(args, parser):
-    from .proxy.quota_store import QuotaStoreError
+    from .sources import QuotaStoreError
 
     need_names = args.action != "describe"
     user, client_id, types = _entity(args, parser, need_names)

@@ -133,6 +133,9 @@ def test_quotas_written_as_kafka_writes_them_are_enforced(zookeeper, broker, tmp
         assert json.loads(zk.get("/config/changes/" + change[0])[0]) == {
             "version": 2, "entity_path": "users/CN%3Dalice%2COU%3Dteam"}
 
+        # a znode that is not Kafka's JSON is skipped and counted, the rest applies
+        zk.create("/config/clients/junk", b"producer_byte_rate=1")
+
         # a proxy picks up a later change announced the way Kafka announces it
         admin = free_port()
         proxy = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
@@ -141,6 +144,9 @@ def test_quotas_written_as_kafka_writes_them_are_enforced(zookeeper, broker, tmp
         proxy.start()
         try:
             proxy.wait_for_log("3 entities")
+            proxy.wait_for_log("znode /config/clients/junk does not hold Kafka's config JSON")
+            assert metric(admin, "kthrottle_quota_source_rejected_total") == 1
+            assert metric(admin, "kthrottle_quota_source_healthy") == 1
             zk.create("/config/clients/reports", b'{"version":1,"config":{"producer_byte_rate":"777000"}}')
             zk.create("/config/changes/config_change_", b'{"version":2,"entity_path":"clients/reports"}',
                       sequence=True)
@@ -181,6 +187,7 @@ def test_quota_file_is_followed_and_a_broken_edit_keeps_the_last_quotas(broker, 
             conns = produce_quotas(admin, client_id)
             assert set(conns.values()) == {(SLOW, "clients/file-producer")}
             assert metric(admin, "kthrottle_quota_source_healthy") == 1
+            assert metric(admin, "kthrottle_quota_source_rejected_total") == 0
 
             out = kthrottle_quotas("alter", "--quota-file", str(quota_file), "--entity-type",
                                    "clients", "--entity-name", client_id,
@@ -200,6 +207,7 @@ def test_quota_file_is_followed_and_a_broken_edit_keeps_the_last_quotas(broker, 
             proxy.wait_for_log("producer_byte_rate must be a number, got 'fast'; "
                                "the last known quotas stay in force")
             assert set(produce_quotas(admin, client_id).values()) == {(FAST, "clients/file-producer")}
+            assert metric(admin, "kthrottle_quota_source_rejected_total") == 1
 
             quota_file.write_text('[clients."%s"]\nproducer_byte_rate = %d\n' % (client_id, SLOW))
             assert wait_until(lambda: metric(admin, "kthrottle_quota_source_healthy") == 1,
@@ -216,6 +224,7 @@ def test_quota_file_is_followed_and_a_broken_edit_keeps_the_last_quotas(broker, 
     ('[clients.a]\nbyte_rate = 5\n', "unknown quota key 'byte_rate'"),
     ('[topics.a]\nx = 1\n', "unknown section 'topics'"),
     ('[clients.a\n', "is not valid TOML"),
+    ('\n  \n', "is empty; to remove all quotas, write a file holding only a comment"),
 ])
 def test_a_bad_quota_file_stops_the_proxy_with_a_clear_error(tmp_path, text, message):
     import subprocess

@@ -70,6 +70,10 @@ class ProxyCollector:
                 "1 while the quota source (file or ZooKeeper) is readable and current; "
                 "0 while the last known quotas stay in force",
                 value=1 if self.source.healthy else 0)
+            yield CounterMetricFamily(
+                "kthrottle_quota_source_rejected",
+                "quota entries or file versions rejected since start",
+                value=self.source.rejected)
 
 
 def quotas_report(server):
@@ -78,11 +82,14 @@ def quotas_report(server):
     connections = []
     for conn in sorted(server.connections, key=lambda c: c.conn_id):
         clients = []
-        for client_id, quotas in conn.client_quotas.items():
+        for (_principal, client_id), quotas in conn.client_quotas.items():
             quotas = quotas.current()
             entry = {"client_id": client_id}
             for name, bucket in (("produce", quotas.produce), ("fetch", quotas.fetch),
                                  ("request", quotas.request)):
+                if bucket is None:  # no quota: nothing is measured
+                    entry[name] = {"quota": None}
+                    continue
                 entry[name] = {
                     "quota": bucket.limit,
                     "entity": bucket.entity,

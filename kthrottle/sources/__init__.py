@@ -1,0 +1,95 @@
+"""Where quotas live: a TOML file or ZooKeeper in Kafka's own layout.
+
+A *store* is blocking and stateless: it reads a whole snapshot
+(``{entity path: {quota key: float}}``, see ``kthrottle.policy.entities``) and
+alters one entity. ``kthrottle quotas`` uses stores directly.
+
+A *source* follows a store for a long-running process (the proxy, a sync
+job): ``start`` reads once and hands the snapshot to ``on_update`` on the event
+loop, then keeps following changes, handing over each new snapshot the same
+way. When the file or ZooKeeper goes away or holds something unusable, the
+last known quotas stay in force, ``healthy`` turns false and a log line says
+why; ``rejected`` counts what was refused, for a metric.
+
+Nothing here depends on the proxy.
+"""
+import logging
+
+log = logging.getLogger("kthrottle.quotas")
+
+
+class QuotaStoreError(Exception):
+    """The store cannot be read or written; the message says which and why,
+    on one line (it is shown to users as is)."""
+
+
+class QuotaStore:
+    """Blocking access to where quotas are kept."""
+
+    def read(self):
+        """The whole snapshot: ``{entity path: {quota key: float}}``, plus
+        ``"static"`` for a file's static defaults. Raises QuotaStoreError."""
+        raise NotImplementedError
+
+    def alter(self, path, add=None, delete=()):
+        """Set the ``add`` ({key: value}) and remove the ``delete`` quota keys
+        of the entity at ``path``; returns its new config ({} if none is
+        left). A bad key or value raises ValueError with nothing written."""
+        raise NotImplementedError
+
+    def close(self):
+        """Release connections; the store is not used afterwards."""
+
+
+class QuotaSource:
+    """A store followed live. ``start``/``stop`` run on the event loop;
+    ``on_update`` is only ever called on that loop."""
+
+    #: True while the quotas in force are what the store holds now
+    healthy = False
+    #: what is followed, for log lines ("quota file /etc/q.toml")
+    describe = ""
+    #: entries (ZooKeeper znodes, notifications) or file versions refused
+    #: since start; each is logged once
+    rejected = 0
+
+    async def start(self, on_update):
+        """Read once and call ``on_update(snapshot)`` before returning, then
+        follow changes. Raises QuotaStoreError if the first read fails."""
+        raise NotImplementedError
+
+    async def stop(self):
+        """Stop following; safe to call after a failed or no ``start``."""
+        raise NotImplementedError
+
+
+def quota_source(quota_file=None, zookeeper=None):
+    """The source for a quota file or a ZooKeeper connect string
+    (``HOST:PORT[,...][/chroot]``), or None when neither is given."""
+    if quota_file:
+        from .file import FileQuotaSource
+
+        return FileQuotaSource(quota_file)
+    if zookeeper:
+        from .zookeeper import ZooKeeperQuotaSource
+
+        return ZooKeeperQuotaSource(zookeeper)
+    return None
+
+
+_LAZY = {"FileQuotaStore": "file", "FileQuotaSource": "file",
+         "ZooKeeperQuotaStore": "zookeeper", "ZooKeeperQuotaSource": "zookeeper"}
+
+
+def __getattr__(name):
+    # the implementations load on first use (kazoo only when ZooKeeper is)
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module("." + _LAZY[name], __name__), name)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
+def entity_count(snapshot):
+    """Entities in a snapshot (the file's static defaults are not one)."""
+    return sum(1 for p in snapshot if p != "static")

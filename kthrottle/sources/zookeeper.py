@@ -1,0 +1,417 @@
+"""Quotas in ZooKeeper, laid out as a ZooKeeper-mode Kafka cluster keeps them."""
+import asyncio
+import json
+import logging
+import queue
+import re
+import threading
+
+from ..policy.entities import QUOTA_KEYS, parse_entity_path, parse_quota_value
+from ..policy.quota_file import altered, format_value
+from . import QuotaSource, QuotaStore, QuotaStoreError, entity_count, log
+
+CONFIG_ROOT = "/config"
+CHANGES = "/config/changes"
+CHANGE_PREFIX = "config_change_"
+CHANGE_EXPIRATION_SECONDS = 15 * 60  # Kafka's changeExpirationMs
+_CHANGE_SEQ = re.compile(r"^%s(\d+)$" % CHANGE_PREFIX)
+
+
+def _kazoo(hosts, timeout):
+    import warnings
+
+    from kazoo.client import KazooClient
+
+    # kazoo logs every failed reconnect; the sources log state changes once
+    logging.getLogger("kazoo.client").setLevel(logging.ERROR)
+    # "No chroot path exists": Kafka's tools, too, create it on first write
+    warnings.filterwarnings("ignore", message="No chroot path exists")
+    # reconnect forever, at most 2 s apart: a ZooKeeper that comes back is found
+    return KazooClient(hosts=hosts, timeout=timeout,
+                       connection_retry={"max_tries": -1, "max_delay": 2})
+
+
+def _config_json(znode, data):
+    """The full config map in an entity znode's data (Kafka's
+    ``{"version":1,"config":{...}}``); QuotaStoreError if it is not that."""
+    if not data:
+        return {}
+    try:
+        config = json.loads(data).get("config", {})
+        if not isinstance(config, dict):
+            raise ValueError
+        return config
+    except (ValueError, AttributeError):
+        raise QuotaStoreError("znode %s does not hold Kafka's config JSON: %r"
+                              % (znode, data[:200])) from None
+
+
+def entity_quotas(znode, data):
+    """An entity znode's data -> (quotas, problems): the valid quota keys as
+    floats, and a message per quota key whose value is unusable. Keys that
+    are not quotas are left alone: SCRAM credentials share the user znode.
+    Raises QuotaStoreError if the data is not Kafka's config JSON."""
+    quotas, problems = {}, []
+    for key, value in _config_json(znode, data).items():
+        if key not in QUOTA_KEYS:
+            continue
+        try:
+            quotas[key] = parse_quota_value(key, value)
+        except ValueError as exc:
+            problems.append("ignoring %s in %s: %s" % (key, znode, exc))
+    return quotas, problems
+
+
+class ZooKeeperQuotaStore(QuotaStore):
+    """Quota znodes exactly as Kafka (ZooKeeper mode) keeps them:
+    ``/config/users/<user>[/clients/<client-id>]`` and ``/config/clients/<client-id>``
+    holding ``{"version":1,"config":{"producer_byte_rate":"1024",...}}``, and a
+    sequential ``/config/changes/config_change_N`` per change
+    (``{"version":2,"entity_path":"users/alice"}``). ``hosts`` is
+    ``HOST:PORT[,HOST:PORT...][/chroot]``."""
+
+    def __init__(self, hosts, timeout=10.0, client=None):
+        self.hosts = hosts
+        self.zk = client or _kazoo(hosts, timeout)
+        self._own = client is None
+        self._closed = False
+        self.timeout = timeout
+
+    def connect(self):
+        from kazoo.handlers.threading import KazooTimeoutError
+
+        try:
+            self.zk.start(timeout=self.timeout)
+        except KazooTimeoutError:
+            self.close()
+            raise QuotaStoreError("cannot reach ZooKeeper at %s (waited %.0f s)"
+                                  % (self.hosts, self.timeout)) from None
+        return self
+
+    def close(self):
+        if self._own and not self._closed:
+            self._closed = True
+            self.zk.stop()
+            self.zk.close()
+
+    def children(self, znode):
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            return self.zk.get_children(znode)
+        except NoNodeError:
+            return []
+
+    def entity_paths(self):
+        """Every entity path that has a znode, users (and their clients) first."""
+        paths = []
+        for user in self.children("/config/users"):
+            base = "users/%s" % user
+            paths.append(base)
+            paths.extend("%s/clients/%s" % (base, c)
+                         for c in self.children("%s/%s/clients" % (CONFIG_ROOT, base)))
+        paths.extend("clients/%s" % c for c in self.children("/config/clients"))
+        return paths
+
+    def entity_data(self, path):
+        """The raw data of an entity znode, None if there is none."""
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            return self.zk.get("%s/%s" % (CONFIG_ROOT, path))[0]
+        except NoNodeError:
+            return None
+
+    def read_entity(self, path):
+        """The quotas of one entity (None if it has none). A znode that is
+        not Kafka's config JSON raises QuotaStoreError; an unusable value is
+        logged and left out."""
+        data = self.entity_data(path)
+        if data is None:
+            return None
+        quotas, problems = entity_quotas("%s/%s" % (CONFIG_ROOT, path), data)
+        for problem in problems:
+            log.error(problem)
+        return quotas or None
+
+    def read(self):
+        snapshot = {}
+        for path in self.entity_paths():
+            config = self.read_entity(path)
+            if config:
+                snapshot[path] = config
+        return snapshot
+
+    def alter(self, path, add=None, delete=()):
+        """As kafka-configs --zookeeper --alter: rewrite the entity znode
+        (keeping keys that are not quotas, like SCRAM credentials), then
+        announce the change."""
+        parse_entity_path(path)
+        znode = "%s/%s" % (CONFIG_ROOT, path)
+        full = _config_json(znode, self.entity_data(path))
+        quotas = {k: v for k, v in full.items() if k in QUOTA_KEYS}
+        new = altered({k: parse_quota_value(k, v) for k, v in quotas.items()}, add, delete)
+        full = {k: v for k, v in full.items() if k not in QUOTA_KEYS}
+        full.update({k: format_value(v) for k, v in new.items()})
+        data = json.dumps({"version": 1, "config": full}, separators=(",", ":")).encode()
+        if self.zk.exists(znode):
+            self.zk.set(znode, data)
+        else:
+            self.zk.create(znode, data, makepath=True)
+        self.zk.ensure_path(CHANGES)
+        created = self.zk.create(
+            "%s/%s" % (CHANGES, CHANGE_PREFIX),
+            json.dumps({"version": 2, "entity_path": path}, separators=(",", ":")).encode(),
+            sequence=True)
+        self._purge_notifications(self.zk.exists(created).ctime / 1000.0)
+        return new
+
+    def _purge_notifications(self, now, older_than=CHANGE_EXPIRATION_SECONDS):
+        """Kafka's brokers delete notifications older than 15 minutes; with
+        only proxies watching, the tool does it so they do not pile up.
+        ``now`` is ZooKeeper's clock (a znode's ctime), not this machine's."""
+        from kazoo.exceptions import NoNodeError
+
+        horizon = now - older_than
+        for name in self.children(CHANGES):
+            znode = "%s/%s" % (CHANGES, name)
+            try:
+                if self.zk.exists(znode).ctime / 1000.0 < horizon:
+                    self.zk.delete(znode)
+            except (NoNodeError, AttributeError):
+                pass  # deleted meanwhile
+
+
+class ZooKeeperQuotaSource(QuotaSource):
+    """Follows Kafka's change notifications in sequence order, as a broker's
+    ZkNodeChangeNotificationListener does. Blocking ZooKeeper calls run on one
+    worker thread (kazoo callbacks arrive on kazoo's threads); each new
+    snapshot is handed to the event loop with call_soon_threadsafe.
+
+    An entity znode that is not Kafka's config JSON, or a quota value that is
+    unusable, is skipped with a log line (once per content) and counted in
+    ``rejected``; the rest applies and the entity keeps its last known quotas.
+    A notification is only passed once its entity was read: a read that fails
+    (connection lost, no permission) stops there, ``healthy`` turns false and
+    everything is read again (resync) on reconnect, or after a pause if the
+    connection is up."""
+
+    def __init__(self, hosts, timeout=10.0, retry_interval=1.0, max_retry_interval=30.0):
+        self.store = ZooKeeperQuotaStore(hosts, timeout)
+        self.describe = "ZooKeeper %s" % hosts
+        self.healthy = False
+        self.rejected = 0
+        self.retry_interval = retry_interval
+        self.max_retry_interval = max_retry_interval
+        self._loop = None
+        self._on_update = None
+        self._snapshot = {}
+        self._last_seq = -1
+        self._bad = {}  # znode -> the data last refused, so each content is logged once
+        self._failure = None  # the last failed read, logged once
+        self._retry_delay = retry_interval
+        self._retry = None  # threading.Timer of a pending retry
+        self._work = queue.Queue()
+        self._worker = None
+        self._was_down = False
+        self._stopping = False
+
+    async def start(self, on_update):
+        from kazoo.exceptions import KazooException
+
+        self._loop = asyncio.get_running_loop()
+        self._on_update = on_update
+        await asyncio.to_thread(self.store.connect)
+        zk = self.store.zk
+        try:
+            snapshot = await asyncio.to_thread(self._resync)
+        except KazooException as exc:
+            raise QuotaStoreError("cannot read quotas from %s: %s" % (self.describe, _reason(exc))) from None
+        on_update(snapshot)
+        self.healthy = True
+        log.info("quotas from %s: %d entities", self.describe, entity_count(snapshot))
+        zk.add_listener(self._state_changed)
+        self._worker = threading.Thread(target=self._run, name="kthrottle-zookeeper", daemon=True)
+        self._worker.start()
+        await asyncio.to_thread(zk.ensure_path, CHANGES)
+        zk.ChildrenWatch(CHANGES, self._changes)
+
+    def _state_changed(self, state):  # kazoo thread: must not block
+        from kazoo.protocol.states import KazooState
+
+        if self._stopping:
+            return
+        if state == KazooState.CONNECTED:
+            if self._was_down:
+                self._was_down = False
+                self._work.put(("resync", "reconnect"))
+        else:
+            self._was_down = True
+            self._loop.call_soon_threadsafe(self._went_away, state)
+
+    def _went_away(self, state):
+        if self.healthy:
+            log.warning("ZooKeeper connection %s (%s): the last known quotas stay in force "
+                        "until it is back", str(state).lower(), self.store.hosts)
+        self.healthy = False
+
+    def _changes(self, children):  # kazoo thread
+        self._work.put(("changes", list(children)))
+
+    def _run(self):
+        while True:
+            what, arg = self._work.get()
+            if what == "stop":
+                return
+            try:
+                if what == "changes":
+                    self._apply_changes(arg)
+                    continue
+                snapshot = self._resync()
+            except Exception as exc:
+                self._failed(exc)
+                continue
+            # only a whole read makes the source current again after a failure
+            if arg == "reconnect":
+                note = "ZooKeeper is back (%s): quotas resynced, %d entities" % (
+                    self.store.hosts, entity_count(snapshot))
+            else:
+                note = "quotas read from %s after all: %d entities" % (
+                    self.describe, entity_count(snapshot))
+            self._to_loop(snapshot, healthy=True, note=note, always=arg == "reconnect")
+            self._failure = None
+            self._retry_delay = self.retry_interval
+
+    def _failed(self, exc):
+        reason = str(exc) if isinstance(exc, QuotaStoreError) else _reason(exc)
+        if reason != self._failure:
+            log.warning("reading quotas from %s failed (%s); the last known quotas stay in "
+                        "force until a resync succeeds", self.describe, reason)
+            self._failure = reason
+        self._to_loop(healthy=False)
+        # on a lost connection the reconnect resyncs; otherwise (a permission,
+        # a hiccup) try again after a pause, backing off
+        if self.store.zk.connected and not self._stopping and not (
+                self._retry is not None and self._retry.is_alive()):
+            self._retry = threading.Timer(self._retry_delay, self._work.put, (("resync", "retry"),))
+            self._retry.daemon = True
+            self._retry.start()
+            self._retry_delay = min(self._retry_delay * 2, self.max_retry_interval)
+
+    def _entity(self, path, previous):
+        """The quotas of one entity as the source applies them (None: none)."""
+        znode = "%s/%s" % (CONFIG_ROOT, path)
+        data = self.store.entity_data(path)
+        if data is None:
+            self._bad.pop(znode, None)
+            return None
+        try:
+            quotas, problems = entity_quotas(znode, data)
+        except QuotaStoreError as exc:
+            # as a broker does, go on past one bad entity rather than refuse all
+            self._reject(znode, data, ["%s; skipped, its last known quotas (if any) stay "
+                                       "in force" % exc])
+            return previous.get(path)
+        if problems:
+            self._reject(znode, data, problems)
+        else:
+            self._bad.pop(znode, None)
+        return quotas or None
+
+    def _reject(self, znode, data, messages):
+        if self._bad.get(znode) == data:
+            return  # this very content was logged already (by an earlier read)
+        self._bad[znode] = data
+        self.rejected += 1
+        for message in messages:
+            log.error(message)
+
+    def _resync(self):
+        seqs = [_seq(name) for name in self.store.children(CHANGES)]
+        snapshot = {}
+        present = set()
+        for path in self.store.entity_paths():
+            present.add("%s/%s" % (CONFIG_ROOT, path))
+            config = self._entity(path, self._snapshot)
+            if config:
+                snapshot[path] = config
+        self._bad = {z: d for z, d in self._bad.items() if z in present}
+        self._last_seq = max([s for s in seqs if s is not None], default=self._last_seq)
+        self._snapshot = snapshot
+        return dict(snapshot)
+
+    def _apply_changes(self, children):
+        """Apply the notifications after the last one applied, in order."""
+        fresh = sorted((s, c) for s, c in ((_seq(c), c) for c in children)
+                       if s is not None and s > self._last_seq)
+        changed = False
+        try:
+            for seq, name in fresh:
+                path = self._notified_path("%s/%s" % (CHANGES, name))
+                if path is not None:
+                    config = self._entity(path, self._snapshot)
+                    if config:
+                        self._snapshot[path] = config
+                    else:
+                        self._snapshot.pop(path, None)
+                    changed = True
+                    log.info("quota change for %s: %s", path, config or "no quotas")
+                # only now: a notification whose entity could not be read is
+                # not passed over (the retry or the reconnect resync reads it)
+                self._last_seq = seq
+        finally:
+            if changed:  # what was read before a failure is in force already
+                self._to_loop(dict(self._snapshot))
+
+    def _notified_path(self, znode):
+        """The quota entity a notification names; None for one that is gone,
+        is not about quotas, or is not Kafka's JSON (each passed over)."""
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            data, _ = self.store.zk.get(znode)
+        except NoNodeError:
+            return None  # purged meanwhile
+        try:
+            doc = json.loads(data)
+            path = doc["entity_path"] if doc.get("version") == 2 else "%s/%s" % (
+                doc["entity_type"], doc["entity_name"])  # version 1 notifications
+            if not (path.startswith("users/") or path.startswith("clients/")):
+                return None  # topics, brokers: not quotas
+            parse_entity_path(path)
+            return path
+        except (ValueError, KeyError, TypeError, AttributeError):
+            self.rejected += 1
+            log.error("ignoring change notification %s: not Kafka's JSON: %r", znode, data[:200])
+            return None
+
+    def _to_loop(self, snapshot=None, healthy=None, note=None, always=False):
+        """Hand a snapshot and/or a health change to the event loop, in order."""
+        def apply():
+            if snapshot is not None:
+                self._on_update(snapshot)
+            if healthy is not None:
+                if note and (always or healthy and not self.healthy):
+                    log.info(note)
+                self.healthy = healthy
+
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(apply)
+
+    async def stop(self):
+        self._stopping = True
+        if self._retry is not None:
+            self._retry.cancel()
+        self._work.put(("stop", None))
+        if self._worker is not None:
+            await asyncio.to_thread(self._worker.join, 5)
+        await asyncio.to_thread(self.store.close)
+
+
+def _reason(exc):
+    return "%s%s" % (type(exc).__name__, ": %s" % exc if str(exc) else "")
+
+
+def _seq(name):
+    m = _CHANGE_SEQ.match(name)
+    return int(m.group(1)) if m else None
