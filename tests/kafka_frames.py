@@ -127,13 +127,7 @@ def produce_request(version, acks, transactional_id=None, client_id="app-1"):
 import random as _random  # noqa: E402
 
 
-def _uvarint(value):
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+from kthrottle.codecs.wire import write_uvarint as _uvarint  # noqa: E402
 
 
 def tagged_field(tag, value):

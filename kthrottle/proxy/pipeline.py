@@ -61,6 +61,9 @@ class Phase(enum.Enum):
     CLOSED = "closed"
 
 
+_READY = Phase.READY  # a global is read faster than an Enum member (hot path)
+
+
 # What a frame needs from a filter (ordered: the strongest need wins).
 NOTHING = 0
 HEAD = 1
@@ -68,46 +71,80 @@ STREAM = 2  # responses only: a length-keeping rewrite while the frame streams
 GATHER = 3  # the whole frame
 
 
-# Actions: what the adapter must do, in the order given. ---------------------
+# Actions: what the adapter must do, in the order given. Plain values; small
+# slotted classes rather than NamedTuples, which cost twice as much to make
+# (one or two are made per read on the hot path).
 
-class SendToBroker(NamedTuple):
-    chunks: list  # bytes-like objects, written in order
+class _Value:
+    __slots__ = ()
+
+    def __eq__(self, other):
+        return type(self) is type(other) and all(
+            getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    __hash__ = None
+
+    def __repr__(self):
+        return "%s(%s)" % (type(self).__name__,
+                           ", ".join("%s=%r" % (k, getattr(self, k)) for k in self.__slots__))
 
 
-class SendToClient(NamedTuple):
-    chunks: list
+class SendToBroker(_Value):
+    __slots__ = ("chunks",)
+
+    def __init__(self, chunks):
+        self.chunks = chunks  # bytes-like objects, written in order
 
 
-class PauseClient(NamedTuple):
+class SendToClient(_Value):
+    __slots__ = ("chunks",)
+
+    def __init__(self, chunks):
+        self.chunks = chunks
+
+
+class PauseClient(_Value):
     """Read nothing from the client until ``until``; call tick() then."""
 
-    until: float
+    __slots__ = ("until",)
+
+    def __init__(self, until):
+        self.until = until
 
 
-class ResumeClient(NamedTuple):
-    pass
+class ResumeClient(_Value):
+    __slots__ = ()
 
 
-class HoldResponses(NamedTuple):
+class HoldResponses(_Value):
     """Read nothing more from the broker: responses are held back until
     ``until`` (an old client being throttled); call tick() then."""
 
-    until: float
+    __slots__ = ("until",)
+
+    def __init__(self, until):
+        self.until = until
 
 
-class ResumeBroker(NamedTuple):
-    pass
+class ResumeBroker(_Value):
+    __slots__ = ()
 
 
-class NodesSeen(NamedTuple):
+class NodesSeen(_Value):
     """Broker addresses found in a response, before it reaches the client
     (the adapter opens a listener per new node id)."""
 
-    nodes: list
+    __slots__ = ("nodes",)
+
+    def __init__(self, nodes):
+        self.nodes = nodes
 
 
-class Close(NamedTuple):
-    reason: str
+class Close(_Value):
+    __slots__ = ("reason",)
+
+    def __init__(self, reason):
+        self.reason = reason
 
 
 RESUME_CLIENT = ResumeClient()
@@ -202,8 +239,10 @@ class FilterTable:
 
     def lookup(self, api_key, api_version):
         entry = self._entries.get((api_key, api_version))
-        if entry is None:  # an API or version kafka-python does not know
-            entry = self._entries[api_key, api_version] = self._build(api_key, api_version)
+        if entry is None:
+            # an API or version kafka-python does not know: not kept, so that
+            # a client sending garbage keys cannot grow the table
+            entry = self._build(api_key, api_version)
         return entry
 
 
@@ -293,27 +332,39 @@ class Connection:
     def client_data(self, data, now):
         """Bytes from the client."""
         self.bytes_from_client += len(data)
-        phase = self.phase
-        if phase is Phase.CONNECTING:
-            self._early.append(data)
-            return ()
-        if self._unread is not None or phase is Phase.CLOSED:
+        if self._unread is not None or self.phase is not _READY:
+            phase = self.phase
+            if phase is Phase.CONNECTING:
+                self._early.append(data)
+                return ()
             if self._unread is not None:  # muted: read on when the mute ends
                 self._unread.append(data)
-            return ()
+                return ()
+            if phase is Phase.CLOSED:
+                return ()
         self.now = now
         actions = self._actions = []
         out = self._to_broker = []
+        cutter = self.requests_in
         try:
-            self._feed_client(data, out)
+            cutter.feed(data, out)
+            if self._internal or self._mute_due:
+                self._at_request_boundary(out)
+            pending = self.pending
+            if pending and pending[0].answer is not None:
+                self._flush_answers()
         except ProtocolError as exc:
+            self._to_broker = None
             return self._close("malformed request from client: %s" % exc)
         except _Refused as exc:
-            return self._close(str(exc))
-        finally:
             self._to_broker = None
+            return self._close(str(exc))
+        self._to_broker = None
         if out:
-            actions.insert(0, SendToBroker(out))
+            if actions:
+                actions.insert(0, SendToBroker(out))
+            else:
+                return [SendToBroker(out)]
         return actions
 
     def _client_bytes(self, chunks, actions):
@@ -355,11 +406,12 @@ class Connection:
             if pending and pending[0].answer is not None:
                 self._flush_answers()
         except ProtocolError as exc:
+            self._to_client = None
             return self._close("malformed response from broker: %s" % exc)
         except ValueError as exc:  # an address the proxy cannot advertise
-            return self._close(str(exc))
-        finally:
             self._to_client = None
+            return self._close(str(exc))
+        self._to_client = None
         if self._internal and self.requests_in.at_boundary:
             # requests of the proxy's own, sent from a response callback
             requests = []
@@ -367,6 +419,8 @@ class Connection:
             actions.append(SendToBroker(requests))
         if self._held is None and self._hold_from is None:
             if out:
+                if not actions:
+                    return [SendToClient(out)]
                 actions.append(SendToClient(out))
         else:
             self._send_to_client(out, actions)
@@ -424,16 +478,20 @@ class Connection:
     # the request side ---------------------------------------------------
 
     def _feed_client(self, data, out):
-        cutter = self.requests_in
-        cutter.feed(data, out)
-        if (self._internal or self._mute_due) and cutter.at_boundary:
+        self.requests_in.feed(data, out)
+        if self._internal or self._mute_due:
+            self._at_request_boundary(out)
+        pending = self.pending
+        if pending and pending[0].answer is not None:
+            self._flush_answers()
+
+    def _at_request_boundary(self, out):
+        """Between requests: send the proxy's own, start a due mute."""
+        if self.requests_in.at_boundary:
             if self._internal:
                 self._flush_internal(out)
             if self._mute_due:
                 self._start_mute()
-        pending = self.pending
-        if pending and pending[0].answer is not None:
-            self._flush_answers()
 
     def _request_head(self, head, frame_len):
         api_key, api_version, correlation_id = INT16_INT16_INT32.unpack_from(head, 4)
