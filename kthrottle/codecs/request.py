@@ -102,7 +102,7 @@ class RequestHead:
             flexible = request_header_flexible(self.api_key, self.api_version)
             if flexible is None:
                 raise ProtocolError("api key %d has no known request header" % self.api_key)
-            self.client_id  # checks the header reaches past the client-id
+            self.client_id  # reaches past the client-id, and it is UTF-8
             pos = 14 + max(INT16.unpack_from(self.buf, 12)[0], 0)
             if flexible:
                 pos = self._skip_tags(pos)

@@ -250,7 +250,7 @@ class InFlight:
     """A request sent to the broker (or answered by the proxy) whose
     response the client is still owed."""
 
-    __slots__ = ("correlation_id", "api_key", "api_version", "client_id", "answer",
+    __slots__ = ("correlation_id", "api_key", "api_version", "answer",
                  "throttle_ms", "throttle_reason", "quotas", "response_need",
                  "response_filters", "on_response")
 
@@ -259,7 +259,6 @@ class InFlight:
         self.correlation_id = correlation_id
         self.api_key = api_key
         self.api_version = api_version
-        self.client_id = None
         self.answer = None  # the proxy's own answer, sent in the response's turn
         self.throttle_ms = 0  # what the request earned (Throttle)
         self.throttle_reason = None
