@@ -100,24 +100,29 @@ def test_a_same_size_rewrite_within_one_mtime_tick_is_applied(tmp_path):
 
 
 def test_a_file_caught_half_written_is_never_applied(tmp_path):
-    """Each time, the first half (itself valid TOML) stays for less than one
-    poll interval: at most one poll can read it, so it never settles."""
+    """Polls driven by hand (no timing): a first half that is itself valid
+    TOML, seen by one poll only, is never taken; the whole file, seen by two
+    polls in a row, is."""
     path = tmp_path / "quotas.toml"
     write(path, A_AND_B)
     full = {"clients/a": {"producer_byte_rate": 1000.0}, "clients/b": {"consumer_byte_rate": 3000.0}}
 
     async def scenario():
         updates = Updates()
-        source = FileQuotaSource(path, poll_interval=0.2)
+        source = FileQuotaSource(path, poll_interval=3600)  # the follower never wakes
         await source.start(updates)
         try:
-            for _ in range(8):
-                write(path, A)
-                await asyncio.sleep(0.12)
+            for _ in range(3):
+                write(path, A)  # caught half-written by one poll
+                await source.poll(updates)
                 write(path, A_AND_B)
-                await asyncio.sleep(0.2)
-            await asyncio.sleep(0.5)
+                await source.poll(updates)
             assert updates.snapshots == [full]
+            write(path, A)  # now A for real: two polls see it
+            await source.poll(updates)
+            assert updates.snapshots == [full]
+            await source.poll(updates)
+            assert updates.last == {"clients/a": {"producer_byte_rate": 1000.0}}
             assert source.healthy and source.rejected == 0
         finally:
             await source.stop()

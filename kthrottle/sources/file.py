@@ -117,36 +117,40 @@ class FileQuotaSource(QuotaSource):
     async def _follow(self, on_update):
         while True:
             await asyncio.sleep(self.poll_interval)
-            version, data, error = await asyncio.to_thread(self._read)
-            previous, self._seen = self._seen, version
-            if version != previous:
-                continue  # still changing, or being written: wait until it settles
-            if version == self._applied:
-                if not self.healthy:
-                    log.info("%s holds the quotas in force again", self.describe)
-                    self.healthy = True
-                    self._refused = None
-                continue
-            if version == self._refused:
-                continue
-            try:
-                if error is not None:
-                    raise error
-                snapshot = self.store.parse(data)
-            except QuotaStoreError as exc:
-                self._refused = version
-                if data is not None:
-                    self.rejected += 1  # a version of the file, not a missing file
-                self.healthy = False
-                log.error("%s; the last known quotas stay in force", exc)
-                continue
-            on_update(snapshot)
-            self._applied = version
-            self._refused = None
+            await self.poll(on_update)
+
+    async def poll(self, on_update):
+        """One look at the file (the follower calls this every poll interval)."""
+        version, data, error = await asyncio.to_thread(self._read)
+        previous, self._seen = self._seen, version
+        if version != previous:
+            return  # still changing, or being written: wait until it settles
+        if version == self._applied:
             if not self.healthy:
-                log.info("%s is valid again", self.describe)
-            self.healthy = True
-            log.info("quotas reloaded from %s: %d entities", self.describe, entity_count(snapshot))
+                log.info("%s holds the quotas in force again", self.describe)
+                self.healthy = True
+                self._refused = None
+            return
+        if version == self._refused:
+            return
+        try:
+            if error is not None:
+                raise error
+            snapshot = self.store.parse(data)
+        except QuotaStoreError as exc:
+            self._refused = version
+            if data is not None:
+                self.rejected += 1  # a version of the file, not a missing file
+            self.healthy = False
+            log.error("%s; the last known quotas stay in force", exc)
+            return
+        on_update(snapshot)
+        self._applied = version
+        self._refused = None
+        if not self.healthy:
+            log.info("%s is valid again", self.describe)
+        self.healthy = True
+        log.info("quotas reloaded from %s: %d entities", self.describe, entity_count(snapshot))
 
     async def stop(self):
         if self._task is not None:
