@@ -7,15 +7,14 @@ import warnings
 
 import pytest
 
-from kafka_frames import BROKERS, advertise, api_versions, fetch, frame_response, metadata, produce
+from kafka_frames import advertise, api_versions, fetch, frame_response, metadata, produce
 from kthrottle.codecs import apis
 from kthrottle.codecs.frames import HEAD_SIZE
 from kthrottle.policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE
-from kthrottle.policy.quotas import QuotaManager, QuotaSettings
+from kthrottle.policy.quotas import QuotaManager
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.pipeline import (
     ANONYMOUS,
-    GATHER,
     HEAD,
     Close,
     Connection,

@@ -495,7 +495,7 @@ class Connection:
     def _request_head(self, head, frame_len):
         api_key, api_version, correlation_id = INT16_INT16_INT32.unpack_from(head, 4)
         entry = self.table.lookup(api_key, api_version)
-        request_need, filters = entry[0], entry[1]
+        request_need = entry[0]
         if not request_need and api_key != PRODUCE:
             if api_key < 0 or api_version < 0:
                 raise ProtocolError("invalid api key %d version %d" % (api_key, api_version))
