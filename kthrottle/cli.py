@@ -84,6 +84,35 @@ def _add_proxy_flags(p, bootstrap_required_text):
     )
     q.add_argument("--quota-burst-seconds", type=float, metavar="S",
                    help="token-bucket mode: burst allowance in seconds of quota (default 1)")
+    a = p.add_argument_group("client security (Kafka's security.protocol and SASL settings)")
+    a.add_argument(
+        "--security-protocol", metavar="P",
+        help="what clients speak to the listeners: PLAINTEXT (default) or SASL_PLAINTEXT "
+        "(SSL and SASL_SSL are to come)",
+    )
+    a.add_argument(
+        "--sasl-mode", choices=("terminate", "passthrough"),
+        help="who verifies a SASL client: terminate (default), the proxy itself; the broker "
+        "then sees only the proxy's connection, so broker-side per-user quotas and ACLs no "
+        "longer apply (passthrough is to come)",
+    )
+    a.add_argument(
+        "--sasl-enabled-mechanisms", metavar="LIST",
+        type=lambda v: [m.strip() for m in v.split(",") if m.strip()],
+        help="comma-separated, of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (default: all three)",
+    )
+    a.add_argument(
+        "--credentials-file", metavar="PATH",
+        help="TOML file of salted SCRAM credentials (never passwords; write it with "
+        "kthrottle quotas alter --credentials-file ... --add-config "
+        "'SCRAM-SHA-512=[password=...]'), re-read when it changes; without it, the SCRAM "
+        "credentials in --zookeeper are used. PLAIN is checked against them",
+    )
+    a.add_argument(
+        "--failed-authentication-delay-ms", type=int, metavar="MS",
+        help="a failed authentication is answered after this delay, then the connection "
+        "closes (Kafka's connection.failed.authentication.delay.ms, default 100)",
+    )
     p.add_argument(
         "--config", metavar="FILE",
         help="TOML file with the same keys as the long flags (bootstrap-server = [...], "
@@ -137,6 +166,11 @@ def _flag_values(args):
         "quota_window_size_seconds": args.quota_window_size_seconds,
         "max_throttle_ms": args.max_throttle_ms,
         "quota_burst_seconds": args.quota_burst_seconds,
+        "security_protocol": args.security_protocol,
+        "sasl_mode": args.sasl_mode,
+        "sasl_enabled_mechanisms": args.sasl_enabled_mechanisms,
+        "credentials_file": args.credentials_file,
+        "failed_authentication_delay_ms": args.failed_authentication_delay_ms,
     }
 
 
@@ -170,7 +204,26 @@ async def serve(config, on_ready=None):
         except QuotaStoreError as exc:
             await source.stop()
             raise SystemExit("kthrottle: error: %s" % exc) from None
-    server = ProxyServer(config, manager)
+    credentials = None
+    authenticator = None
+    if config.sasl_enabled:
+        from .proxy.auth import SaslTerminate
+        from .sources import QuotaStoreError
+        from .sources.credentials import Credentials, credential_source
+
+        credentials = credential_source(config.credentials_file,
+                                        None if config.credentials_file else config.zookeeper)
+        current = [Credentials({})]
+        try:
+            await credentials.start(lambda snapshot: current.__setitem__(0, snapshot))
+        except QuotaStoreError as exc:
+            await credentials.stop()
+            if source is not None:
+                await source.stop()
+            raise SystemExit("kthrottle: error: %s" % exc) from None
+        authenticator = SaslTerminate(config.sasl_enabled_mechanisms, lambda: current[0],
+                                      config.failed_authentication_delay_ms)
+    server = ProxyServer(config, manager, authenticator)
     admin = None
     try:
         await server.start()
@@ -181,6 +234,8 @@ async def serve(config, on_ready=None):
         await server.close()
         if source is not None:
             await source.stop()
+        if credentials is not None:
+            await credentials.stop()
         raise SystemExit("kthrottle: error: cannot listen: %s" % exc) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -199,6 +254,8 @@ async def serve(config, on_ready=None):
         logging.getLogger("kthrottle").info("shutting down")
         if source is not None:
             await source.stop()
+        if credentials is not None:
+            await credentials.stop()
         if admin is not None:
             await admin.close()
         await server.close()

@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 from .codecs import DEFAULT_MAX_FRAME_SIZE
 
 DEFAULT_LISTEN = "127.0.0.1:9092"
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 class ConfigError(Exception):
@@ -57,6 +59,17 @@ class ProxyConfig:
     quota_window_size_seconds: float = 1.0
     max_throttle_ms: int | None = None
     quota_burst_seconds: float = 1.0
+    # client side security (Kafka's names)
+    security_protocol: str = "PLAINTEXT"
+    sasl_mode: str = "terminate"
+    sasl_enabled_mechanisms: list = field(
+        default_factory=lambda: ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
+    credentials_file: str | None = None
+    failed_authentication_delay_ms: int = 100  # KIP-306
+
+    @property
+    def sasl_enabled(self):
+        return self.security_protocol.startswith("SASL_")
 
     def quota_settings(self):
         from .policy.quotas import QuotaSettings
@@ -98,6 +111,31 @@ class ProxyConfig:
             raise ConfigError("node-port-base must be a port number")
         if self.quota_file and self.zookeeper:
             raise ConfigError("give quota-file or zookeeper, not both")
+        if self.security_protocol not in SECURITY_PROTOCOLS:
+            raise ConfigError("security-protocol must be one of %s, got %r"
+                              % (", ".join(SECURITY_PROTOCOLS), self.security_protocol))
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            raise ConfigError("security-protocol %s: TLS listeners are not supported yet "
+                              "(PLAINTEXT and SASL_PLAINTEXT are)" % self.security_protocol)
+        if self.sasl_mode not in ("terminate", "passthrough"):
+            raise ConfigError("sasl-mode must be terminate or passthrough, got %r" % self.sasl_mode)
+        if self.sasl_enabled:
+            if self.sasl_mode == "passthrough":
+                raise ConfigError("sasl-mode passthrough is not supported yet (terminate is)")
+            unknown = [m for m in self.sasl_enabled_mechanisms if m not in SASL_MECHANISMS]
+            if unknown or not self.sasl_enabled_mechanisms:
+                raise ConfigError("sasl-enabled-mechanisms must be among %s, got %s"
+                                  % (", ".join(SASL_MECHANISMS),
+                                     ", ".join(self.sasl_enabled_mechanisms) or "nothing"))
+            if not self.credentials_file and not self.zookeeper:
+                raise ConfigError("security-protocol %s in terminate mode needs credentials: "
+                                  "--credentials-file, or --zookeeper for the SCRAM credentials "
+                                  "Kafka keeps there" % self.security_protocol)
+        elif self.credentials_file:
+            raise ConfigError("credentials-file is for SASL listeners: give "
+                              "--security-protocol SASL_PLAINTEXT")
+        if self.failed_authentication_delay_ms < 0:
+            raise ConfigError("failed-authentication-delay-ms must not be negative")
         self.quota_settings()
         return self
 
@@ -118,6 +156,11 @@ _KEYS = {
     "quota-window-size-seconds": "quota_window_size_seconds",
     "max-throttle-ms": "max_throttle_ms",
     "quota-burst-seconds": "quota_burst_seconds",
+    "security-protocol": "security_protocol",
+    "sasl-mode": "sasl_mode",
+    "sasl-enabled-mechanisms": "sasl_enabled_mechanisms",
+    "credentials-file": "credentials_file",
+    "failed-authentication-delay-ms": "failed_authentication_delay_ms",
 }
 
 
@@ -136,12 +179,18 @@ def _convert(key, value):
         return float(value)
     if key == "zookeeper":
         return parse_zookeeper(value)
-    if key in ("quota-file", "quota-mode"):
+    if key == "sasl-enabled-mechanisms":
+        if isinstance(value, str):
+            value = value.split(",")
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError("sasl-enabled-mechanisms must be a list of mechanism names")
+        return [v.strip() for v in value if v.strip()]
+    if key in ("quota-file", "quota-mode", "security-protocol", "sasl-mode", "credentials-file"):
         if not isinstance(value, str) or not value:
             raise ConfigError("%s must be a non-empty string" % key)
         return value
     if key in ("node-port-base", "max-frame-size", "quota-window-num", "max-throttle-ms",
-               "upstream-connect-timeout-ms"):
+               "upstream-connect-timeout-ms", "failed-authentication-delay-ms"):
         if not isinstance(value, int) or isinstance(value, bool):
             raise ConfigError("%s must be an integer, got %r" % (key, value))
         return value

@@ -26,7 +26,9 @@ def test_help_explains_the_proxy_flags():
     for flag in ("--bootstrap-server", "--listen", "--node-port-base", "--advertised-host",
                  "--max-frame-size", "--config", "--quota-file", "--zookeeper", "--admin-listen",
                  "--quota-mode", "--quota-window-num", "--quota-window-size-seconds",
-                 "--max-throttle-ms", "--quota-burst-seconds"):
+                 "--max-throttle-ms", "--quota-burst-seconds", "--upstream-connect-timeout-ms",
+                 "--security-protocol", "--sasl-mode", "--sasl-enabled-mechanisms",
+                 "--credentials-file", "--failed-authentication-delay-ms"):
         assert flag in out.stdout
     top = kthrottle("--help")
     assert "proxy" in top.stdout and "local" in top.stdout and "quotas" in top.stdout
@@ -79,6 +81,15 @@ def test_config_in_a_proxy_section(tmp_path):
     ('bootstrap-server = ["k1:9092"]\nquota-window-num = 1\n', "at least 2"),
     ('bootstrap-server = ["k1:9092"]\nzookeeper = "zk:2181/"\n', "bad chroot"),
     ('bootstrap-server = ["k1:9092"]\nquota-file = "q"\nzookeeper = "zk:2181"\n', "not both"),
+    ('bootstrap-server = ["k1:9092"]\nsecurity-protocol = "SASL_PLAIN"\n',
+     "security-protocol must be one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL"),
+    ('bootstrap-server = ["k1:9092"]\nsecurity-protocol = "SASL_PLAINTEXT"\n',
+     "needs credentials: --credentials-file, or --zookeeper"),
+    ('bootstrap-server = ["k1:9092"]\nsecurity-protocol = "SASL_PLAINTEXT"\n'
+     'credentials-file = "c"\nsasl-enabled-mechanisms = ["GSSAPI"]\n',
+     "sasl-enabled-mechanisms must be among PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"),
+    ('bootstrap-server = ["k1:9092"]\ncredentials-file = "c"\n', "give --security-protocol"),
+    ('bootstrap-server = ["k1:9092"]\nsecurity-protocol = "SSL"\n', "not supported yet"),
 ])
 def test_bad_config_files_give_a_clear_error(tmp_path, text, message):
     path = tmp_path / "bad.toml"

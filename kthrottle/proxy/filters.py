@@ -134,9 +134,12 @@ class FetchCap(Filter):
         return None if patched is None else Forward(patched)
 
 
-def standard_filters(advertise, quotas=None):
-    """The proxy's filters, in the order they see a request."""
-    filters = [VersionGate(), AddressRewrite(advertise)]
+def standard_filters(advertise, quotas=None, authenticator=None):
+    """The proxy's filters, in the order they see a request: an
+    authenticator first, so that nothing reaches the others (or the broker)
+    before the client has authenticated."""
+    filters = [authenticator] if authenticator is not None else []
+    filters += [VersionGate(), AddressRewrite(advertise)]
     if quotas is not None:
         filters += [QuotaAccounting(), FetchCap()]
     return filters

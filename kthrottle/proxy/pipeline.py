@@ -191,6 +191,11 @@ class Filter:
         """NOTHING, HEAD or GATHER for requests of this API and version."""
         return NOTHING
 
+    def authenticating_need(self, api_key, api_version):
+        """The same, while the connection is AUTHENTICATING (an
+        authenticator sees every request then, and only then)."""
+        return self.request_need(api_key, api_version)
+
     def response_need(self, api_key, api_version):
         """NOTHING, HEAD, STREAM or GATHER for their responses."""
         return NOTHING
@@ -225,13 +230,19 @@ class FilterTable:
     def __init__(self, filters):
         self.filters = tuple(filters)
         self._entries = {}
+        self._authenticating = {}
         for api_key, cls in ALL_RESPONSES.items():
             for version in range(cls.max_version + 2):  # one past: a too-new client
                 self._entries[api_key, version] = self._build(api_key, version)
+                self._authenticating[api_key, version] = self._build(api_key, version, True)
 
-    def _build(self, api_key, version):
-        request_filters = tuple(f for f in self.filters if f.request_need(api_key, version))
-        request_need = max((f.request_need(api_key, version) for f in request_filters), default=0)
+    def _build(self, api_key, version, authenticating=False):
+        if authenticating:
+            request_needs = [(f, f.authenticating_need(api_key, version)) for f in self.filters]
+        else:
+            request_needs = [(f, f.request_need(api_key, version)) for f in self.filters]
+        request_filters = tuple(f for f, need in request_needs if need)
+        request_need = max((need for _, need in request_needs), default=0)
         needs = [(f, f.response_need(api_key, version)) for f in self.filters]
         response_filters = tuple(f for f, need in needs if need)
         response_need = max((need for _, need in needs), default=0)
@@ -243,6 +254,12 @@ class FilterTable:
             # an API or version kafka-python does not know: not kept, so that
             # a client sending garbage keys cannot grow the table
             entry = self._build(api_key, api_version)
+        return entry
+
+    def lookup_authenticating(self, api_key, api_version):
+        entry = self._authenticating.get((api_key, api_version))
+        if entry is None:
+            entry = self._build(api_key, api_version, True)
         return entry
 
 
@@ -275,6 +292,9 @@ class _Refused(Exception):
     pass
 
 
+_RAW = object()  # a raw token being gathered (see Connection.raw_request)
+
+
 class Connection:
     """The pipeline of one client connection and its broker connection."""
 
@@ -283,6 +303,12 @@ class Connection:
         self.quota_manager = quotas  # policy QuotaManager, or None
         self.phase = Phase.CONNECTING
         self.principal = ANONYMOUS
+        self.auth = None  # the authenticating filter's state for this connection
+        # set by a filter: the next request frames are not Kafka requests but
+        # raw tokens (SASL after SaslHandshake v0), handed whole to
+        # raw_request(conn, frame), which returns the framed answer or None
+        self.raw_request = None
+        self._close_when_released = None
         self.now = 0.0  # the time given with the current input
         self.client_quotas = {}  # (principal, client-id) -> policy ClientQuotas
         self.requests_in = FrameCutter(self._request_head, self._whole_request,
@@ -439,6 +465,8 @@ class Connection:
                 held, self._held = self._held, None
                 if held:
                     actions.append(SendToClient(held))
+                if self._close_when_released is not None:
+                    return self._close(self._close_when_released)
                 actions.append(RESUME_BROKER)
             else:
                 actions.append(HoldResponses(self.hold_until))
@@ -493,8 +521,14 @@ class Connection:
                 self._start_mute()
 
     def _request_head(self, head, frame_len):
+        if self.raw_request is not None:
+            self._request_gathered = _RAW
+            return WHOLE
         api_key, api_version, correlation_id = INT16_INT16_INT32.unpack_from(head, 4)
-        entry = self.table.lookup(api_key, api_version)
+        if self.phase is _READY:
+            entry = self.table.lookup(api_key, api_version)
+        else:
+            entry = self.table.lookup_authenticating(api_key, api_version)
         request_need = entry[0]
         if not request_need and api_key != PRODUCE:
             if api_key < 0 or api_version < 0:
@@ -514,6 +548,13 @@ class Connection:
 
     def _whole_request(self, frame):
         entry, self._request_gathered = self._request_gathered, None
+        if entry is _RAW:
+            answer = self.raw_request(self, frame)
+            if answer is not None:
+                inflight = InFlight(-1, -1, -1)
+                inflight.answer = answer
+                self.pending.append(inflight)
+            return None
         request = RequestHead(frame, len(frame))
         acks_0 = request.api_key == PRODUCE and request.acks == 0
         result = self._admit(request.correlation_id, request.api_key, request.api_version,
@@ -586,6 +627,22 @@ class Connection:
             out.append(frame)
             self.pending.append(inflight)
         self._internal.clear()
+
+    def fail_authentication(self, reason, delay_ms):
+        """Answers already queued (the failure itself) go out after
+        ``delay_ms``, then the connection closes (KIP-306's
+        connection.failed.authentication.delay.ms: a client cannot retry
+        passwords at full speed). Nothing more is read from the client."""
+        until = self.now + delay_ms / 1000.0
+        self._close_when_released = reason
+        self.raw_request = None
+        if until > self.hold_until:
+            self.hold_until = until
+        if self._held is None:
+            self._held = []
+        self._actions.append(HoldResponses(self.hold_until))
+        # called while a request is handled: read nothing after it
+        self._throttle_client(max(delay_ms, 1), reading_request=True)
 
     def quotas_for(self, client_id):
         """The policy's ClientQuotas for this connection's principal and

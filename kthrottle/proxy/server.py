@@ -14,7 +14,7 @@ log = logging.getLogger("kthrottle.proxy")
 class ProxyServer:
     """Owns the listeners and the node-id -> broker routing table."""
 
-    def __init__(self, config, quotas=None):
+    def __init__(self, config, quotas=None, authenticator=None):
         self.config = config
         self.quotas = quotas  # policy QuotaManager, or None: no quota accounting
         self.loop = None
@@ -24,7 +24,7 @@ class ProxyServer:
         self.listeners = {}  # node id -> asyncio Server (None key: bootstrap)
         self.connections = set()
         # who looks at what, per API key and version: built once
-        self.filter_table = FilterTable(standard_filters(self.advertise, quotas))
+        self.filter_table = FilterTable(standard_filters(self.advertise, quotas, authenticator))
         self._ids = itertools.count(1)
         self._starting = set()
 

@@ -1,0 +1,241 @@
+"""SASL authentication of clients by the proxy itself (terminate mode).
+
+A filter of the connection pipeline: from the moment the broker connection is
+up the connection is AUTHENTICATING, and until the client has authenticated
+only ApiVersions, SaslHandshake and SaslAuthenticate are accepted (anything
+else closes the connection, as a Kafka broker does, and reaches no broker).
+The SASL exchange is answered by the proxy; the broker never sees it. On
+success the connection's principal is the authenticated user name, fixed for
+the connection's life, and the quotas resolve against it (KIP-55).
+
+Mechanisms: PLAIN (RFC 4616), SCRAM-SHA-256 and SCRAM-SHA-512 (RFC 5802,
+RFC 7677; the server side is the ``scramp`` library). Credentials are Kafka's
+salted SCRAM credentials; PLAIN is checked against them, so no clear
+password is ever stored. Both SaslHandshake v1 (tokens in SaslAuthenticate,
+KIP-152) and v0 (raw tokens after the handshake) are served.
+"""
+import logging
+import warnings
+
+from ..codecs import apis
+from .pipeline import GATHER, HEAD, NOTHING, Answer, Filter, Phase, Refuse
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from kafka.protocol.sasl import (
+        SaslAuthenticateRequest,
+        SaslAuthenticateResponse,
+        SaslHandshakeRequest,
+        SaslHandshakeResponse,
+    )
+
+log = logging.getLogger("kthrottle.auth")
+
+SASL_HANDSHAKE = 17
+SASL_AUTHENTICATE = 36
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+# Kafka's error codes
+UNSUPPORTED_SASL_MECHANISM = 33
+ILLEGAL_SASL_STATE = 34
+SASL_AUTHENTICATION_FAILED = 58
+
+# KIP-306: connection.failed.authentication.delay.ms
+DEFAULT_FAILED_AUTHENTICATION_DELAY_MS = 100
+
+FAILED = "Authentication failed during authentication due to invalid credentials with SASL mechanism %s"
+
+
+class _State:
+    """One connection's progress through its SASL exchange."""
+
+    __slots__ = ("mechanism", "handshake_version", "scram", "user")
+
+    def __init__(self):
+        self.mechanism = None
+        self.handshake_version = None
+        self.scram = None  # scramp's server while a SCRAM exchange runs
+        self.user = None
+
+
+class _AuthenticationFailed(Exception):
+    pass
+
+
+class SaslTerminate(Filter):
+    """Verifies clients' SASL credentials in the proxy (terminate mode)."""
+
+    name = "sasl-terminate"
+
+    def __init__(self, mechanisms, credentials,
+                 failed_delay_ms=DEFAULT_FAILED_AUTHENTICATION_DELAY_MS):
+        """``credentials()`` returns the current credentials snapshot (an
+        object with ``scram(mechanism, user)`` and ``check_plain(user,
+        password)``; sources replace it live)."""
+        unknown = [m for m in mechanisms if m not in MECHANISMS]
+        if unknown or not mechanisms:
+            raise ValueError("SASL mechanisms must be among %s, got %s"
+                             % (", ".join(MECHANISMS), ", ".join(mechanisms) or "none"))
+        self.mechanisms = tuple(mechanisms)
+        self.credentials = credentials
+        self.failed_delay_ms = failed_delay_ms
+
+    def request_need(self, api_key, api_version):
+        # after authentication: only a second exchange concerns this filter
+        return GATHER if api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE) else NOTHING
+
+    def authenticating_need(self, api_key, api_version):
+        return GATHER if api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE) else HEAD
+
+    def on_connect(self, conn):
+        conn.phase = Phase.AUTHENTICATING
+        conn.auth = _State()
+
+    def on_request(self, conn, head, inflight):
+        api_key = head.api_key
+        if conn.phase is not Phase.AUTHENTICATING:
+            # KIP-368 re-authentication is not offered: the principal is fixed
+            return Refuse("SASL request (api key %d) on an authenticated connection" % api_key)
+        if api_key == apis.API_VERSIONS:
+            return None
+        if api_key == SASL_HANDSHAKE:
+            return self._handshake(conn, head)
+        if api_key == SASL_AUTHENTICATE:
+            return self._authenticate(conn, head)
+        return Refuse("request api key %d v%d before authentication" % (api_key, head.api_version))
+
+    # SaslHandshake ------------------------------------------------------
+
+    def _handshake(self, conn, head):
+        state = conn.auth
+        version = head.api_version
+        if version > SaslHandshakeRequest.max_version:
+            return Refuse("SaslHandshake v%d is newer than the proxy knows" % version)
+        request = SaslHandshakeRequest.decode(bytes(head.buf[4:]), version=version, header=True)
+        mechanism = request.mechanism
+        if state.mechanism is not None:
+            answer = self._handshake_answer(head, ILLEGAL_SASL_STATE)
+            conn.fail_authentication("a second SaslHandshake", self.failed_delay_ms)
+            return Answer(answer)
+        if mechanism not in self.mechanisms:
+            log.info("client asked for SASL mechanism %r; enabled: %s", mechanism,
+                     ", ".join(self.mechanisms))
+            answer = self._handshake_answer(head, UNSUPPORTED_SASL_MECHANISM)
+            conn.fail_authentication("unsupported SASL mechanism %r" % mechanism,
+                                     self.failed_delay_ms)
+            return Answer(answer)
+        state.mechanism = mechanism
+        state.handshake_version = version
+        if version == 0:  # the tokens come raw, without a Kafka header
+            conn.raw_request = self._raw_token
+        return Answer(self._handshake_answer(head, 0))
+
+    def _handshake_answer(self, head, error_code):
+        response = SaslHandshakeResponse[head.api_version](
+            error_code=error_code, mechanisms=list(self.mechanisms))
+        response.with_header(correlation_id=head.correlation_id)
+        return bytes(response.encode(header=True, framed=True))
+
+    # SaslAuthenticate (KIP-152) -------------------------------------------
+
+    def _authenticate(self, conn, head):
+        state = conn.auth
+        version = head.api_version
+        if version > SaslAuthenticateRequest.max_version:
+            return Refuse("SaslAuthenticate v%d is newer than the proxy knows" % version)
+        if state.mechanism is None or state.handshake_version == 0:
+            answer = self._authenticate_answer(head, ILLEGAL_SASL_STATE,
+                                               "SaslAuthenticate before SaslHandshake v1", b"")
+            conn.fail_authentication("SaslAuthenticate before SaslHandshake v1",
+                                     self.failed_delay_ms)
+            return Answer(answer)
+        request = SaslAuthenticateRequest.decode(bytes(head.buf[4:]), version=version, header=True)
+        try:
+            reply = self._token(conn, bytes(request.auth_bytes))
+        except _AuthenticationFailed as exc:
+            message = FAILED % state.mechanism
+            answer = self._authenticate_answer(head, SASL_AUTHENTICATION_FAILED, message, b"")
+            conn.fail_authentication(str(exc), self.failed_delay_ms)
+            return Answer(answer)
+        return Answer(self._authenticate_answer(head, 0, None, reply))
+
+    def _authenticate_answer(self, head, error_code, message, auth_bytes):
+        response = SaslAuthenticateResponse[head.api_version](
+            error_code=error_code, error_message=message, auth_bytes=auth_bytes,
+            session_lifetime_ms=0)
+        response.with_header(correlation_id=head.correlation_id)
+        return bytes(response.encode(header=True, framed=True))
+
+    def _raw_token(self, conn, frame):
+        """SaslHandshake v0: a token framed by its length alone; the answer
+        likewise. A failure closes the connection (v0 has no error reply)."""
+        try:
+            reply = self._token(conn, bytes(frame[4:]))
+        except _AuthenticationFailed as exc:
+            conn.fail_authentication(str(exc), self.failed_delay_ms)
+            return None
+        if conn.phase is Phase.READY:
+            conn.raw_request = None
+        return len(reply).to_bytes(4, "big") + reply
+
+    # the mechanisms -------------------------------------------------------
+
+    def _token(self, conn, token):
+        """One client token in, the server's token out; raises
+        _AuthenticationFailed (with a reason for the log, never a secret)."""
+        state = conn.auth
+        if state.mechanism == "PLAIN":
+            return self._plain(conn, token)
+        return self._scram(conn, token)
+
+    def _plain(self, conn, token):
+        parts = token.split(b"\x00")
+        if len(parts) != 3:
+            raise _AuthenticationFailed("malformed PLAIN token")
+        try:
+            authzid, user, password = (p.decode("utf-8") for p in parts)
+        except UnicodeDecodeError:
+            raise _AuthenticationFailed("PLAIN token is not UTF-8") from None
+        if authzid and authzid != user:  # as Kafka: no acting as another user
+            raise _AuthenticationFailed("PLAIN authorization id differs from user %r" % user)
+        if not user or not self.credentials().check_plain(user, password):
+            raise _AuthenticationFailed("PLAIN credentials rejected for user %r" % user)
+        self._authenticated(conn, user)
+        return b""
+
+    def _scram(self, conn, token):
+        from scramp import ScramException, ScramMechanism
+
+        state = conn.auth
+        try:
+            if state.scram is None:  # client-first
+                credentials = self.credentials()
+                mechanism = state.mechanism
+
+                def lookup(user):
+                    cred = credentials.scram(mechanism, user)
+                    if cred is None:
+                        raise _AuthenticationFailed("unknown user %r for %s" % (user, mechanism))
+                    state.user = user
+                    return cred.salt, cred.stored_key, cred.server_key, cred.iterations
+
+                server = ScramMechanism(mechanism).make_server(lookup)
+                server.set_client_first(token.decode("utf-8"))
+                state.scram = server
+                return server.get_server_first().encode("utf-8")
+            server = state.scram
+            server.set_client_final(token.decode("utf-8"))
+            reply = server.get_server_final().encode("utf-8")
+        except ScramException as exc:
+            raise _AuthenticationFailed("%s exchange failed for user %r: %s"
+                                        % (state.mechanism, state.user, exc)) from None
+        except UnicodeDecodeError:
+            raise _AuthenticationFailed("SCRAM message is not UTF-8") from None
+        self._authenticated(conn, state.user)
+        return reply
+
+    def _authenticated(self, conn, user):
+        conn.principal = user
+        conn.phase = Phase.READY
+        conn.auth.scram = None
+        log.info("client authenticated as %r with %s", user, conn.auth.mechanism)

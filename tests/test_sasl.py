@@ -1,0 +1,228 @@
+"""SASL terminate mode in the connection pipeline, without sockets: real
+SCRAM (scramp) on both sides, a fake clock, bytes in and actions out."""
+import struct
+import warnings
+
+import pytest
+from scramp import ScramClient
+
+from kafka_frames import advertise
+from kthrottle.codecs import apis
+from kthrottle.policy.entities import PRODUCER_BYTE_RATE
+from kthrottle.policy.quotas import QuotaManager
+from kthrottle.proxy.auth import (
+    ILLEGAL_SASL_STATE,
+    SASL_AUTHENTICATION_FAILED,
+    UNSUPPORTED_SASL_MECHANISM,
+    SaslTerminate,
+)
+from kthrottle.proxy.filters import standard_filters
+from kthrottle.proxy.pipeline import Connection, FilterTable, Phase
+from kthrottle.sources.credentials import Credentials, scram_from_password
+from test_pipeline import Harness, api_versions_req, frames_of, produce_req, req_cids
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from kafka.protocol.sasl import (
+        SaslAuthenticateRequest,
+        SaslAuthenticateResponse,
+        SaslHandshakeRequest,
+        SaslHandshakeResponse,
+    )
+
+USERS = {"alice": "alice-secret", "bob": "bob-secret"}
+
+
+def credentials():
+    return Credentials({user: {m: scram_from_password(m, pw, iterations=4096)
+                               for m in ("SCRAM-SHA-256", "SCRAM-SHA-512")}
+                        for user, pw in USERS.items()})
+
+
+CREDENTIALS = credentials()
+
+
+class SaslHarness(Harness):
+    def __init__(self, snapshot=None, mechanisms=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")):
+        self.auth = SaslTerminate(list(mechanisms), lambda: CREDENTIALS, failed_delay_ms=100)
+        manager = QuotaManager(snapshot) if snapshot is not None else None
+        super().__init__(filters=standard_filters(advertise, manager, self.auth))
+        self.conn.quota_manager = self.manager = manager
+
+    def answer(self):
+        (frame,) = frames_of(self.take_client())
+        return frame
+
+
+def handshake(cid, mechanism, version=1):
+    req = SaslHandshakeRequest[version](mechanism=mechanism)
+    req.with_header(correlation_id=cid, client_id="app-1")
+    return bytes(req.encode(header=True, framed=True))
+
+
+def authenticate(cid, token, version=1):
+    req = SaslAuthenticateRequest[version](auth_bytes=token)
+    req.with_header(correlation_id=cid, client_id="app-1")
+    return bytes(req.encode(header=True, framed=True))
+
+
+def decode_authenticate(frame, version=1):
+    skip = 9 if version >= 2 else 8  # v2: flexible response header
+    return SaslAuthenticateResponse[version].decode(frame[skip:])
+
+
+def plain(user, password, authzid=""):
+    return ("%s\0%s\0%s" % (authzid, user, password)).encode()
+
+
+def test_plain_authenticates_and_binds_the_principal():
+    h = SaslHarness()
+    assert h.conn.phase is Phase.AUTHENTICATING
+    h.client(handshake(1, "PLAIN"))
+    hs = SaslHandshakeResponse[1].decode(h.answer()[8:])
+    assert hs.error_code == 0 and "SCRAM-SHA-512" in hs.mechanisms
+    h.client(authenticate(2, plain("alice", "alice-secret")))
+    assert decode_authenticate(h.answer()).error_code == 0
+    assert h.conn.phase is Phase.READY and h.conn.principal == "alice"
+    assert h.take_broker() == b""  # the exchange never reached the broker
+    h.client(produce_req(3))
+    assert req_cids(h.take_broker()) == [3]
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_scram_exchange_over_sasl_authenticate(mechanism, version):
+    h = SaslHarness()
+    h.client(handshake(1, mechanism))
+    h.answer()
+    client = ScramClient([mechanism], "bob", "bob-secret")
+    h.client(authenticate(2, client.get_client_first().encode(), version))
+    first = decode_authenticate(h.answer(), version)
+    assert first.error_code == 0
+    client.set_server_first(bytes(first.auth_bytes).decode())
+    h.client(authenticate(3, client.get_client_final().encode(), version))
+    final = decode_authenticate(h.answer(), version)
+    assert final.error_code == 0
+    client.set_server_final(bytes(final.auth_bytes).decode())  # the server proved itself too
+    assert h.conn.principal == "bob" and h.conn.phase is Phase.READY
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
+def test_raw_tokens_after_a_v0_handshake(mechanism):
+    h = SaslHarness()
+    h.client(handshake(1, mechanism, version=0))
+    assert SaslHandshakeResponse[0].decode(h.answer()[8:]).error_code == 0
+
+    def raw(token):
+        h.client(len(token).to_bytes(4, "big") + token)
+        out = h.take_client()
+        n = struct.unpack_from(">i", out)[0]
+        assert len(out) == 4 + n
+        return out[4:]
+
+    if mechanism == "PLAIN":
+        assert raw(plain("alice", "alice-secret")) == b""
+    else:
+        client = ScramClient([mechanism], "alice", "alice-secret")
+        client.set_server_first(raw(client.get_client_first().encode()).decode())
+        client.set_server_final(raw(client.get_client_final().encode()).decode())
+    assert h.conn.principal == "alice" and h.conn.phase is Phase.READY
+    h.client(api_versions_req(9))  # back to Kafka frames
+    assert req_cids(h.take_broker()) == [9]
+
+
+@pytest.mark.parametrize("user,password", [("alice", "wrong"), ("mallory", "x")])
+def test_bad_credentials_are_answered_after_the_delay_then_closed(user, password):
+    h = SaslHarness()
+    h.client(handshake(1, "PLAIN"))
+    h.answer()
+    h.client(authenticate(2, plain(user, password)) + produce_req(3))
+    assert h.to_client == b"" and h.closed is None  # not yet: KIP-306's delay
+    h.at(0.05)
+    assert h.to_client == b""
+    h.at(0.1)
+    answer = decode_authenticate(h.answer())
+    assert answer.error_code == SASL_AUTHENTICATION_FAILED
+    assert password not in (answer.error_message or "")
+    assert h.closed and h.take_broker() == b""
+    assert h.conn.principal == "ANONYMOUS"
+
+
+def test_a_wrong_scram_proof_fails():
+    h = SaslHarness()
+    h.client(handshake(1, "SCRAM-SHA-512"))
+    h.answer()
+    client = ScramClient(["SCRAM-SHA-512"], "alice", "not-her-password")
+    h.client(authenticate(2, client.get_client_first().encode()))
+    client.set_server_first(bytes(decode_authenticate(h.answer()).auth_bytes).decode())
+    h.client(authenticate(3, client.get_client_final().encode()))
+    h.at(1.0)
+    assert decode_authenticate(h.answer()).error_code == SASL_AUTHENTICATION_FAILED
+    assert h.closed and h.conn.principal == "ANONYMOUS"
+
+
+def test_an_unsupported_mechanism_is_refused_with_the_list():
+    h = SaslHarness(mechanisms=("SCRAM-SHA-512",))
+    h.client(handshake(1, "PLAIN"))
+    h.at(1.0)
+    hs = SaslHandshakeResponse[1].decode(h.answer()[8:])
+    assert hs.error_code == UNSUPPORTED_SASL_MECHANISM and hs.mechanisms == ["SCRAM-SHA-512"]
+    assert h.closed
+
+
+def test_plain_cannot_act_as_another_user():
+    h = SaslHarness()
+    h.client(handshake(1, "PLAIN"))
+    h.answer()
+    h.client(authenticate(2, plain("alice", "alice-secret", authzid="bob")))
+    h.at(1.0)
+    assert decode_authenticate(h.answer()).error_code == SASL_AUTHENTICATION_FAILED
+
+
+def test_authenticate_before_handshake_is_an_illegal_state():
+    h = SaslHarness()
+    h.client(authenticate(1, plain("alice", "alice-secret")))
+    h.at(1.0)
+    assert decode_authenticate(h.answer()).error_code == ILLEGAL_SASL_STATE
+    assert h.closed and h.conn.principal == "ANONYMOUS"
+
+
+def test_a_request_before_authentication_closes_and_reaches_no_broker():
+    h = SaslHarness()
+    h.client(api_versions_req(1))  # allowed: clients ask before SaslHandshake
+    assert req_cids(h.take_broker()) == [1]
+    h.client(produce_req(2))
+    assert h.take_broker() == b""
+    assert "before authentication" in h.closed
+
+
+def test_the_principal_is_fixed_once_authenticated():
+    h = SaslHarness()
+    h.client(handshake(1, "PLAIN") )
+    h.client(authenticate(2, plain("alice", "alice-secret")))
+    h.take_client()
+    h.client(handshake(3, "PLAIN"))
+    assert h.closed and h.conn.principal == "alice"
+
+
+def test_two_users_with_one_client_id_get_their_own_user_quotas():
+    snapshot = {"users/alice": {PRODUCER_BYTE_RATE: 1000.0},
+                "users/bob": {PRODUCER_BYTE_RATE: 1e9}}
+    seen = {}
+    for user in ("alice", "bob"):
+        h = SaslHarness(snapshot)
+        h.client(handshake(1, "PLAIN"))
+        h.client(authenticate(2, plain(user, USERS[user])))
+        h.take_client()
+        h.client(produce_req(3, nbytes=5000, client_id="shared-app"))
+        seen[user] = (h.conn.quotas_for("shared-app").produce.entity, h.client_paused_until)
+    assert seen["alice"][0] == "users/alice" and seen["alice"][1] is not None
+    assert seen["bob"][0] == "users/bob" and seen["bob"][1] is None
+
+
+def test_without_an_authenticator_the_table_has_no_authenticating_cost():
+    table = FilterTable(standard_filters(advertise))
+    conn = Connection(table, 1 << 20)
+    conn.broker_connected(0.0)
+    assert conn.phase is Phase.READY
+    assert table.lookup(apis.PRODUCE, 7)[1] == ()
