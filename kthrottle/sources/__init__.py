@@ -11,6 +11,9 @@ way. When the file or ZooKeeper goes away or holds something unusable, the
 last known quotas stay in force, ``healthy`` turns false and a log line says
 why; ``rejected`` counts what was refused, for a metric.
 
+SASL/SCRAM credentials, kept in the same two places, are followed the same
+way (``credentials``: ``on_update`` gets a ``Credentials`` snapshot).
+
 Nothing here depends on the proxy.
 """
 import logging

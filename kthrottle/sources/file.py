@@ -1,4 +1,5 @@
-"""Quotas in a TOML file (format: ``kthrottle.policy.quota_file``)."""
+"""Quotas in a TOML file (format: ``kthrottle.policy.quota_file``), and the
+file handling other TOML files followed live share (the credentials file)."""
 import asyncio
 import hashlib
 import os
@@ -9,35 +10,69 @@ from ..policy.quota_file import QuotaFileError, altered, document_text, snapshot
 from . import QuotaSource, QuotaStore, QuotaStoreError, entity_count, log
 
 
+def read_file_bytes(path, kind, missing_ok=False):
+    """The whole file; None if it is missing and ``missing_ok``. ``kind``
+    ("quota file") names it in the QuotaStoreError."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise QuotaStoreError("%s %s does not exist" % (kind, path)) from None
+    except OSError as exc:
+        raise QuotaStoreError("cannot read %s %s: %s" % (kind, path, exc.strerror)) from None
+
+
+def load_toml(path, data, kind, what, empty_ok=False):
+    """File content -> parsed TOML, or QuotaStoreError saying what is wrong.
+    ``what`` ("quotas") is what a comment-only file empties."""
+    if not data.strip() and not empty_ok:
+        # `cat > file` and many editors truncate before writing: an empty
+        # file is far more often a write in progress than a wish
+        raise QuotaStoreError(
+            "%s %s is empty; to remove all %s, write a file holding only "
+            "a comment (e.g. '# no %s')" % (kind, path, what, what))
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise QuotaStoreError("%s %s is not UTF-8 text: %s" % (kind, path, exc)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise QuotaStoreError("%s %s is not valid TOML: %s" % (kind, path, exc)) from None
+
+
+def write_file_atomically(path, text, kind):
+    """Replace the file's content in one rename (readers never see half of
+    it); an existing file keeps its permission bits, a new one is 0600."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".kthrottle-", dir=directory)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        try:
+            os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+        except FileNotFoundError:
+            pass
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        raise QuotaStoreError("cannot write %s %s: %s" % (kind, path, exc.strerror)) from None
+
+
 class FileQuotaStore(QuotaStore):
+    kind = "quota file"
+
     def __init__(self, path):
         self.path = str(path)
 
     def read_bytes(self, missing_ok=False):
-        try:
-            with open(self.path, "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            if missing_ok:
-                return None
-            raise QuotaStoreError("quota file %s does not exist" % self.path) from None
-        except OSError as exc:
-            raise QuotaStoreError("cannot read quota file %s: %s" % (self.path, exc.strerror)) from None
+        return read_file_bytes(self.path, self.kind, missing_ok)
 
     def parse(self, data, empty_ok=False):
         """File content -> snapshot, or QuotaStoreError saying what is wrong."""
-        if not data.strip() and not empty_ok:
-            # `cat > file` and many editors truncate before writing: an empty
-            # file is far more often a write in progress than a wish
-            raise QuotaStoreError(
-                "quota file %s is empty; to remove all quotas, write a file holding only "
-                "a comment (e.g. '# no quotas')" % self.path)
-        try:
-            doc = tomllib.loads(data.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            raise QuotaStoreError("quota file %s is not UTF-8 text: %s" % (self.path, exc)) from None
-        except tomllib.TOMLDecodeError as exc:
-            raise QuotaStoreError("quota file %s is not valid TOML: %s" % (self.path, exc)) from None
+        doc = load_toml(self.path, data, self.kind, "quotas", empty_ok)
         try:
             return snapshot_from_document(doc)
         except QuotaFileError as exc:
@@ -60,39 +95,42 @@ class FileQuotaStore(QuotaStore):
             snapshot[path] = config
         else:
             snapshot.pop(path, None)
-        directory = os.path.dirname(os.path.abspath(self.path))
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=".quotas-", dir=directory)
-            with os.fdopen(fd, "w") as f:
-                f.write(document_text(snapshot))
-            os.replace(tmp, self.path)
-        except OSError as exc:
-            raise QuotaStoreError("cannot write quota file %s: %s" % (self.path, exc.strerror)) from None
+        write_file_atomically(self.path, document_text(snapshot), self.kind)
         return config
 
 
-class FileQuotaSource(QuotaSource):
-    """Polls the file's content (cheap for a small file, and it also sees an
-    editor's rename-over or a ConfigMap's symlink swap). Content, not
-    mtime/size/inode, tells a change: a same-size rewrite within one mtime
-    tick is still a change.
+class FollowedFile:
+    """A file followed live by polling its content (cheap for a small file,
+    and it also sees an editor's rename-over or a ConfigMap's symlink swap).
+    Content, not mtime/size/inode, tells a change: a same-size rewrite within
+    one mtime tick is still a change.
 
     A changed file is applied once two consecutive polls read the same
     content, so a file caught half-written is never taken. A settled version
     that is empty or invalid is refused: logged once, counted in
-    ``rejected``; the last applied quotas stay in force and ``healthy`` is
-    false until a valid version is applied (or the applied one is back)."""
+    ``rejected``; the last applied content stays in force and ``healthy`` is
+    false until a valid version is applied (or the applied one is back).
 
-    def __init__(self, path, poll_interval=0.25):
-        self.store = FileQuotaStore(path)
+    ``store`` has ``read_bytes()`` and ``parse(data)`` (both raise
+    QuotaStoreError); a subclass names what the file holds (``noun``) and
+    sums a parsed version up for log lines (``summary``)."""
+
+    noun = "quotas"
+    log = log
+
+    def __init__(self, store, describe, poll_interval=0.25):
+        self.store = store
         self.poll_interval = poll_interval
         self.healthy = False
         self.rejected = 0
-        self.describe = "quota file %s" % self.store.path
+        self.describe = describe
         self._applied = None  # digest of the content in force
         self._seen = None  # what the previous poll read
         self._refused = None  # the settled version last refused (logged already)
         self._task = None
+
+    def summary(self, value):
+        raise NotImplementedError
 
     def _read(self):
         """(version, data, error): version is the content's digest, or the
@@ -107,11 +145,11 @@ class FileQuotaSource(QuotaSource):
         version, data, error = await asyncio.to_thread(self._read)
         if error is not None:
             raise error
-        snapshot = self.store.parse(data)  # a bad file at start is an error for the command
-        on_update(snapshot)
+        value = self.store.parse(data)  # a bad file at start is an error for the command
+        on_update(value)
         self._applied = self._seen = version
         self.healthy = True
-        log.info("quotas from %s: %d entities", self.describe, entity_count(snapshot))
+        self.log.info("%s from %s: %s", self.noun, self.describe, self.summary(value))
         self._task = asyncio.get_running_loop().create_task(self._follow(on_update))
 
     async def _follow(self, on_update):
@@ -127,7 +165,7 @@ class FileQuotaSource(QuotaSource):
             return  # still changing, or being written: wait until it settles
         if version == self._applied:
             if not self.healthy:
-                log.info("%s holds the quotas in force again", self.describe)
+                self.log.info("%s holds the %s in force again", self.describe, self.noun)
                 self.healthy = True
                 self._refused = None
             return
@@ -136,21 +174,21 @@ class FileQuotaSource(QuotaSource):
         try:
             if error is not None:
                 raise error
-            snapshot = self.store.parse(data)
+            value = self.store.parse(data)
         except QuotaStoreError as exc:
             self._refused = version
             if data is not None:
                 self.rejected += 1  # a version of the file, not a missing file
             self.healthy = False
-            log.error("%s; the last known quotas stay in force", exc)
+            self.log.error("%s; the last known %s stay in force", exc, self.noun)
             return
-        on_update(snapshot)
+        on_update(value)
         self._applied = version
         self._refused = None
         if not self.healthy:
-            log.info("%s is valid again", self.describe)
+            self.log.info("%s is valid again", self.describe)
         self.healthy = True
-        log.info("quotas reloaded from %s: %d entities", self.describe, entity_count(snapshot))
+        self.log.info("%s reloaded from %s: %s", self.noun, self.describe, self.summary(value))
 
     async def stop(self):
         if self._task is not None:
@@ -160,3 +198,14 @@ class FileQuotaSource(QuotaSource):
             except asyncio.CancelledError:
                 pass
             self._task = None
+
+
+class FileQuotaSource(FollowedFile, QuotaSource):
+    """The quota file followed live (see FollowedFile)."""
+
+    def __init__(self, path, poll_interval=0.25):
+        store = FileQuotaStore(path)
+        super().__init__(store, "quota file %s" % store.path, poll_interval)
+
+    def summary(self, snapshot):
+        return "%d entities" % entity_count(snapshot)

@@ -62,6 +62,17 @@ def entity_quotas(znode, data):
     return quotas, problems
 
 
+def with_quotas(full, add=None, delete=()):
+    """An entity's full config map with its quotas altered (validated as
+    ``altered`` does: ValueError, nothing changed) -> (new map, new quotas).
+    Keys that are not quotas are kept as they are."""
+    quotas = {k: v for k, v in full.items() if k in QUOTA_KEYS}
+    new = altered({k: parse_quota_value(k, v) for k, v in quotas.items()}, add, delete)
+    full = {k: v for k, v in full.items() if k not in QUOTA_KEYS}
+    full.update({k: format_value(v) for k, v in new.items()})
+    return full, new
+
+
 class ZooKeeperQuotaStore(QuotaStore):
     """Quota znodes exactly as Kafka (ZooKeeper mode) keeps them:
     ``/config/users/<user>[/clients/<client-id>]`` and ``/config/clients/<client-id>``
@@ -147,12 +158,23 @@ class ZooKeeperQuotaStore(QuotaStore):
         (keeping keys that are not quotas, like SCRAM credentials), then
         announce the change."""
         parse_entity_path(path)
+        result = {}
+
+        def change(full):
+            full, quotas = with_quotas(full, add, delete)
+            result.update(quotas)
+            return full
+
+        self.alter_config(path, change)
+        return result
+
+    def alter_config(self, path, change):
+        """Rewrite the whole config map of the entity znode at ``path`` with
+        ``change(config) -> new config`` (it may raise ValueError: nothing
+        is written then), then write the change notification Kafka's
+        brokers follow. Returns the new config."""
         znode = "%s/%s" % (CONFIG_ROOT, path)
-        full = _config_json(znode, self.entity_data(path))
-        quotas = {k: v for k, v in full.items() if k in QUOTA_KEYS}
-        new = altered({k: parse_quota_value(k, v) for k, v in quotas.items()}, add, delete)
-        full = {k: v for k, v in full.items() if k not in QUOTA_KEYS}
-        full.update({k: format_value(v) for k, v in new.items()})
+        full = change(_config_json(znode, self.entity_data(path)))
         data = json.dumps({"version": 1, "config": full}, separators=(",", ":")).encode()
         if self.zk.exists(znode):
             self.zk.set(znode, data)
@@ -164,7 +186,7 @@ class ZooKeeperQuotaStore(QuotaStore):
             json.dumps({"version": 2, "entity_path": path}, separators=(",", ":")).encode(),
             sequence=True)
         self._purge_notifications(self.zk.exists(created).ctime / 1000.0)
-        return new
+        return full
 
     def _purge_notifications(self, now, older_than=CHANGE_EXPIRATION_SECONDS):
         """Kafka's brokers delete notifications older than 15 minutes; with
@@ -182,19 +204,28 @@ class ZooKeeperQuotaStore(QuotaStore):
                 pass  # deleted meanwhile
 
 
-class ZooKeeperQuotaSource(QuotaSource):
-    """Follows Kafka's change notifications in sequence order, as a broker's
-    ZkNodeChangeNotificationListener does. Blocking ZooKeeper calls run on one
-    worker thread (kazoo callbacks arrive on kazoo's threads); each new
-    snapshot is handed to the event loop with call_soon_threadsafe.
+class ZooKeeperFollower:
+    """Follows Kafka's config znodes through its change notifications in
+    sequence order, as a broker's ZkNodeChangeNotificationListener does.
+    Blocking ZooKeeper calls run on one worker thread (kazoo callbacks arrive
+    on kazoo's threads); each new snapshot is handed to the event loop with
+    call_soon_threadsafe.
 
-    An entity znode that is not Kafka's config JSON, or a quota value that is
+    An entity znode that is not Kafka's config JSON, or a value that is
     unusable, is skipped with a log line (once per content) and counted in
-    ``rejected``; the rest applies and the entity keeps its last known quotas.
+    ``rejected``; the rest applies and the entity keeps what it last had.
     A notification is only passed once its entity was read: a read that fails
     (connection lost, no permission) stops there, ``healthy`` turns false and
     everything is read again (resync) on reconnect, or after a pause if the
-    connection is up."""
+    connection is up.
+
+    A subclass says what it follows: ``noun`` ("quotas"), which entities
+    (``entity_paths``, ``follows``), what an entity znode holds for it
+    (``parse_entity``), what ``on_update`` is handed (``handed``) and how a
+    snapshot reads in a log line (``summary``, ``change_text``)."""
+
+    noun = "quotas"
+    log = log
 
     def __init__(self, hosts, timeout=10.0, retry_interval=1.0, max_retry_interval=30.0):
         self.store = ZooKeeperQuotaStore(hosts, timeout)
@@ -216,6 +247,33 @@ class ZooKeeperQuotaSource(QuotaSource):
         self._was_down = False
         self._stopping = False
 
+    # what a subclass follows ----------------------------------------------
+
+    def entity_paths(self):
+        """The entity paths to read on a resync (blocking)."""
+        return self.store.entity_paths()
+
+    def follows(self, path):
+        """Whether a notified (valid) entity path is one this follows."""
+        return True
+
+    def parse_entity(self, znode, data):
+        """Entity znode data -> (value or None, [problem messages]); raises
+        QuotaStoreError if it is not Kafka's config JSON."""
+        raise NotImplementedError
+
+    def handed(self, snapshot):
+        """What ``on_update`` gets for ``{entity path: value}``."""
+        return dict(snapshot)
+
+    def summary(self, snapshot):
+        return "%d entities" % entity_count(snapshot)
+
+    def change_text(self, path, value):
+        return "%s change for %s: %s" % (self.noun, path, value or "none")
+
+    # the machinery ----------------------------------------------------------
+
     async def start(self, on_update):
         from kazoo.exceptions import KazooException
 
@@ -226,10 +284,11 @@ class ZooKeeperQuotaSource(QuotaSource):
         try:
             snapshot = await asyncio.to_thread(self._resync)
         except KazooException as exc:
-            raise QuotaStoreError("cannot read quotas from %s: %s" % (self.describe, _reason(exc))) from None
-        on_update(snapshot)
+            raise QuotaStoreError("cannot read %s from %s: %s"
+                                  % (self.noun, self.describe, _reason(exc))) from None
+        on_update(self.handed(snapshot))
         self.healthy = True
-        log.info("quotas from %s: %d entities", self.describe, entity_count(snapshot))
+        self.log.info("%s from %s: %s", self.noun, self.describe, self.summary(snapshot))
         zk.add_listener(self._state_changed)
         self._worker = threading.Thread(target=self._run, name="kthrottle-zookeeper", daemon=True)
         self._worker.start()
@@ -251,8 +310,8 @@ class ZooKeeperQuotaSource(QuotaSource):
 
     def _went_away(self, state):
         if self.healthy:
-            log.warning("ZooKeeper connection %s (%s): the last known quotas stay in force "
-                        "until it is back", str(state).lower(), self.store.hosts)
+            self.log.warning("ZooKeeper connection %s (%s): the last known %s stay in force "
+                             "until it is back", str(state).lower(), self.store.hosts, self.noun)
         self.healthy = False
 
     def _changes(self, children):  # kazoo thread
@@ -273,11 +332,11 @@ class ZooKeeperQuotaSource(QuotaSource):
                 continue
             # only a whole read makes the source current again after a failure
             if arg == "reconnect":
-                note = "ZooKeeper is back (%s): quotas resynced, %d entities" % (
-                    self.store.hosts, entity_count(snapshot))
+                note = "ZooKeeper is back (%s): %s resynced, %s" % (
+                    self.store.hosts, self.noun, self.summary(snapshot))
             else:
-                note = "quotas read from %s after all: %d entities" % (
-                    self.describe, entity_count(snapshot))
+                note = "%s read from %s after all: %s" % (
+                    self.noun, self.describe, self.summary(snapshot))
             self._to_loop(snapshot, healthy=True, note=note, always=arg == "reconnect")
             self._failure = None
             self._retry_delay = self.retry_interval
@@ -285,8 +344,9 @@ class ZooKeeperQuotaSource(QuotaSource):
     def _failed(self, exc):
         reason = str(exc) if isinstance(exc, QuotaStoreError) else _reason(exc)
         if reason != self._failure:
-            log.warning("reading quotas from %s failed (%s); the last known quotas stay in "
-                        "force until a resync succeeds", self.describe, reason)
+            self.log.warning("reading %s from %s failed (%s); the last known %s stay in "
+                             "force until a resync succeeds", self.noun, self.describe, reason,
+                             self.noun)
             self._failure = reason
         self._to_loop(healthy=False)
         # on a lost connection the reconnect resyncs; otherwise (a permission,
@@ -299,24 +359,24 @@ class ZooKeeperQuotaSource(QuotaSource):
             self._retry_delay = min(self._retry_delay * 2, self.max_retry_interval)
 
     def _entity(self, path, previous):
-        """The quotas of one entity as the source applies them (None: none)."""
+        """What one entity holds as the source applies it (None: nothing)."""
         znode = "%s/%s" % (CONFIG_ROOT, path)
         data = self.store.entity_data(path)
         if data is None:
             self._bad.pop(znode, None)
             return None
         try:
-            quotas, problems = entity_quotas(znode, data)
+            value, problems = self.parse_entity(znode, data)
         except QuotaStoreError as exc:
             # as a broker does, go on past one bad entity rather than refuse all
-            self._reject(znode, data, ["%s; skipped, its last known quotas (if any) stay "
-                                       "in force" % exc])
+            self._reject(znode, data, ["%s; skipped, its last known %s (if any) stay "
+                                       "in force" % (exc, self.noun)])
             return previous.get(path)
         if problems:
             self._reject(znode, data, problems)
         else:
             self._bad.pop(znode, None)
-        return quotas or None
+        return value or None
 
     def _reject(self, znode, data, messages):
         if self._bad.get(znode) == data:
@@ -324,17 +384,17 @@ class ZooKeeperQuotaSource(QuotaSource):
         self._bad[znode] = data
         self.rejected += 1
         for message in messages:
-            log.error(message)
+            self.log.error(message)
 
     def _resync(self):
         seqs = [_seq(name) for name in self.store.children(CHANGES)]
         snapshot = {}
         present = set()
-        for path in self.store.entity_paths():
+        for path in self.entity_paths():
             present.add("%s/%s" % (CONFIG_ROOT, path))
-            config = self._entity(path, self._snapshot)
-            if config:
-                snapshot[path] = config
+            value = self._entity(path, self._snapshot)
+            if value:
+                snapshot[path] = value
         self._bad = {z: d for z, d in self._bad.items() if z in present}
         self._last_seq = max([s for s in seqs if s is not None], default=self._last_seq)
         self._snapshot = snapshot
@@ -349,13 +409,13 @@ class ZooKeeperQuotaSource(QuotaSource):
             for seq, name in fresh:
                 path = self._notified_path("%s/%s" % (CHANGES, name))
                 if path is not None:
-                    config = self._entity(path, self._snapshot)
-                    if config:
-                        self._snapshot[path] = config
+                    value = self._entity(path, self._snapshot)
+                    if value:
+                        self._snapshot[path] = value
                     else:
                         self._snapshot.pop(path, None)
                     changed = True
-                    log.info("quota change for %s: %s", path, config or "no quotas")
+                    self.log.info(self.change_text(path, value))
                 # only now: a notification whose entity could not be read is
                 # not passed over (the retry or the reconnect resync reads it)
                 self._last_seq = seq
@@ -364,8 +424,8 @@ class ZooKeeperQuotaSource(QuotaSource):
                 self._to_loop(dict(self._snapshot))
 
     def _notified_path(self, znode):
-        """The quota entity a notification names; None for one that is gone,
-        is not about quotas, or is not Kafka's JSON (each passed over)."""
+        """The entity a notification names; None for one that is gone, is
+        not about what this follows, or is not Kafka's JSON (each passed over)."""
         from kazoo.exceptions import NoNodeError
 
         try:
@@ -379,20 +439,23 @@ class ZooKeeperQuotaSource(QuotaSource):
             if not (path.startswith("users/") or path.startswith("clients/")):
                 return None  # topics, brokers: not quotas
             parse_entity_path(path)
-            return path
         except (ValueError, KeyError, TypeError, AttributeError):
             self.rejected += 1
-            log.error("ignoring change notification %s: not Kafka's JSON: %r", znode, data[:200])
+            self.log.error("ignoring change notification %s: not Kafka's JSON: %r",
+                           znode, data[:200])
             return None
+        return path if self.follows(path) else None
 
     def _to_loop(self, snapshot=None, healthy=None, note=None, always=False):
         """Hand a snapshot and/or a health change to the event loop, in order."""
+        value = self.handed(snapshot) if snapshot is not None else None
+
         def apply():
             if snapshot is not None:
-                self._on_update(snapshot)
+                self._on_update(value)
             if healthy is not None:
                 if note and (always or healthy and not self.healthy):
-                    log.info(note)
+                    self.log.info(note)
                 self.healthy = healthy
 
         if self._loop is not None and not self._loop.is_closed():
@@ -406,6 +469,16 @@ class ZooKeeperQuotaSource(QuotaSource):
         if self._worker is not None:
             await asyncio.to_thread(self._worker.join, 5)
         await asyncio.to_thread(self.store.close)
+
+
+class ZooKeeperQuotaSource(ZooKeeperFollower, QuotaSource):
+    """The quotas of every entity znode, followed live (see ZooKeeperFollower)."""
+
+    def parse_entity(self, znode, data):
+        return entity_quotas(znode, data)
+
+    def change_text(self, path, quotas):
+        return "quota change for %s: %s" % (path, quotas or "no quotas")
 
 
 def _reason(exc):
