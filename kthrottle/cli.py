@@ -87,8 +87,8 @@ def _add_proxy_flags(p, bootstrap_required_text):
     a = p.add_argument_group("client security (Kafka's security.protocol and SASL settings)")
     a.add_argument(
         "--security-protocol", metavar="P",
-        help="what clients speak to the listeners: PLAINTEXT (default) or SASL_PLAINTEXT "
-        "(SSL and SASL_SSL are to come)",
+        help="what clients speak to the listeners: PLAINTEXT (default), SSL, SASL_PLAINTEXT "
+        "or SASL_SSL",
     )
     a.add_argument(
         "--sasl-mode", choices=("terminate", "passthrough"),
@@ -107,6 +107,20 @@ def _add_proxy_flags(p, bootstrap_required_text):
         "kthrottle quotas alter --credentials-file ... --add-config "
         "'SCRAM-SHA-512=[password=...]'), re-read when it changes; without it, the SCRAM "
         "credentials in --zookeeper are used. PLAIN is checked against them",
+    )
+    a.add_argument("--ssl-cert", metavar="PEM", help="the listeners' certificate (chain)")
+    a.add_argument("--ssl-key", metavar="PEM", help="its private key")
+    a.add_argument("--ssl-ca", metavar="PEM",
+                   help="CA bundle that client certificates are checked against (mTLS)")
+    a.add_argument(
+        "--ssl-client-auth", choices=("none", "requested", "required"),
+        help="client certificates, as Kafka's ssl.client.auth (default none); with SSL the "
+        "principal is the certificate's subject, mapped by --ssl-principal-mapping-rules",
+    )
+    a.add_argument(
+        "--ssl-principal-mapping-rules", metavar="RULES",
+        help="Kafka's ssl.principal.mapping.rules, e.g. 'RULE:^CN=(.*?),OU=.*$/$1/L,DEFAULT' "
+        "(default DEFAULT: the subject as RFC 2253 writes it, CN=alice,OU=team,O=org)",
     )
     a.add_argument(
         "--failed-authentication-delay-ms", type=int, metavar="MS",
@@ -171,6 +185,11 @@ def _flag_values(args):
         "sasl_enabled_mechanisms": args.sasl_enabled_mechanisms,
         "credentials_file": args.credentials_file,
         "failed_authentication_delay_ms": args.failed_authentication_delay_ms,
+        "ssl_cert": args.ssl_cert,
+        "ssl_key": args.ssl_key,
+        "ssl_ca": args.ssl_ca,
+        "ssl_client_auth": args.ssl_client_auth,
+        "ssl_principal_mapping_rules": args.ssl_principal_mapping_rules,
     }
 
 
@@ -223,7 +242,14 @@ async def serve(config, on_ready=None):
             raise SystemExit("kthrottle: error: %s" % exc) from None
         authenticator = SaslTerminate(config.sasl_enabled_mechanisms, lambda: current[0],
                                       config.failed_authentication_delay_ms)
-    server = ProxyServer(config, manager, authenticator)
+    try:
+        server = ProxyServer(config, manager, authenticator)
+    except ValueError as exc:  # the TLS files
+        if credentials is not None:
+            await credentials.stop()
+        if source is not None:
+            await source.stop()
+        raise SystemExit("kthrottle: error: %s" % exc) from None
     admin = None
     try:
         await server.start()

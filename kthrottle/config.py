@@ -66,6 +66,15 @@ class ProxyConfig:
         default_factory=lambda: ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
     credentials_file: str | None = None
     failed_authentication_delay_ms: int = 100  # KIP-306
+    ssl_cert: str | None = None
+    ssl_key: str | None = None
+    ssl_ca: str | None = None
+    ssl_client_auth: str = "none"  # Kafka's ssl.client.auth
+    ssl_principal_mapping_rules: str = "DEFAULT"
+
+    @property
+    def tls_enabled(self):
+        return self.security_protocol in ("SSL", "SASL_SSL")
 
     @property
     def sasl_enabled(self):
@@ -114,9 +123,25 @@ class ProxyConfig:
         if self.security_protocol not in SECURITY_PROTOCOLS:
             raise ConfigError("security-protocol must be one of %s, got %r"
                               % (", ".join(SECURITY_PROTOCOLS), self.security_protocol))
-        if self.security_protocol in ("SSL", "SASL_SSL"):
-            raise ConfigError("security-protocol %s: TLS listeners are not supported yet "
-                              "(PLAINTEXT and SASL_PLAINTEXT are)" % self.security_protocol)
+        if self.tls_enabled:
+            if not self.ssl_cert or not self.ssl_key:
+                raise ConfigError("security-protocol %s needs --ssl-cert and --ssl-key (PEM)"
+                                  % self.security_protocol)
+            if self.ssl_client_auth not in ("none", "requested", "required"):
+                raise ConfigError("ssl-client-auth must be none, requested or required, got %r"
+                                  % self.ssl_client_auth)
+            if self.ssl_client_auth != "none" and not self.ssl_ca:
+                raise ConfigError("ssl-client-auth %s needs --ssl-ca, the CA bundle client "
+                                  "certificates are checked against" % self.ssl_client_auth)
+            from .policy.principal import parse_rules
+
+            try:
+                parse_rules(self.ssl_principal_mapping_rules)
+            except ValueError as exc:
+                raise ConfigError("ssl-principal-mapping-rules: %s" % exc) from None
+        elif self.ssl_cert or self.ssl_key or self.ssl_ca:
+            raise ConfigError("ssl-cert, ssl-key and ssl-ca are for TLS listeners: give "
+                              "--security-protocol SSL or SASL_SSL")
         if self.sasl_mode not in ("terminate", "passthrough"):
             raise ConfigError("sasl-mode must be terminate or passthrough, got %r" % self.sasl_mode)
         if self.sasl_enabled:
@@ -133,7 +158,7 @@ class ProxyConfig:
                                   "Kafka keeps there" % self.security_protocol)
         elif self.credentials_file:
             raise ConfigError("credentials-file is for SASL listeners: give "
-                              "--security-protocol SASL_PLAINTEXT")
+                              "--security-protocol SASL_PLAINTEXT or SASL_SSL")
         if self.failed_authentication_delay_ms < 0:
             raise ConfigError("failed-authentication-delay-ms must not be negative")
         self.quota_settings()
@@ -161,6 +186,11 @@ _KEYS = {
     "sasl-enabled-mechanisms": "sasl_enabled_mechanisms",
     "credentials-file": "credentials_file",
     "failed-authentication-delay-ms": "failed_authentication_delay_ms",
+    "ssl-cert": "ssl_cert",
+    "ssl-key": "ssl_key",
+    "ssl-ca": "ssl_ca",
+    "ssl-client-auth": "ssl_client_auth",
+    "ssl-principal-mapping-rules": "ssl_principal_mapping_rules",
 }
 
 
@@ -185,7 +215,9 @@ def _convert(key, value):
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError("sasl-enabled-mechanisms must be a list of mechanism names")
         return [v.strip() for v in value if v.strip()]
-    if key in ("quota-file", "quota-mode", "security-protocol", "sasl-mode", "credentials-file"):
+    if key in ("quota-file", "quota-mode", "security-protocol", "sasl-mode", "credentials-file",
+               "ssl-cert", "ssl-key", "ssl-ca", "ssl-client-auth",
+               "ssl-principal-mapping-rules"):
         if not isinstance(value, str) or not value:
             raise ConfigError("%s must be a non-empty string" % key)
         return value

@@ -90,8 +90,29 @@ class ClientConnection(asyncio.Protocol):
         self.peer = "%s:%s" % peer[:2] if peer else "?"
         self.client.pause("connecting")
         self.server.connections.add(self)
+        mapper = self.server.principal_mapper
+        if mapper is not None and not self._tls_principal(transport, mapper):
+            return
         self._connect_task = self.loop.create_task(self._connect_upstream())
         self._connect_task.add_done_callback(self._connect_done)
+
+    def _tls_principal(self, transport, mapper):
+        """SSL listeners: the client certificate's subject, mapped, is the
+        principal (without a certificate: ANONYMOUS, as in Kafka)."""
+        from ..policy.principal import NoMatchingRule
+        from .server import certificate_subject
+
+        ssl_object = transport.get_extra_info("ssl_object")
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        if der is None:
+            return True
+        subject = certificate_subject(der)
+        try:
+            self.pipeline.principal = mapper.principal(subject)
+        except NoMatchingRule as exc:
+            self.close("client certificate refused: %s" % exc)
+            return False
+        return True
 
     async def _connect_upstream(self):
         errors = []

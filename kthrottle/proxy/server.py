@@ -25,6 +25,12 @@ class ProxyServer:
         self.connections = set()
         # who looks at what, per API key and version: built once
         self.filter_table = FilterTable(standard_filters(self.advertise, quotas, authenticator))
+        self.ssl_context = tls_context(config) if config.tls_enabled else None
+        self.principal_mapper = None
+        if config.security_protocol == "SSL":
+            from ..policy.principal import PrincipalMapper
+
+            self.principal_mapper = PrincipalMapper(config.ssl_principal_mapping_rules)
         self._ids = itertools.count(1)
         self._starting = set()
 
@@ -52,7 +58,7 @@ class ProxyServer:
         bootstrap = list(self.config.bootstrap_servers)
         server = await loop.create_server(
             lambda: ClientConnection(self, "bootstrap", bootstrap),
-            host, port, reuse_address=True,
+            host, port, reuse_address=True, ssl=self.ssl_context,
         )
         self.listeners[None] = server
         log.info(
@@ -100,7 +106,7 @@ class ProxyServer:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
             lambda: ClientConnection(self, "node %d" % node_id, self._node_route(node_id)),
-            sock=sock,
+            sock=sock, ssl=self.ssl_context,
         )
         self.listeners[node_id] = server
         log.info(
@@ -126,3 +132,29 @@ class ProxyServer:
         for s in servers:
             await s.wait_closed()
         self.listeners.clear()
+
+
+def tls_context(config):
+    """The listeners' TLS: certificate and key, and client certificates
+    checked against ``ssl_ca`` as Kafka's ssl.client.auth says."""
+    import ssl
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.ssl_cert, config.ssl_key)
+        if config.ssl_ca:
+            context.load_verify_locations(config.ssl_ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError("cannot load the listeners' TLS certificate, key or CA (%s, %s, %s): %s"
+                         % (config.ssl_cert, config.ssl_key, config.ssl_ca, exc)) from None
+    context.verify_mode = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL,
+                           "required": ssl.CERT_REQUIRED}[config.ssl_client_auth]
+    return context
+
+
+def certificate_subject(der):
+    """A certificate's subject as Kafka writes it (RFC 2253, most specific
+    first: CN=alice,OU=team,O=org)."""
+    from cryptography import x509
+
+    return x509.load_der_x509_certificate(der).subject.rfc4514_string()

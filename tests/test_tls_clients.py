@@ -1,0 +1,182 @@
+"""TLS listeners (SSL, SASL_SSL) with certificates made here (trustme), real
+clients, a kthrottle process and a real Tansu broker behind it."""
+import asyncio
+import datetime
+import ssl
+import uuid
+
+import pytest
+import trustme
+
+from conftest import ProxyProcess
+from kthrottle.embedded import free_port
+from quota_clients import admin_get, kthrottle_quotas
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA(organization_name="kthrottle tests")
+    files = {"ca": tmp / "ca.pem"}
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    files["server"] = tmp / "server.pem"
+    files["server_key"] = tmp / "server.key"
+    server.cert_chain_pems[0].write_to_path(str(files["server"]))
+    for pem in server.cert_chain_pems[1:]:
+        pem.write_to_path(str(files["server"]), append=True)
+    server.private_key_pem.write_to_path(str(files["server_key"]))
+
+    def client(name, issuer=ca, **kw):
+        leaf = issuer.issue_cert("%s@example.com" % name.lower(), common_name=name,
+                                 organization_unit_name="team", organization_name="org", **kw)
+        cert, key = tmp / ("%s.pem" % name), tmp / ("%s.key" % name)
+        leaf.cert_chain_pems[0].write_to_path(str(cert))
+        leaf.private_key_pem.write_to_path(str(key))
+        return str(cert), str(key)
+
+    files["alice"] = client("Alice")
+    files["expired"] = client("Old", not_before=datetime.datetime(2020, 1, 1),
+                              not_after=datetime.datetime(2021, 1, 1))
+    files["stranger"] = client("Stranger", issuer=trustme.CA())
+    return {k: (v if isinstance(v, tuple) else str(v)) for k, v in files.items()}
+
+
+def _proxy(broker, tmp, pki, protocol, *extra):
+    admin = free_port()
+    p = ProxyProcess(broker.bootstrap, tmp / ("%s.log" % protocol),
+                     ["--security-protocol", protocol, "--ssl-cert", pki["server"],
+                      "--ssl-key", pki["server_key"], "--admin-listen", "127.0.0.1:%d" % admin,
+                      *extra])
+    p.admin = admin
+    return p
+
+
+def _roundtrip_aiokafka(proxy, broker, **auth):
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    topic = "tls-%s" % uuid.uuid4().hex[:8]
+    broker.create_topic(topic, partitions=1)
+
+    async def run():
+        producer = AIOKafkaProducer(bootstrap_servers=proxy.bootstrap, client_id="shared-app",
+                                    **auth)
+        await producer.start()
+        try:
+            for i in range(10):
+                await producer.send_and_wait(topic, b"v%d" % i, partition=0)
+            principals = [c["principal"] for c in admin_get(proxy.admin, "/quotas")["connections"]]
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(bootstrap_servers=proxy.bootstrap,
+                                    auto_offset_reset="earliest", **auth)
+        await consumer.start()
+        try:
+            consumer.assign([TopicPartition(topic, 0)])
+            got = []
+            while len(got) < 10:
+                batch = await asyncio.wait_for(consumer.getmany(timeout_ms=1000), 30)
+                for records in batch.values():
+                    got += [r.value for r in records]
+        finally:
+            await consumer.stop()
+        return got, principals
+
+    got, principals = asyncio.run(run())
+    assert got == [b"v%d" % i for i in range(10)]
+    return principals
+
+
+def test_mtls_principal_is_the_mapped_subject_and_all_clients_connect(broker, tmp_path, pki):
+    from aiokafka.helpers import create_ssl_context
+
+    rules = "RULE:^CN=([^,]*),OU=team,O=org$/$1/L,DEFAULT"
+    p = _proxy(broker, tmp_path, pki, "SSL", "--ssl-ca", pki["ca"], "--ssl-client-auth",
+               "required", "--ssl-principal-mapping-rules", rules).start()
+    try:
+        cert, key = pki["alice"]
+        context = create_ssl_context(cafile=pki["ca"], certfile=cert, keyfile=key)
+        principals = _roundtrip_aiokafka(p, broker, security_protocol="SSL", ssl_context=context)
+        assert principals and set(principals) == {"alice"}
+
+        import confluent_kafka
+
+        producer = confluent_kafka.Producer({
+            "bootstrap.servers": p.bootstrap, "security.protocol": "SSL",
+            "ssl.ca.location": pki["ca"], "ssl.certificate.location": cert,
+            "ssl.key.location": key})
+        topic = "tls-ck-%s" % uuid.uuid4().hex[:8]
+        broker.create_topic(topic, partitions=1)
+        for i in range(10):
+            producer.produce(topic, b"x%d" % i, partition=0)
+        assert producer.flush(30) == 0
+
+        from kafka import KafkaProducer
+
+        kp = KafkaProducer(bootstrap_servers=p.bootstrap, security_protocol="SSL",
+                           ssl_cafile=pki["ca"], ssl_certfile=cert, ssl_keyfile=key)
+        try:
+            assert kp.send(topic, b"kp", partition=0).get(30).offset == 10
+        finally:
+            kp.close()
+    finally:
+        p.stop()
+
+
+@pytest.mark.parametrize("who", [None, "expired", "stranger"])
+def test_a_client_without_a_valid_certificate_is_refused_when_one_is_required(
+        broker, tmp_path, pki, who):
+    p = _proxy(broker, tmp_path, pki, "SSL", "--ssl-ca", pki["ca"],
+               "--ssl-client-auth", "required").start()
+    try:
+        context = ssl.create_default_context(cafile=pki["ca"])
+        if who is not None:
+            context.load_cert_chain(*pki[who])
+        import socket
+
+        raw = socket.create_connection(("127.0.0.1", p.port), timeout=10)
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+                s.sendall(b"\x00\x00\x00\x0a" + b"\x00" * 10)  # TLS 1.3 reports it on read
+                if s.recv(10) == b"":
+                    raise ConnectionError("closed")
+        assert p.alive()
+        assert "connection 1 opened" not in p.log()  # no broker connection was made for it
+    finally:
+        p.stop()
+
+
+def test_sasl_over_tls_binds_the_sasl_user(broker, tmp_path, pki):
+    from aiokafka.helpers import create_ssl_context
+
+    creds = tmp_path / "creds.toml"
+    done = kthrottle_quotas("alter", "--credentials-file", str(creds), "--entity-type", "users",
+                            "--entity-name", "bob", "--add-config",
+                            "SCRAM-SHA-256=[password=bob-secret]")
+    assert done.returncode == 0, done.stderr
+    p = _proxy(broker, tmp_path, pki, "SASL_SSL", "--credentials-file", str(creds)).start()
+    try:
+        principals = _roundtrip_aiokafka(
+            p, broker, security_protocol="SASL_SSL",
+            ssl_context=create_ssl_context(cafile=pki["ca"]), sasl_mechanism="SCRAM-SHA-256",
+            sasl_plain_username="bob", sasl_plain_password="bob-secret")
+        assert set(principals) == {"bob"}
+    finally:
+        p.stop()
+
+
+def test_a_bad_certificate_file_is_a_clear_error(tmp_path, pki):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    out = subprocess.run(
+        [sys.executable, "-m", "kthrottle", "proxy", "--bootstrap-server", "127.0.0.1:1",
+         "--listen", "127.0.0.1:%d" % free_port(), "--security-protocol", "SSL",
+         "--ssl-cert", str(tmp_path / "missing.pem"), "--ssl-key", pki["server_key"]],
+        capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert out.returncode != 0
+    assert "cannot load the listeners' TLS certificate" in out.stderr
+    assert "Traceback" not in out.stderr
+
