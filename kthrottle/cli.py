@@ -127,6 +127,26 @@ def _add_proxy_flags(p, bootstrap_required_text):
         help="a failed authentication is answered after this delay, then the connection "
         "closes (Kafka's connection.failed.authentication.delay.ms, default 100)",
     )
+    u = p.add_argument_group("towards the brokers")
+    u.add_argument(
+        "--upstream-security-protocol", metavar="P",
+        help="what the proxy speaks to the brokers: PLAINTEXT (default), SSL, SASL_PLAINTEXT "
+        "or SASL_SSL (with the proxy's own SASL identity below)",
+    )
+    u.add_argument("--upstream-ssl-ca", metavar="PEM",
+                   help="CA bundle the brokers' certificates are checked against (default: the "
+                   "system's); host names are checked")
+    u.add_argument("--upstream-ssl-cert", metavar="PEM",
+                   help="the proxy's client certificate, for brokers that require mTLS")
+    u.add_argument("--upstream-ssl-key", metavar="PEM", help="its private key")
+    u.add_argument("--upstream-sasl-mechanism", metavar="M",
+                   help="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (default)")
+    u.add_argument("--upstream-sasl-username", metavar="USER", help="the proxy's SASL user")
+    u.add_argument(
+        "--upstream-sasl-password-file", metavar="PATH",
+        help="file holding the proxy's SASL password (else the environment variable "
+        "KTHROTTLE_UPSTREAM_SASL_PASSWORD; never a flag)",
+    )
     p.add_argument(
         "--config", metavar="FILE",
         help="TOML file with the same keys as the long flags (bootstrap-server = [...], "
@@ -190,6 +210,13 @@ def _flag_values(args):
         "ssl_ca": args.ssl_ca,
         "ssl_client_auth": args.ssl_client_auth,
         "ssl_principal_mapping_rules": args.ssl_principal_mapping_rules,
+        "upstream_security_protocol": args.upstream_security_protocol,
+        "upstream_ssl_ca": args.upstream_ssl_ca,
+        "upstream_ssl_cert": args.upstream_ssl_cert,
+        "upstream_ssl_key": args.upstream_ssl_key,
+        "upstream_sasl_mechanism": args.upstream_sasl_mechanism,
+        "upstream_sasl_username": args.upstream_sasl_username,
+        "upstream_sasl_password_file": args.upstream_sasl_password_file,
     }
 
 

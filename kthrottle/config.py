@@ -7,6 +7,7 @@ from .codecs import DEFAULT_MAX_FRAME_SIZE
 DEFAULT_LISTEN = "127.0.0.1:9092"
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+UPSTREAM_PASSWORD_ENV = "KTHROTTLE_UPSTREAM_SASL_PASSWORD"
 
 
 class ConfigError(Exception):
@@ -71,6 +72,34 @@ class ProxyConfig:
     ssl_ca: str | None = None
     ssl_client_auth: str = "none"  # Kafka's ssl.client.auth
     ssl_principal_mapping_rules: str = "DEFAULT"
+    # towards the brokers
+    upstream_security_protocol: str = "PLAINTEXT"
+    upstream_ssl_ca: str | None = None
+    upstream_ssl_cert: str | None = None
+    upstream_ssl_key: str | None = None
+    upstream_sasl_mechanism: str = "SCRAM-SHA-512"
+    upstream_sasl_username: str | None = None
+    upstream_sasl_password_file: str | None = None
+
+    def upstream_sasl_password(self):
+        """From --upstream-sasl-password-file, else the environment variable
+        KTHROTTLE_UPSTREAM_SASL_PASSWORD; never from a flag."""
+        import os
+
+        if self.upstream_sasl_password_file:
+            try:
+                with open(self.upstream_sasl_password_file, encoding="utf-8") as f:
+                    password = f.read().rstrip("\r\n")
+            except OSError as exc:
+                raise ConfigError("cannot read upstream-sasl-password-file %s: %s"
+                                  % (self.upstream_sasl_password_file, exc.strerror)) from None
+        else:
+            password = os.environ.get(UPSTREAM_PASSWORD_ENV)
+        if not password:
+            raise ConfigError("upstream-security-protocol %s needs the proxy's password: "
+                              "--upstream-sasl-password-file PATH or %s"
+                              % (self.upstream_security_protocol, UPSTREAM_PASSWORD_ENV))
+        return password
 
     @property
     def tls_enabled(self):
@@ -159,6 +188,19 @@ class ProxyConfig:
         elif self.credentials_file:
             raise ConfigError("credentials-file is for SASL listeners: give "
                               "--security-protocol SASL_PLAINTEXT or SASL_SSL")
+        if self.upstream_security_protocol not in SECURITY_PROTOCOLS:
+            raise ConfigError("upstream-security-protocol must be one of %s, got %r"
+                              % (", ".join(SECURITY_PROTOCOLS), self.upstream_security_protocol))
+        if self.upstream_security_protocol.startswith("SASL_"):
+            if self.upstream_sasl_mechanism not in SASL_MECHANISMS:
+                raise ConfigError("upstream-sasl-mechanism must be one of %s, got %r"
+                                  % (", ".join(SASL_MECHANISMS), self.upstream_sasl_mechanism))
+            if not self.upstream_sasl_username:
+                raise ConfigError("upstream-security-protocol %s needs --upstream-sasl-username"
+                                  % self.upstream_security_protocol)
+            self.upstream_sasl_password()
+        if bool(self.upstream_ssl_cert) != bool(self.upstream_ssl_key):
+            raise ConfigError("upstream-ssl-cert and upstream-ssl-key go together")
         if self.failed_authentication_delay_ms < 0:
             raise ConfigError("failed-authentication-delay-ms must not be negative")
         self.quota_settings()
@@ -191,6 +233,13 @@ _KEYS = {
     "ssl-ca": "ssl_ca",
     "ssl-client-auth": "ssl_client_auth",
     "ssl-principal-mapping-rules": "ssl_principal_mapping_rules",
+    "upstream-security-protocol": "upstream_security_protocol",
+    "upstream-ssl-ca": "upstream_ssl_ca",
+    "upstream-ssl-cert": "upstream_ssl_cert",
+    "upstream-ssl-key": "upstream_ssl_key",
+    "upstream-sasl-mechanism": "upstream_sasl_mechanism",
+    "upstream-sasl-username": "upstream_sasl_username",
+    "upstream-sasl-password-file": "upstream_sasl_password_file",
 }
 
 
@@ -217,7 +266,9 @@ def _convert(key, value):
         return [v.strip() for v in value if v.strip()]
     if key in ("quota-file", "quota-mode", "security-protocol", "sasl-mode", "credentials-file",
                "ssl-cert", "ssl-key", "ssl-ca", "ssl-client-auth",
-               "ssl-principal-mapping-rules"):
+               "ssl-principal-mapping-rules", "upstream-security-protocol", "upstream-ssl-ca",
+               "upstream-ssl-cert", "upstream-ssl-key", "upstream-sasl-mechanism",
+               "upstream-sasl-username", "upstream-sasl-password-file"):
         if not isinstance(value, str) or not value:
             raise ConfigError("%s must be a non-empty string" % key)
         return value

@@ -89,7 +89,17 @@ def test_config_in_a_proxy_section(tmp_path):
      'credentials-file = "c"\nsasl-enabled-mechanisms = ["GSSAPI"]\n',
      "sasl-enabled-mechanisms must be among PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"),
     ('bootstrap-server = ["k1:9092"]\ncredentials-file = "c"\n', "give --security-protocol"),
-    ('bootstrap-server = ["k1:9092"]\nsecurity-protocol = "SSL"\n', "not supported yet"),
+    ('bootstrap-server = ["k1:9092"]\nsecurity-protocol = "SSL"\n', "needs --ssl-cert and --ssl-key"),
+    ('bootstrap-server = ["k1:9092"]\nsecurity-protocol = "SSL"\nssl-cert = "c"\nssl-key = "k"\n'
+     'ssl-client-auth = "required"\n', "needs --ssl-ca"),
+    ('bootstrap-server = ["k1:9092"]\nsecurity-protocol = "SSL"\nssl-cert = "c"\nssl-key = "k"\n'
+     'ssl-principal-mapping-rules = "RULE:x"\n', "ssl-principal-mapping-rules: "),
+    ('bootstrap-server = ["k1:9092"]\nupstream-security-protocol = "SASL_SSL"\n',
+     "needs --upstream-sasl-username"),
+    ('bootstrap-server = ["k1:9092"]\nupstream-security-protocol = "SASL_SSL"\n'
+     'upstream-sasl-username = "p"\n', "KTHROTTLE_UPSTREAM_SASL_PASSWORD"),
+    ('bootstrap-server = ["k1:9092"]\nsasl-mode = "passthrough"\nsecurity-protocol = "SASL_PLAINTEXT"\n',
+     "passthrough is not supported yet"),
 ])
 def test_bad_config_files_give_a_clear_error(tmp_path, text, message):
     path = tmp_path / "bad.toml"

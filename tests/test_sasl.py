@@ -226,3 +226,33 @@ def test_without_an_authenticator_the_table_has_no_authenticating_cost():
     conn.broker_connected(0.0)
     assert conn.phase is Phase.READY
     assert table.lookup(apis.PRODUCE, 7)[1] == ()
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
+@pytest.mark.parametrize("password,ok", [("bob-secret", True), ("wrong", False)])
+def test_the_proxys_own_login_to_the_broker(mechanism, password, ok):
+    """Two pipelines back to back, no sockets: A logs in to B (a terminating
+    proxy standing for a SASL broker) before any of its client's bytes go."""
+    from kthrottle.proxy.auth import UpstreamSaslLogin
+
+    a = Harness(filters=standard_filters(advertise, None, None,
+                                         UpstreamSaslLogin(mechanism, "bob", password)),
+                connect=False)
+    b = SaslHarness()
+    a.client(api_versions_req(1))  # the client speaks at once; it must wait
+    a.run(a.conn.broker_connected(0.0))
+    assert a.conn.phase is Phase.CONNECTING
+    for _ in range(4):  # carry bytes between them until nothing moves
+        b.client(a.take_broker())
+        b.at(b.now + 1.0)
+        out = b.take_client()
+        if out:
+            a.broker(out)
+    if ok:
+        assert a.conn.phase is Phase.READY and b.conn.principal == "bob"
+        # the client's request went after the login, and on through B
+        assert req_cids(b.take_broker()) == [1]
+        assert "ResumeClient" in a.log
+    else:
+        assert a.closed and "refused the proxy's %s login as 'bob'" % mechanism in a.closed
+        assert password not in a.closed

@@ -180,3 +180,47 @@ def test_a_bad_certificate_file_is_a_clear_error(tmp_path, pki):
     assert "cannot load the listeners' TLS certificate" in out.stderr
     assert "Traceback" not in out.stderr
 
+
+
+def test_upstream_sasl_ssl_with_the_proxys_own_credentials(broker, tmp_path, pki):
+    """A plaintext proxy whose upstream is SASL_SSL with its own identity, in
+    front of a terminating SASL_SSL proxy, in front of Tansu."""
+    creds = tmp_path / "creds.toml"
+    done = kthrottle_quotas("alter", "--credentials-file", str(creds), "--entity-type", "users",
+                            "--entity-name", "edge-proxy", "--add-config",
+                            "SCRAM-SHA-512=[password=edge-secret]")
+    assert done.returncode == 0, done.stderr
+    inner = _proxy(broker, tmp_path, pki, "SASL_SSL", "--credentials-file", str(creds)).start()
+    password = tmp_path / "password"
+    password.write_text("edge-secret\n")
+    upstream = ["--upstream-security-protocol", "SASL_SSL", "--upstream-ssl-ca", pki["ca"],
+                "--upstream-sasl-mechanism", "SCRAM-SHA-512",
+                "--upstream-sasl-username", "edge-proxy"]
+    outer = ProxyProcess(inner.bootstrap, tmp_path / "outer.log",
+                         upstream + ["--upstream-sasl-password-file", str(password)])
+    outer.admin = free_port()
+    outer.extra_args += ["--admin-listen", "127.0.0.1:%d" % outer.admin]
+    outer.start()
+    try:
+        _roundtrip_aiokafka(outer, broker)
+        inner.wait_for_log("client authenticated as 'edge-proxy' with SCRAM-SHA-512")
+        assert "edge-secret" not in outer.log() + inner.log()
+    finally:
+        outer.stop()
+    # a wrong password: the outer proxy's connections close with the reason
+    password.write_text("not-it\n")
+    bad = ProxyProcess(inner.bootstrap, tmp_path / "bad.log",
+                       upstream + ["--upstream-sasl-password-file", str(password)]).start()
+    try:
+        import socket
+        import struct
+
+        s = socket.create_connection(("127.0.0.1", bad.port), timeout=10)
+        s.sendall(struct.pack(">ihhih", 10, 18, 0, 1, 0))  # ApiVersions v0
+        assert s.recv(100) == b""
+        s.close()
+        bad.wait_for_log("refused the proxy's SCRAM-SHA-512 login as 'edge-proxy'")
+        assert "not-it" not in bad.log()
+    finally:
+        bad.stop()
+        inner.stop()

@@ -239,3 +239,78 @@ class SaslTerminate(Filter):
         conn.phase = Phase.READY
         conn.auth.scram = None
         log.info("client authenticated as %r with %s", user, conn.auth.mechanism)
+
+
+class UpstreamSaslLogin(Filter):
+    """The proxy's own SASL login on each broker connection (terminate mode
+    towards brokers that require SASL): SaslHandshake v1 and SaslAuthenticate
+    (KIP-152) sent as the proxy's own requests before any client byte."""
+
+    name = "upstream-sasl"
+
+    def __init__(self, mechanism, username, password):
+        if mechanism not in MECHANISMS:
+            raise ValueError("upstream SASL mechanism must be one of %s, got %r"
+                             % (", ".join(MECHANISMS), mechanism))
+        self.mechanism = mechanism
+        self.username = username
+        self._password = password
+
+    def __repr__(self):  # never the password
+        return "UpstreamSaslLogin(%s, %r)" % (self.mechanism, self.username)
+
+    def on_upstream(self, conn):
+        request = SaslHandshakeRequest[1](mechanism=self.mechanism)
+        request.with_header(correlation_id=0, client_id="kthrottle")
+        conn.send_request(bytes(request.encode(header=True, framed=True)), SASL_HANDSHAKE, 1,
+                          self._handshake_answered)
+        return True
+
+    def _send_token(self, conn, token):
+        request = SaslAuthenticateRequest[1](auth_bytes=token)
+        request.with_header(correlation_id=0, client_id="kthrottle")
+        conn.send_request(bytes(request.encode(header=True, framed=True)), SASL_AUTHENTICATE, 1,
+                          self._token_answered)
+
+    def _handshake_answered(self, conn, frame):
+        answer = SaslHandshakeResponse[1].decode(bytes(frame[8:]))
+        if answer.error_code:
+            conn.upstream_ready(False, "the broker refused SASL mechanism %s (error %d; it offers "
+                                "%s)" % (self.mechanism, answer.error_code,
+                                         ", ".join(answer.mechanisms)))
+            return
+        if self.mechanism == "PLAIN":
+            conn.auth_upstream = None
+            self._send_token(conn, ("\0%s\0%s" % (self.username, self._password)).encode("utf-8"))
+            return
+        from scramp import ScramClient
+
+        client = ScramClient([self.mechanism], self.username, self._password)
+        conn.auth_upstream = [client, False]
+        self._send_token(conn, client.get_client_first().encode("utf-8"))
+
+    def _token_answered(self, conn, frame):
+        from scramp import ScramException
+
+        answer = SaslAuthenticateResponse[1].decode(bytes(frame[8:]))
+        if answer.error_code:
+            conn.upstream_ready(False, "the broker refused the proxy's %s login as %r: %s"
+                                % (self.mechanism, self.username, answer.error_message))
+            return
+        state = conn.auth_upstream  # None for PLAIN (one round), else [client, sent final?]
+        if state is not None:
+            client, sent_final = state
+            try:
+                if not sent_final:
+                    client.set_server_first(bytes(answer.auth_bytes).decode("utf-8"))
+                    state[1] = True
+                    self._send_token(conn, client.get_client_final().encode("utf-8"))
+                    return
+                client.set_server_final(bytes(answer.auth_bytes).decode("utf-8"))
+            except (ScramException, UnicodeDecodeError) as exc:
+                conn.upstream_ready(False, "the broker's %s answer did not verify: %s"
+                                    % (self.mechanism, exc))
+                return
+        conn.auth_upstream = None
+        log.debug("logged in to the broker as %r with %s", self.username, self.mechanism)
+        conn.upstream_ready()

@@ -119,15 +119,17 @@ class ClientConnection(asyncio.Protocol):
         timeout = self.server.config.upstream_connect_timeout_ms / 1000.0
         for host, port in self.upstream_addresses:
             try:
+                tls = self.server.upstream_ssl_context
                 await asyncio.wait_for(
-                    self.loop.create_connection(lambda: UpstreamConnection(self), host, port),
+                    self.loop.create_connection(lambda: UpstreamConnection(self), host, port,
+                                                ssl=tls, server_hostname=host if tls else None),
                     timeout)
             except asyncio.TimeoutError:
                 errors.append("%s:%s did not answer within %g s" % (host, port, timeout))
                 log.warning("connection %d: broker %s; trying the next address", self.conn_id,
                             errors[-1])
                 continue
-            except OSError as exc:
+            except OSError as exc:  # ssl.SSLError included: a certificate not trusted
                 errors.append("%s:%s %s" % (host, port, exc.strerror or exc))
                 continue
             self.upstream_addr = "%s:%s" % (host, port)

@@ -134,11 +134,11 @@ class FetchCap(Filter):
         return None if patched is None else Forward(patched)
 
 
-def standard_filters(advertise, quotas=None, authenticator=None):
-    """The proxy's filters, in the order they see a request: an
-    authenticator first, so that nothing reaches the others (or the broker)
-    before the client has authenticated."""
-    filters = [authenticator] if authenticator is not None else []
+def standard_filters(advertise, quotas=None, authenticator=None, upstream_login=None):
+    """The proxy's filters, in the order they see a request: the proxy's
+    own login to the broker, then an authenticator, so that nothing reaches
+    the others (or the broker) before the client has authenticated."""
+    filters = [f for f in (upstream_login, authenticator) if f is not None]
     filters += [VersionGate(), AddressRewrite(advertise)]
     if quotas is not None:
         filters += [QuotaAccounting(), FetchCap()]

@@ -200,8 +200,14 @@ class Filter:
         """NOTHING, HEAD, STREAM or GATHER for their responses."""
         return NOTHING
 
+    def on_upstream(self, conn):
+        """The broker connection is up, before any client byte reaches it.
+        Return True to talk to the broker first (with ``conn.send_request``);
+        the client waits until the filter calls ``conn.upstream_ready()``."""
+        return False
+
     def on_connect(self, conn):
-        """The broker connection is up (the filter may send requests of its
+        """The client may now be served (the filter may send requests of its
         own with ``conn.send_request`` or hold the phase at AUTHENTICATING)."""
 
     def on_request(self, conn, head, inflight):
@@ -304,11 +310,13 @@ class Connection:
         self.phase = Phase.CONNECTING
         self.principal = ANONYMOUS
         self.auth = None  # the authenticating filter's state for this connection
+        self.auth_upstream = None  # the proxy's own login to the broker, while it runs
         # set by a filter: the next request frames are not Kafka requests but
         # raw tokens (SASL after SaslHandshake v0), handed whole to
         # raw_request(conn, frame), which returns the framed answer or None
         self.raw_request = None
         self._close_when_released = None
+        self._upstream_waiting = 0  # filters still logging in to the broker
         self.now = 0.0  # the time given with the current input
         self.client_quotas = {}  # (principal, client-id) -> policy ClientQuotas
         self.requests_in = FrameCutter(self._request_head, self._whole_request,
@@ -339,20 +347,43 @@ class Connection:
     # inputs -----------------------------------------------------------
 
     def broker_connected(self, now):
-        """The broker connection is up: replay what the client sent meanwhile."""
+        """The broker connection is up. Filters that must first talk to the
+        broker themselves (the proxy's own SASL login) do so while the
+        client waits; then the client's bytes are replayed."""
         self.now = now
         actions = self._actions = []
-        if self.phase is not Phase.CONNECTING:
+        if self.phase is not Phase.CONNECTING or self._upstream_waiting:
             return actions
+        for f in self.table.filters:
+            if f.on_upstream(self):
+                self._upstream_waiting += 1
+        if self._upstream_waiting:
+            requests = []
+            self._flush_internal(requests)
+            actions.append(SendToBroker(requests))
+            return actions
+        self._client_may_start(actions)
+        return actions
+
+    def upstream_ready(self, ok=True, reason=None):
+        """A filter's exchange with the broker is over (from its response
+        callback); the last one lets the client in, a failure closes."""
+        if not ok:
+            self._close(reason or "the broker refused the proxy")
+            return
+        self._upstream_waiting -= 1
+        if not self._upstream_waiting:
+            self._client_may_start(self._actions)
+
+    def _client_may_start(self, actions):
         self.phase = Phase.READY
         for f in self.table.filters:
             f.on_connect(self)
         early, self._early = self._early, []
         if not self._client_bytes(early, actions):
-            return actions
+            return
         if self._unread is None:
             actions.append(RESUME_CLIENT)
-        return actions
 
     def client_data(self, data, now):
         """Bytes from the client."""

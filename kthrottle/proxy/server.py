@@ -24,8 +24,19 @@ class ProxyServer:
         self.listeners = {}  # node id -> asyncio Server (None key: bootstrap)
         self.connections = set()
         # who looks at what, per API key and version: built once
-        self.filter_table = FilterTable(standard_filters(self.advertise, quotas, authenticator))
+        upstream_login = None
+        if config.upstream_security_protocol.startswith("SASL_"):
+            from .auth import UpstreamSaslLogin
+
+            upstream_login = UpstreamSaslLogin(config.upstream_sasl_mechanism,
+                                               config.upstream_sasl_username,
+                                               config.upstream_sasl_password())
+        self.filter_table = FilterTable(
+            standard_filters(self.advertise, quotas, authenticator, upstream_login))
         self.ssl_context = tls_context(config) if config.tls_enabled else None
+        self.upstream_ssl_context = (
+            upstream_tls_context(config)
+            if config.upstream_security_protocol in ("SSL", "SASL_SSL") else None)
         self.principal_mapper = None
         if config.security_protocol == "SSL":
             from ..policy.principal import PrincipalMapper
@@ -158,3 +169,19 @@ def certificate_subject(der):
     from cryptography import x509
 
     return x509.load_der_x509_certificate(der).subject.rfc4514_string()
+
+
+def upstream_tls_context(config):
+    """TLS towards the brokers: their certificates checked (host names too,
+    as Kafka's ssl.endpoint.identification.algorithm=https), and the proxy's
+    own certificate for brokers that require one."""
+    import ssl
+
+    try:
+        context = ssl.create_default_context(cafile=config.upstream_ssl_ca)
+        if config.upstream_ssl_cert:
+            context.load_cert_chain(config.upstream_ssl_cert, config.upstream_ssl_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError("cannot load the upstream TLS CA or certificate (%s, %s): %s"
+                         % (config.upstream_ssl_ca, config.upstream_ssl_cert, exc)) from None
+    return context
