@@ -204,13 +204,7 @@ class Updates:
         return self.values[-1]
 
 
-async def until(predicate, timeout=5.0, what="condition"):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("timed out waiting for %s" % what)
-        await asyncio.sleep(0.01)
+from test_sources import until  # noqa: E402
 
 
 @pytest.fixture
