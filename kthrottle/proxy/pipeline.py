@@ -341,7 +341,7 @@ class Connection:
         self._internal = []  # the proxy's own requests waiting for a frame boundary
         self._next_internal_id = INTERNAL_CORRELATION_BASE
         self._gathering = None  # the InFlight whose response is being gathered whole
-        self._streaming = None  # (InFlight, rewriters) of the response being streamed
+        self._streaming = None  # the rewriter of the response being streamed
         self._request_gathered = None  # the entry of a request being gathered whole
 
     # inputs -----------------------------------------------------------
@@ -787,14 +787,12 @@ class Connection:
                 self._hold_if_needed(inflight)
             return WHOLE
         if need == STREAM:
-            rewriters = [r for r in (f.stream(self, inflight) for f in inflight.response_filters)
-                         if r is not None]
-            if rewriters:
-                mode = rewriters[0] if len(rewriters) == 1 else _Chain(rewriters)
-                self._streaming = (inflight, rewriters)
+            rewriter = self._stream_rewriter(inflight)
+            if rewriter is not None:
+                self._streaming = rewriter
                 if inflight.throttle_ms:
-                    return self._throttled_head(inflight, head, mode)
-                return mode
+                    return self._throttled_head(inflight, head, rewriter)
+                return rewriter
         if inflight.throttle_ms:
             return self._throttled_head(inflight, head, PASS)
         return PASS
@@ -839,14 +837,13 @@ class Connection:
             return None
         for f in inflight.response_filters:
             frame = f.on_response(self, inflight, frame)
-        if inflight.response_need >= STREAM:
-            rewriters = [r for r in (f.stream(self, inflight) for f in inflight.response_filters)
-                         if r is not None]
-            for rewriter in rewriters:
+        if inflight.response_need >= STREAM:  # gathered after all (see _throttled_head)
+            rewriter = self._stream_rewriter(inflight)
+            if rewriter is not None:
                 out = []
                 rewriter.feed(frame, out)
                 frame = b"".join(out)
-                self._nodes_seen(rewriter.nodes)
+                self.nodes_seen(rewriter.nodes)
         if inflight.throttle_ms:
             patched = raise_throttle_time(frame, inflight.api_key, inflight.api_version,
                                           inflight.throttle_ms)
@@ -854,42 +851,25 @@ class Connection:
                 frame = patched
         return frame
 
+    def _stream_rewriter(self, inflight):
+        """The rewriter of the first filter that streams this response (one
+        filter streams a response; others may gather it instead)."""
+        for f in inflight.response_filters:
+            rewriter = f.stream(self, inflight)
+            if rewriter is not None:
+                return rewriter
+        return None
+
     def _finish_stream(self):
         """A streamed response is through: report the addresses it held
         (its tail is in the output not yet sent)."""
-        streaming = self._streaming
-        if streaming is not None and all(r.done for r in streaming[1]):
+        rewriter = self._streaming
+        if rewriter is not None and rewriter.done:
             self._streaming = None
-            for rewriter in streaming[1]:
-                self._nodes_seen(rewriter.nodes)
+            self.nodes_seen(rewriter.nodes)
 
     def nodes_seen(self, nodes):
         """Filters report broker addresses found in a response (before the
         response is sent on)."""
-        self._nodes_seen(nodes)
-
-    def _nodes_seen(self, nodes):
         if nodes:
             self._actions.append(NodesSeen(list(nodes)))
-
-
-class _Chain:
-    """Several stream rewriters over one response, one after the other."""
-
-    __slots__ = ("rewriters",)
-
-    def __init__(self, rewriters):
-        self.rewriters = rewriters
-
-    @property
-    def done(self):
-        return all(r.done for r in self.rewriters)
-
-    def feed(self, chunk, out):
-        chunks = [chunk]
-        for rewriter in self.rewriters:
-            step = []
-            for c in chunks:
-                rewriter.feed(c, step)
-            chunks = step
-        out.extend(chunks)
