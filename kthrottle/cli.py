@@ -94,7 +94,9 @@ def _add_proxy_flags(p, bootstrap_required_text):
         "--sasl-mode", choices=("terminate", "passthrough"),
         help="who verifies a SASL client: terminate (default), the proxy itself; the broker "
         "then sees only the proxy's connection, so broker-side per-user quotas and ACLs no "
-        "longer apply (passthrough is to come)",
+        "longer apply; or passthrough: the client's SASL exchange goes on to the broker, "
+        "which verifies it, and the proxy binds the user name it named once the broker says "
+        "yes (the upstream side must then be SASL_PLAINTEXT or SASL_SSL)",
     )
     a.add_argument(
         "--sasl-enabled-mechanisms", metavar="LIST",
@@ -131,7 +133,8 @@ def _add_proxy_flags(p, bootstrap_required_text):
     u.add_argument(
         "--upstream-security-protocol", metavar="P",
         help="what the proxy speaks to the brokers: PLAINTEXT (default), SSL, SASL_PLAINTEXT "
-        "or SASL_SSL (with the proxy's own SASL identity below)",
+        "or SASL_SSL (with the proxy's own SASL identity below in terminate mode; in "
+        "passthrough mode SASL_PLAINTEXT or SASL_SSL, by default the client side's)",
     )
     u.add_argument("--upstream-ssl-ca", metavar="PEM",
                    help="CA bundle the brokers' certificates are checked against (default: the "
@@ -252,7 +255,12 @@ async def serve(config, on_ready=None):
             raise SystemExit("kthrottle: error: %s" % exc) from None
     credentials = None
     authenticator = None
-    if config.sasl_enabled:
+    if config.sasl_enabled and config.sasl_mode == "passthrough":
+        from .proxy.auth import SaslPassthrough
+
+        authenticator = SaslPassthrough(config.sasl_enabled_mechanisms,
+                                        config.failed_authentication_delay_ms)
+    elif config.sasl_enabled:
         from .proxy.auth import SaslTerminate
         from .sources import QuotaStoreError
         from .sources.credentials import Credentials, credential_source

@@ -73,7 +73,8 @@ class ProxyConfig:
     ssl_client_auth: str = "none"  # Kafka's ssl.client.auth
     ssl_principal_mapping_rules: str = "DEFAULT"
     # towards the brokers
-    upstream_security_protocol: str = "PLAINTEXT"
+    # default: PLAINTEXT, or in passthrough mode the client side's protocol
+    upstream_security_protocol: str | None = None
     upstream_ssl_ca: str | None = None
     upstream_ssl_cert: str | None = None
     upstream_ssl_key: str | None = None
@@ -173,14 +174,28 @@ class ProxyConfig:
                               "--security-protocol SSL or SASL_SSL")
         if self.sasl_mode not in ("terminate", "passthrough"):
             raise ConfigError("sasl-mode must be terminate or passthrough, got %r" % self.sasl_mode)
+        passthrough = self.sasl_enabled and self.sasl_mode == "passthrough"
+        if self.upstream_security_protocol is None:
+            self.upstream_security_protocol = self.security_protocol if passthrough else "PLAINTEXT"
         if self.sasl_enabled:
-            if self.sasl_mode == "passthrough":
-                raise ConfigError("sasl-mode passthrough is not supported yet (terminate is)")
             unknown = [m for m in self.sasl_enabled_mechanisms if m not in SASL_MECHANISMS]
             if unknown or not self.sasl_enabled_mechanisms:
                 raise ConfigError("sasl-enabled-mechanisms must be among %s, got %s"
                                   % (", ".join(SASL_MECHANISMS),
                                      ", ".join(self.sasl_enabled_mechanisms) or "nothing"))
+        if passthrough:
+            if self.upstream_security_protocol not in ("SASL_PLAINTEXT", "SASL_SSL"):
+                raise ConfigError("sasl-mode passthrough relays the client's SASL exchange to the "
+                                  "brokers: upstream-security-protocol must be SASL_PLAINTEXT or "
+                                  "SASL_SSL, got %r" % self.upstream_security_protocol)
+            if self.credentials_file:
+                raise ConfigError("credentials-file is for sasl-mode terminate; in passthrough "
+                                  "mode the brokers verify the clients")
+            if self.upstream_sasl_username or self.upstream_sasl_password_file:
+                raise ConfigError("upstream-sasl-username and upstream-sasl-password-file are for "
+                                  "sasl-mode terminate; in passthrough mode the client's own "
+                                  "SASL exchange authenticates the broker connection")
+        elif self.sasl_enabled:
             if not self.credentials_file and not self.zookeeper:
                 raise ConfigError("security-protocol %s in terminate mode needs credentials: "
                                   "--credentials-file, or --zookeeper for the SCRAM credentials "
@@ -191,7 +206,7 @@ class ProxyConfig:
         if self.upstream_security_protocol not in SECURITY_PROTOCOLS:
             raise ConfigError("upstream-security-protocol must be one of %s, got %r"
                               % (", ".join(SECURITY_PROTOCOLS), self.upstream_security_protocol))
-        if self.upstream_security_protocol.startswith("SASL_"):
+        if self.upstream_security_protocol.startswith("SASL_") and not passthrough:
             if self.upstream_sasl_mechanism not in SASL_MECHANISMS:
                 raise ConfigError("upstream-sasl-mechanism must be one of %s, got %r"
                                   % (", ".join(SASL_MECHANISMS), self.upstream_sasl_mechanism))

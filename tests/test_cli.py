@@ -98,8 +98,12 @@ def test_config_in_a_proxy_section(tmp_path):
      "needs --upstream-sasl-username"),
     ('bootstrap-server = ["k1:9092"]\nupstream-security-protocol = "SASL_SSL"\n'
      'upstream-sasl-username = "p"\n', "KTHROTTLE_UPSTREAM_SASL_PASSWORD"),
-    ('bootstrap-server = ["k1:9092"]\nsasl-mode = "passthrough"\nsecurity-protocol = "SASL_PLAINTEXT"\n',
-     "passthrough is not supported yet"),
+    ('bootstrap-server = ["k1:9092"]\nsasl-mode = "passthrough"\nsecurity-protocol = "SASL_PLAINTEXT"\n'
+     'upstream-security-protocol = "SSL"\n', "upstream-security-protocol must be SASL_PLAINTEXT or SASL_SSL"),
+    ('bootstrap-server = ["k1:9092"]\nsasl-mode = "passthrough"\nsecurity-protocol = "SASL_PLAINTEXT"\n'
+     'credentials-file = "c"\n', "credentials-file is for sasl-mode terminate"),
+    ('bootstrap-server = ["k1:9092"]\nsasl-mode = "passthrough"\nsecurity-protocol = "SASL_PLAINTEXT"\n'
+     'upstream-sasl-username = "p"\n', "upstream-sasl-username and upstream-sasl-password-file are for"),
 ])
 def test_bad_config_files_give_a_clear_error(tmp_path, text, message):
     path = tmp_path / "bad.toml"
@@ -117,6 +121,15 @@ def test_missing_upstream_and_wildcard_listen_are_explained():
     assert out.returncode == 2 and "--advertised-host is required" in out.stderr
     with pytest.raises(ConfigError):
         ProxyConfig(bootstrap_servers=[("k", 1)], max_frame_size=0).validate()
+
+
+def test_passthrough_relays_to_the_client_sides_sasl_protocol_by_default():
+    config = ProxyConfig(bootstrap_servers=[("k", 1)], security_protocol="SASL_SSL",
+                         ssl_cert="c", ssl_key="k", sasl_mode="passthrough").validate()
+    assert config.upstream_security_protocol == "SASL_SSL"
+    config = ProxyConfig(bootstrap_servers=[("k", 1)], security_protocol="SASL_PLAINTEXT",
+                         credentials_file="c").validate()
+    assert config.upstream_security_protocol == "PLAINTEXT"  # terminate mode
 
 
 def test_local_runs_broker_and_proxy_and_stops_both_on_ctrl_c():

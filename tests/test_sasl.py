@@ -256,3 +256,13 @@ def test_the_proxys_own_login_to_the_broker(mechanism, password, ok):
     else:
         assert a.closed and "refused the proxy's %s login as 'bob'" % mechanism in a.closed
         assert password not in a.closed
+
+
+def test_requests_before_authentication_count_against_no_quota():
+    h = SaslHarness({"users/<default>": {PRODUCER_BYTE_RATE: 1000.0}})
+    h.client(api_versions_req(1))
+    h.client(handshake(2, "PLAIN"))
+    h.client(authenticate(3, plain("alice", "alice-secret")))
+    assert h.conn.client_quotas == {}  # no ANONYMOUS bucket was made on the way
+    h.client(produce_req(4))
+    assert list(h.conn.client_quotas) == [("alice", "app-1")]

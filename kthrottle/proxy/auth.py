@@ -18,7 +18,8 @@ import logging
 import warnings
 
 from ..codecs import apis
-from .pipeline import GATHER, HEAD, NOTHING, Answer, Filter, Phase, Refuse
+from ..codecs.frames import response_body_offset
+from .pipeline import GATHER, HEAD, NOTHING, Answer, Filter, ForwardRaw, Phase, Refuse
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -127,7 +128,7 @@ class SaslTerminate(Filter):
         state.mechanism = mechanism
         state.handshake_version = version
         if version == 0:  # the tokens come raw, without a Kafka header
-            conn.raw_request = self._raw_token
+            conn.expect_raw(self._raw_token)
         return Answer(self._handshake_answer(head, 0))
 
     def _handshake_answer(self, head, error_code):
@@ -175,7 +176,7 @@ class SaslTerminate(Filter):
             conn.fail_authentication(str(exc), self.failed_delay_ms)
             return None
         if conn.phase is Phase.READY:
-            conn.raw_request = None
+            conn.expect_raw(None)
         return len(reply).to_bytes(4, "big") + reply
 
     # the mechanisms -------------------------------------------------------
@@ -239,6 +240,211 @@ class SaslTerminate(Filter):
         conn.phase = Phase.READY
         conn.auth.scram = None
         log.info("client authenticated as %r with %s", user, conn.auth.mechanism)
+
+
+def sasl_user(mechanism, token):
+    """The user a client's first SASL token names: PLAIN's authentication
+    id (RFC 4616), or the ``n=`` of SCRAM's client-first message (RFC 5802,
+    with ``=2C`` and ``=3D`` decoded). Raises ValueError when the token is
+    malformed or asks to act as another user, as Kafka refuses it."""
+    try:
+        text = bytes(token).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("the %s token is not UTF-8" % mechanism) from None
+    if mechanism == "PLAIN":
+        parts = text.split("\0")
+        if len(parts) != 3 or not parts[1]:
+            raise ValueError("malformed PLAIN token")
+        authzid, user = parts[0], parts[1]
+    else:
+        parts = text.split(",")
+        if len(parts) < 4 or parts[0] not in ("n", "y") or not parts[2].startswith("n="):
+            raise ValueError("malformed %s client-first message" % mechanism)
+        if any(part == "tokenauth=true" for part in parts[4:]):
+            # a delegation token: the principal is the token's owner, which
+            # only the broker knows
+            raise ValueError("%s logins with a delegation token cannot be attributed "
+                             "to a user in passthrough mode" % mechanism)
+        authzid = _saslname(parts[1][2:]) if parts[1].startswith("a=") else ""
+        user = _saslname(parts[2][2:])
+        if not user:
+            raise ValueError("%s client-first message without a user name" % mechanism)
+    if authzid and authzid != user:
+        raise ValueError("%s authorization id differs from user %r" % (mechanism, user))
+    return user
+
+
+def _saslname(value):
+    """RFC 5802's saslname: ``=2C`` is a comma, ``=3D`` an equals sign."""
+    decoded = value.replace("=2C", ",").replace("=3D", "=")
+    if "=" in value.replace("=2C", "").replace("=3D", ""):
+        raise ValueError("malformed SCRAM user name %r" % value)
+    return decoded
+
+
+class _Relayed:
+    """One connection's SASL exchange as relayed to the broker."""
+
+    __slots__ = ("mechanism", "handshake_version", "user", "tokens", "failed")
+
+    def __init__(self):
+        self.mechanism = None
+        self.handshake_version = None
+        self.user = None  # read from the first token
+        self.tokens = 0  # client tokens of this exchange relayed so far
+        self.failed = False
+
+
+class SaslPassthrough(Filter):
+    """Relays clients' SASL exchanges to the broker untouched (passthrough
+    mode): the broker verifies the client. The proxy reads the user name
+    from the first token and binds it as the connection's principal only
+    when the broker answers the last step with success; a failed or
+    abandoned exchange binds nothing, and until the principal is bound only
+    ApiVersions, SaslHandshake and SaslAuthenticate are accepted.
+
+    Both SaslHandshake v1 (tokens in SaslAuthenticate, KIP-152) and v0 (raw
+    tokens after the handshake, and raw answers matched by order) are
+    relayed. A re-authentication (KIP-368) is relayed too, for the same user
+    only: the principal is fixed for the connection's life."""
+
+    name = "sasl-passthrough"
+
+    def __init__(self, mechanisms, failed_delay_ms=DEFAULT_FAILED_AUTHENTICATION_DELAY_MS):
+        unknown = [m for m in mechanisms if m not in MECHANISMS]
+        if unknown or not mechanisms:
+            raise ValueError("SASL mechanisms must be among %s, got %s"
+                             % (", ".join(MECHANISMS), ", ".join(mechanisms) or "none"))
+        self.mechanisms = tuple(mechanisms)
+        self.failed_delay_ms = failed_delay_ms
+
+    def request_need(self, api_key, api_version):
+        return GATHER if api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE) else NOTHING
+
+    def authenticating_need(self, api_key, api_version):
+        return GATHER if api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE) else HEAD
+
+    def response_need(self, api_key, api_version):
+        return GATHER if api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE) else NOTHING
+
+    def on_connect(self, conn):
+        conn.phase = Phase.AUTHENTICATING
+        conn.auth = _Relayed()
+
+    def on_request(self, conn, head, inflight):
+        api_key = head.api_key
+        state = conn.auth
+        if state.failed:
+            return Refuse("request api key %d after the broker refused the authentication"
+                          % api_key)
+        if api_key == SASL_HANDSHAKE:
+            return self._handshake(conn, head)
+        if api_key == SASL_AUTHENTICATE:
+            return self._authenticate(conn, head)
+        if api_key == apis.API_VERSIONS:
+            return None
+        return Refuse("request api key %d v%d before authentication" % (api_key, head.api_version))
+
+    def _handshake(self, conn, head):
+        state = conn.auth
+        version = head.api_version
+        if version > SaslHandshakeRequest.max_version:
+            return Refuse("SaslHandshake v%d is newer than the proxy knows" % version)
+        if conn.phase is Phase.READY and version == 0:
+            return Refuse("SaslHandshake v0 on an authenticated connection")
+        mechanism = SaslHandshakeRequest.decode(bytes(head.buf[4:]), version=version,
+                                                header=True).mechanism
+        if mechanism not in self.mechanisms:
+            # the proxy could not tell whom the broker authenticated
+            log.info("client asked for SASL mechanism %r; relayed: %s", mechanism,
+                     ", ".join(self.mechanisms))
+            response = SaslHandshakeResponse[version](
+                error_code=UNSUPPORTED_SASL_MECHANISM, mechanisms=list(self.mechanisms))
+            response.with_header(correlation_id=head.correlation_id)
+            conn.fail_authentication("unsupported SASL mechanism %r" % mechanism,
+                                     self.failed_delay_ms)
+            return Answer(bytes(response.encode(header=True, framed=True)))
+        state.mechanism = mechanism
+        state.handshake_version = version
+        state.user = None
+        state.tokens = 0
+        return None
+
+    def _authenticate(self, conn, head):
+        state = conn.auth
+        version = head.api_version
+        if version > SaslAuthenticateRequest.max_version:
+            return Refuse("SaslAuthenticate v%d is newer than the proxy knows" % version)
+        if state.mechanism is None or state.handshake_version == 0:
+            return None  # the broker answers ILLEGAL_SASL_STATE; nothing is bound
+        request = SaslAuthenticateRequest.decode(bytes(head.buf[4:]), version=version, header=True)
+        return self._client_token(conn, bytes(request.auth_bytes))
+
+    def _client_token(self, conn, token):
+        """None to relay the token, or Refuse."""
+        state = conn.auth
+        state.tokens += 1
+        if state.tokens == 1:
+            try:
+                state.user = sasl_user(state.mechanism, token)
+            except ValueError as exc:
+                return Refuse(str(exc))
+            if conn.phase is Phase.READY and state.user != conn.principal:
+                return Refuse("re-authentication as %r on a connection authenticated as %r"
+                              % (state.user, conn.principal))
+        return None
+
+    def _last_step(self, state):
+        return state.tokens >= (1 if state.mechanism == "PLAIN" else 2)
+
+    def on_response(self, conn, inflight, frame):
+        state = conn.auth
+        if state is None or state.mechanism is None:
+            return frame
+        version = inflight.api_version
+        if inflight.api_key == SASL_HANDSHAKE:
+            if frame[8:10] != b"\0\0":  # error_code: the broker closes next
+                state.failed = True
+            elif version == 0:
+                conn.expect_raw(self._raw_token)
+            return frame
+        body = response_body_offset(frame, version >= 2)
+        answer = SaslAuthenticateResponse[version].decode(bytes(frame[body:]))
+        if answer.error_code:
+            log.info("the broker refused %s authentication of %r: %s", state.mechanism,
+                     state.user, answer.error_message)
+            state.failed = True
+        elif self._last_step(state):
+            self._bind(conn, state)
+        return frame
+
+    def _raw_token(self, conn, frame):
+        """A raw token after SaslHandshake v0: relayed; the broker's raw
+        answer comes back to _raw_answer."""
+        verdict = self._client_token(conn, frame[4:])
+        if verdict is not None:
+            conn.fail_authentication(verdict.reason, 0)
+            return None
+        return ForwardRaw(self._raw_answer)
+
+    def _raw_answer(self, conn, frame):
+        # with v0 a broker answers a failure by closing the connection, so an
+        # answer to the last step is the success
+        state = conn.auth
+        if self._last_step(state):
+            conn.expect_raw(None)
+            self._bind(conn, state)
+        return frame
+
+    def _bind(self, conn, state):
+        if conn.phase is Phase.READY:
+            log.debug("client re-authenticated as %r with %s", state.user, state.mechanism)
+        else:
+            conn.principal = state.user
+            conn.phase = Phase.READY
+            log.info("client authenticated as %r with %s (verified by the broker, "
+                     "SaslHandshake v%d)", state.user, state.mechanism, state.handshake_version)
+        state.mechanism = None
 
 
 class UpstreamSaslLogin(Filter):

@@ -85,6 +85,12 @@ class QuotaAccounting(Filter):
     def request_need(self, api_key, api_version):
         return HEAD
 
+    def authenticating_need(self, api_key, api_version):
+        # a broker answers the requests before authentication (ApiVersions,
+        # SASL) in its authenticator, outside the quotas; and the principal
+        # they would count against is not known yet
+        return NOTHING
+
     def response_need(self, api_key, api_version):
         return HEAD if api_key == apis.FETCH else NOTHING
 
@@ -123,6 +129,9 @@ class FetchCap(Filter):
 
     def request_need(self, api_key, api_version):
         return HEAD if api_key == apis.FETCH and api_version >= 3 else NOTHING
+
+    def authenticating_need(self, api_key, api_version):
+        return NOTHING  # no Fetch gets through before authentication
 
     def on_request(self, conn, head, inflight):
         if not client_quotas_apply(head.api_key, head.replica_id):

@@ -182,6 +182,16 @@ class Refuse(NamedTuple):
     reason: str
 
 
+class ForwardRaw(NamedTuple):
+    """For a raw token (see ``Connection.expect_raw``): send it on to the
+    broker as it came. The broker's answer is a raw token too, matched by
+    order alone (it has no correlation id); it is given whole to
+    ``on_answer(conn, frame)``, which returns what the client gets (None:
+    nothing)."""
+
+    on_answer: object
+
+
 class Filter:
     """One behaviour of the proxy. Subclasses override what they need."""
 
@@ -275,7 +285,7 @@ class InFlight:
 
     __slots__ = ("correlation_id", "api_key", "api_version", "answer",
                  "throttle_ms", "throttle_reason", "quotas", "response_need",
-                 "response_filters", "on_response")
+                 "response_filters", "on_response", "raw_answer")
 
     def __init__(self, correlation_id, api_key, api_version, response_need=NOTHING,
                  response_filters=()):
@@ -289,6 +299,7 @@ class InFlight:
         self.response_need = response_need
         self.response_filters = response_filters
         self.on_response = None  # a filter's own request: who gets the answer
+        self.raw_answer = None  # a raw token forwarded: who gets the raw answer (ForwardRaw)
 
     def __repr__(self):
         return "InFlight(%d, api %d v%d)" % (self.correlation_id, self.api_key, self.api_version)
@@ -311,10 +322,10 @@ class Connection:
         self.principal = ANONYMOUS
         self.auth = None  # the authenticating filter's state for this connection
         self.auth_upstream = None  # the proxy's own login to the broker, while it runs
-        # set by a filter: the next request frames are not Kafka requests but
-        # raw tokens (SASL after SaslHandshake v0), handed whole to
-        # raw_request(conn, frame), which returns the framed answer or None
+        # set by a filter with expect_raw(): the next request frames are not
+        # Kafka requests but raw tokens (SASL after SaslHandshake v0)
         self.raw_request = None
+        self._raw_in_flight = 0  # raw tokens forwarded, their answers not yet in
         self._close_when_released = None
         self._upstream_waiting = 0  # filters still logging in to the broker
         self.now = 0.0  # the time given with the current input
@@ -581,10 +592,17 @@ class Connection:
         entry, self._request_gathered = self._request_gathered, None
         if entry is _RAW:
             answer = self.raw_request(self, frame)
-            if answer is not None:
-                inflight = InFlight(-1, -1, -1)
-                inflight.answer = answer
+            if answer is None:
+                return None
+            inflight = InFlight(-1, -1, -1, GATHER)
+            if answer.__class__ is ForwardRaw:
+                inflight.raw_answer = answer.on_answer
                 self.pending.append(inflight)
+                self._raw_in_flight += 1
+                self.responses_in.min_frame_size = 0  # an empty token is a frame of 0
+                return frame
+            inflight.answer = answer
+            self.pending.append(inflight)
             return None
         request = RequestHead(frame, len(frame))
         acks_0 = request.api_key == PRODUCE and request.acks == 0
@@ -659,6 +677,15 @@ class Connection:
             self.pending.append(inflight)
         self._internal.clear()
 
+    def expect_raw(self, handler):
+        """From the next request frame on, client frames are raw tokens,
+        framed by their length alone (SASL after SaslHandshake v0), until
+        called again with None. Each is handed whole to ``handler(conn,
+        frame)``, which returns the framed answer (bytes), ForwardRaw, or None
+        (nothing: a failure has been handled)."""
+        self.raw_request = handler
+        self.requests_in.min_frame_size = MIN_REQUEST_SIZE if handler is None else 0
+
     def fail_authentication(self, reason, delay_ms):
         """Answers already queued (the failure itself) go out after
         ``delay_ms``, then the connection closes (KIP-306's
@@ -666,7 +693,7 @@ class Connection:
         passwords at full speed). Nothing more is read from the client."""
         until = self.now + delay_ms / 1000.0
         self._close_when_released = reason
-        self.raw_request = None
+        self.expect_raw(None)
         if until > self.hold_until:
             self.hold_until = until
         if self._held is None:
@@ -752,12 +779,15 @@ class Connection:
     def _response_head(self, head, frame_len):
         if self._streaming is not None:
             self._finish_stream()
-        correlation_id = INT32.unpack_from(head, 4)[0]
         pending = self.pending
         if pending and pending[0].answer is not None:
             # the proxy's own answers, due before this response
             while pending and pending[0].answer is not None:
                 self._to_client.append(pending.popleft().answer)
+        if self._raw_in_flight and pending and pending[0].raw_answer is not None:
+            self._gathering = pending.popleft()  # a raw answer: no correlation id
+            return WHOLE
+        correlation_id = INT32.unpack_from(head, 4)[0]
         if not pending or pending[0].correlation_id != correlation_id:
             if correlation_id in self.unanswered:
                 self.unanswered.remove(correlation_id)
@@ -832,6 +862,11 @@ class Connection:
 
     def _whole_response(self, frame):
         inflight, self._gathering = self._gathering, None
+        if inflight.raw_answer is not None:
+            self._raw_in_flight -= 1
+            if not self._raw_in_flight:
+                self.responses_in.min_frame_size = MIN_RESPONSE_SIZE
+            return inflight.raw_answer(self, frame)
         if inflight.on_response is not None:
             inflight.on_response(self, frame)
             return None

@@ -24,8 +24,9 @@ class ProxyServer:
         self.listeners = {}  # node id -> asyncio Server (None key: bootstrap)
         self.connections = set()
         # who looks at what, per API key and version: built once
+        upstream_protocol = config.upstream_security_protocol or "PLAINTEXT"
         upstream_login = None
-        if config.upstream_security_protocol.startswith("SASL_"):
+        if upstream_protocol.startswith("SASL_") and config.sasl_mode != "passthrough":
             from .auth import UpstreamSaslLogin
 
             upstream_login = UpstreamSaslLogin(config.upstream_sasl_mechanism,
@@ -36,7 +37,7 @@ class ProxyServer:
         self.ssl_context = tls_context(config) if config.tls_enabled else None
         self.upstream_ssl_context = (
             upstream_tls_context(config)
-            if config.upstream_security_protocol in ("SSL", "SASL_SSL") else None)
+            if upstream_protocol in ("SSL", "SASL_SSL") else None)
         self.principal_mapper = None
         if config.security_protocol == "SSL":
             from ..policy.principal import PrincipalMapper

@@ -1,0 +1,235 @@
+"""SASL passthrough mode in the connection pipeline, without sockets: two
+pipelines back to back. A relays its client's SASL exchange; B, a
+terminating proxy, stands for a SASL broker. Real SCRAM (scramp) on both
+ends, a fake clock, bytes in and actions out."""
+import struct
+
+import pytest
+from scramp import ScramClient
+
+from kafka_frames import advertise
+from kthrottle.policy.entities import PRODUCER_BYTE_RATE
+from kthrottle.policy.quotas import QuotaManager
+from kthrottle.proxy.auth import UNSUPPORTED_SASL_MECHANISM, SaslPassthrough, sasl_user
+from kthrottle.proxy.filters import standard_filters
+from kthrottle.proxy.pipeline import ANONYMOUS, Phase
+from test_pipeline import Harness, api_versions_req, frames_of, produce_req, req_cids
+from test_sasl import (
+    SaslHandshakeResponse,
+    SaslHarness,
+    authenticate,
+    decode_authenticate,
+    handshake,
+    plain,
+)
+
+MECHANISMS = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+class Chain:
+    """client -> A (passthrough) -> B (terminating, the 'broker')."""
+
+    def __init__(self, snapshot=None):
+        manager = QuotaManager(snapshot) if snapshot is not None else None
+        self.a = Harness(filters=standard_filters(advertise, manager, SaslPassthrough(MECHANISMS)))
+        self.a.conn.quota_manager = manager
+        self.b = SaslHarness()
+
+    def send(self, frame):
+        """A client frame through A, and whatever moves between A and B
+        until nothing does (B's delays run out on the way); returns what
+        A's client got."""
+        self.a.client(frame)
+        for _ in range(4):
+            to_b = self.a.take_broker()
+            if to_b:
+                self.b.client(to_b)
+            self.b.at(self.b.now + 1.0)
+            to_a = self.b.take_client()
+            if to_a:
+                self.a.broker(to_a)
+            if self.b.closed and not self.a.closed:
+                self.a.run(self.a.conn.close("the broker closed the connection"))
+        return self.a.take_client()
+
+
+def raw_token(token):
+    return len(token).to_bytes(4, "big") + token
+
+
+def raw_answer(out):
+    """A raw answer (SaslHandshake v0): a length, then the token."""
+    if not out:
+        return None
+    n = struct.unpack_from(">i", out)[0]
+    assert len(out) == 4 + n
+    return out[4:]
+
+
+def login(chain, mechanism, user, password, handshake_version, authenticate_version=1):
+    """The client's side of the exchange; True when the last answer said
+    success."""
+    hs = chain.send(handshake(1, mechanism, handshake_version))
+    (frame,) = frames_of(hs)
+    assert SaslHandshakeResponse[handshake_version].decode(frame[8:]).error_code == 0
+    cid = iter(range(2, 10))
+
+    def token(data):
+        if handshake_version == 0:
+            return raw_answer(chain.send(raw_token(data)))
+        out = chain.send(authenticate(next(cid), data, authenticate_version))
+        if not out:
+            return None
+        answer = decode_authenticate(out, authenticate_version)
+        return None if answer.error_code else bytes(answer.auth_bytes)
+
+    if mechanism == "PLAIN":
+        return token(plain(user, password)) is not None
+    client = ScramClient([mechanism], user, password)
+    first = token(client.get_client_first().encode())
+    if first is None:
+        return False
+    client.set_server_first(first.decode())
+    final = token(client.get_client_final().encode())
+    if final is None:
+        return False
+    client.set_server_final(final.decode())
+    return True
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("handshake_version,authenticate_version", [(0, None), (1, 0), (1, 1), (1, 2)])
+def test_the_broker_verifies_and_the_proxy_binds_the_user_it_named(
+        mechanism, handshake_version, authenticate_version):
+    chain = Chain()
+    assert chain.a.conn.phase is Phase.AUTHENTICATING
+    assert login(chain, mechanism, "bob", "bob-secret", handshake_version, authenticate_version)
+    assert chain.b.conn.principal == "bob"  # the 'broker' verified it ...
+    assert chain.a.conn.principal == "bob" and chain.a.conn.phase is Phase.READY  # ... and A bound it
+    assert chain.a.closed is None
+    chain.send(produce_req(20))
+    assert req_cids(chain.b.take_broker()) == [20]  # on through both
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("handshake_version", [0, 1])
+@pytest.mark.parametrize("user,password", [("bob", "wrong"), ("mallory", "x")])
+def test_a_refused_exchange_binds_nothing(mechanism, handshake_version, user, password):
+    chain = Chain()
+    assert not login(chain, mechanism, user, password, handshake_version)
+    assert chain.a.conn.principal == ANONYMOUS and chain.a.conn.phase is not Phase.READY
+    assert chain.a.closed  # the broker closed, and so did A
+    assert password not in chain.a.closed
+
+
+def test_after_a_refusal_nothing_more_is_relayed():
+    chain = Chain()
+    chain.send(handshake(1, "PLAIN"))
+    a, b = chain.a, chain.b
+    a.client(authenticate(2, plain("bob", "wrong")))
+    b.client(a.take_broker())
+    b.at(b.now + 1.0)
+    a.broker(b.take_client())  # the error; A does not wait for the broker to close
+    assert decode_authenticate(a.take_client()).error_code != 0
+    a.client(produce_req(3))
+    assert "after the broker refused the authentication" in chain.a.closed
+    assert chain.a.take_broker() == b""
+
+
+@pytest.mark.parametrize("handshake_version", [0, 1])
+def test_an_abandoned_exchange_binds_nothing_and_lets_nothing_through(handshake_version):
+    chain = Chain()
+    chain.send(handshake(1, "SCRAM-SHA-256", handshake_version))
+    first = ScramClient(["SCRAM-SHA-256"], "alice", "alice-secret").get_client_first().encode()
+    if handshake_version == 0:
+        assert raw_answer(chain.send(raw_token(first))).startswith(b"r=")
+    else:
+        assert decode_authenticate(chain.send(authenticate(2, first))).error_code == 0
+    # the client gives up half-way and tries its luck with a Produce
+    chain.a.client(produce_req(3) if handshake_version else raw_token(b"x" * 10))
+    assert chain.a.conn.principal == ANONYMOUS
+    if handshake_version:
+        assert "request api key 0 v8 before authentication" in chain.a.closed
+        assert chain.a.take_broker() == b""
+
+
+def test_a_request_before_authentication_closes_and_reaches_no_broker():
+    chain = Chain()
+    chain.a.client(produce_req(1))
+    assert "before authentication" in chain.a.closed
+    assert chain.a.take_broker() == b""
+
+
+def test_api_versions_goes_to_the_broker_before_authentication():
+    chain = Chain()
+    chain.a.client(api_versions_req(1))
+    assert req_cids(chain.a.take_broker()) == [1]
+    assert chain.a.closed is None
+
+
+def test_a_mechanism_the_proxy_cannot_read_is_refused_before_the_broker():
+    chain = Chain()
+    out = chain.send(handshake(1, "GSSAPI"))
+    assert chain.b.conn.requests == 0  # never relayed
+    chain.a.at(1.0)
+    (frame,) = frames_of(out + chain.a.take_client())
+    answer = SaslHandshakeResponse[1].decode(frame[8:])
+    assert answer.error_code == UNSUPPORTED_SASL_MECHANISM and "PLAIN" in answer.mechanisms
+    assert "unsupported SASL mechanism 'GSSAPI'" in chain.a.closed
+
+
+def test_re_authentication_is_relayed_for_the_same_user_only():
+    chain = Chain()
+    assert login(chain, "PLAIN", "alice", "alice-secret", 1)
+    # B (terminate mode) offers no re-authentication; A's rule is what is tested
+    a = chain.a
+    a.client(handshake(5, "PLAIN"))
+    a.client(authenticate(6, plain("alice", "alice-secret")))
+    assert req_cids(a.take_broker()) == [5, 6] and a.closed is None
+    a.client(handshake(7, "PLAIN"))
+    a.client(authenticate(8, plain("bob", "bob-secret")))
+    assert "re-authentication as 'bob' on a connection authenticated as 'alice'" in a.closed
+    assert a.conn.principal == "alice"
+
+
+def test_the_bound_principal_is_what_the_quotas_resolve_against():
+    snapshot = {"users/alice": {PRODUCER_BYTE_RATE: 1000.0}}
+    chain = Chain(snapshot)
+    assert login(chain, "SCRAM-SHA-512", "alice", "alice-secret", 1)
+    chain.send(produce_req(9, nbytes=5000, client_id="shared-app"))
+    assert chain.a.conn.quotas_for("shared-app").produce.entity == "users/alice"
+    assert chain.a.client_paused_until is not None  # throttled as alice
+
+
+@pytest.mark.parametrize("mechanism,token,user", [
+    ("PLAIN", b"\0alice\0pw", "alice"),
+    ("PLAIN", b"alice\0alice\0pw", "alice"),
+    ("SCRAM-SHA-256", b"n,,n=alice,r=abc", "alice"),
+    ("SCRAM-SHA-512", b"n,,n=a=2Cb=3Dc,r=abc", "a,b=c"),
+    ("SCRAM-SHA-512", b"n,a=bob,n=bob,r=abc", "bob"),
+])
+def test_the_user_name_is_read_from_the_first_token(mechanism, token, user):
+    assert sasl_user(mechanism, token) == user
+
+
+@pytest.mark.parametrize("mechanism,token,message", [
+    ("PLAIN", b"\0alice", "malformed PLAIN token"),
+    ("PLAIN", b"\0\0pw", "malformed PLAIN token"),
+    ("PLAIN", b"bob\0alice\0pw", "authorization id differs"),
+    ("PLAIN", b"\0\xff\0pw", "not UTF-8"),
+    ("SCRAM-SHA-256", b"n,,r=abc", "malformed SCRAM-SHA-256 client-first"),
+    ("SCRAM-SHA-256", b"n,,n=a=2Xb,r=abc", "malformed SCRAM user name"),
+    ("SCRAM-SHA-256", b"n,,n=tok1,r=abc,tokenauth=true", "delegation token"),
+    ("SCRAM-SHA-512", b"n,a=bob,n=alice,r=abc", "authorization id differs"),
+])
+def test_a_token_the_proxy_cannot_attribute_is_refused(mechanism, token, message):
+    with pytest.raises(ValueError, match=message):
+        sasl_user(mechanism, token)
+
+
+def test_a_malformed_first_token_closes_before_the_broker_sees_it():
+    chain = Chain()
+    chain.send(handshake(1, "PLAIN"))
+    chain.a.client(authenticate(2, b"garbage"))
+    assert "malformed PLAIN token" in chain.a.closed
+    assert chain.a.take_broker() == b""
