@@ -5,6 +5,9 @@ Compares ways for a Kafka client to reach the same broker:
 
 * ``direct``             - the client talks straight to a local Tansu broker;
 * ``kthrottle``          - through ``python -m kthrottle proxy`` from this checkout;
+* ``kthrottle-ssl``      - the same, with the clients speaking TLS to it
+  (``--security-protocol SSL``, a certificate made for the run; the broker side stays
+  plaintext): what encryption between clients and proxy costs;
 * ``tansu-proxy``        - through ``tansu proxy``, a pass-through proxy written in Rust;
 * ``kthrottle-baseline`` - only with ``--baseline-src DIR``: ``python -m kthrottle proxy``
   imported from DIR (e.g. a git worktree of an older commit), so that a change is compared
@@ -71,7 +74,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from kthrottle.embedded import TansuBroker, free_port, tansu_binary, wait_for_port
 
-CONFIGS = ("direct", "kthrottle", "tansu-proxy")
+CONFIGS = ("direct", "kthrottle", "kthrottle-ssl", "tansu-proxy")
+SSL_CONFIG = "kthrottle-ssl"
+# bootstrap address -> CA file, for the endpoints clients reach over TLS
+CLIENT_TLS = {}
 BASELINE = "kthrottle-baseline"
 CLIENT_NAMES = ("aiokafka", "confluent-kafka")
 MB = 1_000_000
@@ -178,7 +184,7 @@ class Endpoint:
     admin_port: Optional[int] = None  # kthrottle's /metrics and /quotas, when asked for
 
 
-def metadata_probe(host, port, timeout=10.0):
+def metadata_probe(host, port, timeout=10.0, cafile=None):
     """Send one Metadata v1 request (all topics) and read the response.
 
     kthrottle opens its per-node listener only once a Metadata response has passed through
@@ -186,7 +192,13 @@ def metadata_probe(host, port, timeout=10.0):
     """
     client_id = b"proxy-overhead-probe"
     body = struct.pack(">hhih", 3, 1, 1, len(client_id)) + client_id + struct.pack(">i", -1)
-    with socket.create_connection((host, port), timeout=timeout) as sock:
+    with socket.create_connection((host, port), timeout=timeout) as plain:
+        sock = plain
+        if cafile is not None:
+            import ssl
+
+            sock = ssl.create_default_context(cafile=cafile).wrap_socket(
+                plain, server_hostname=host)
         sock.sendall(struct.pack(">i", len(body)) + body)
         size = struct.unpack(">i", _recv_exact(sock, 4))[0]
         _recv_exact(sock, size)
@@ -226,7 +238,7 @@ def kthrottle_imported_from(src):
 
 
 def start_kthrottle(broker, procs, extra_args=(), admin=False, name="kthrottle", attempts=3,
-                    src=REPO):
+                    src=REPO, cafile=None):
     """``python -m kthrottle proxy`` from source tree ``src`` in front of ``broker`` on free
     ports (with an admin endpoint if asked), ready once its node listener is open."""
     env, cwd = kthrottle_env(src)
@@ -248,11 +260,14 @@ def start_kthrottle(broker, procs, extra_args=(), admin=False, name="kthrottle",
         proc = procs.spawn(name, argv, env=env, cwd=cwd)
         try:
             wait_for_port("127.0.0.1", listen, timeout=20, proc=proc)
-            metadata_probe("127.0.0.1", listen)  # opens the node 111 listener
+            metadata_probe("127.0.0.1", listen, cafile=cafile)  # opens the node 111 listener
             wait_for_port("127.0.0.1", node_port, timeout=5, proc=proc)
             if admin_port:
                 wait_for_port("127.0.0.1", admin_port, timeout=5, proc=proc)
-            return Endpoint(name, "127.0.0.1:%d" % listen, proc, admin_port)
+            bootstrap = "127.0.0.1:%d" % listen
+            if cafile is not None:
+                CLIENT_TLS[bootstrap] = cafile
+            return Endpoint(name, bootstrap, proc, admin_port)
         except Exception as exc:  # most likely a port taken in between: try other ports
             last_error = exc
             procs.stop(proc)
@@ -278,11 +293,50 @@ def start_endpoint(config, broker, procs, args):
         return Endpoint("direct", broker.bootstrap)
     if config == "kthrottle":
         return start_kthrottle(broker, procs)
+    if config == SSL_CONFIG:
+        files = tls_files(procs.log_dir)
+        return start_kthrottle(broker, procs, name=SSL_CONFIG, cafile=files["ca"], extra_args=(
+            "--security-protocol", "SSL", "--ssl-cert", files["cert"], "--ssl-key", files["key"]))
     if config == BASELINE:
         return start_kthrottle(broker, procs, name=BASELINE, src=args.baseline_src)
     if config == "tansu-proxy":
         return start_tansu_proxy(broker, procs)
     raise ValueError(config)
+
+
+def tls_files(directory):
+    """A CA and a certificate for 127.0.0.1 signed by it (PEM files in ``directory``),
+    made once per run."""
+    directory = Path(directory)
+    files = {"ca": str(directory / "ca.pem"), "cert": str(directory / "server.pem"),
+             "key": str(directory / "server-key.pem")}
+    if not Path(files["ca"]).exists():
+        import trustme
+
+        ca = trustme.CA()
+        server = ca.issue_cert("127.0.0.1")
+        ca.cert_pem.write_to_path(files["ca"])
+        server.private_key_pem.write_to_path(files["key"])
+        server.cert_chain_pems[0].write_to_path(files["cert"])
+        for pem in server.cert_chain_pems[1:]:
+            pem.write_to_path(files["cert"], append=True)
+    return files
+
+
+def aiokafka_security(bootstrap):
+    cafile = CLIENT_TLS.get(bootstrap)
+    if cafile is None:
+        return {}
+    from aiokafka.helpers import create_ssl_context
+
+    return {"security_protocol": "SSL", "ssl_context": create_ssl_context(cafile=cafile)}
+
+
+def ck_security(bootstrap):
+    cafile = CLIENT_TLS.get(bootstrap)
+    if cafile is None:
+        return {}
+    return {"security.protocol": "SSL", "ssl.ca.location": cafile}
 
 
 def start_py_spy(pid, procs, raw_path):
@@ -323,6 +377,7 @@ def producer_for(bootstrap, args, linger_ms):
     return AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks=1, linger_ms=linger_ms,
         max_batch_size=args.batch_size, request_timeout_ms=30000,
+        **aiokafka_security(bootstrap),
     )
 
 
@@ -331,7 +386,7 @@ def consumer_for(bootstrap):
         bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
         auto_offset_reset="earliest", fetch_max_wait_ms=100,
         fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=8 * 1024 * 1024,
-        request_timeout_ms=30000,
+        request_timeout_ms=30000, **aiokafka_security(bootstrap),
     )
 
 
@@ -536,6 +591,7 @@ def ck_common(bootstrap, errors, debug_logger=None):
         "socket.nagle.disable": True,  # asyncio (aiokafka) sets TCP_NODELAY too
         "log.connection.close": False,  # idle connections closed by Tansu are not news
         "error_cb": errors.append,
+        **ck_security(bootstrap),
     }
     if debug_logger is not None:
         conf.update({"debug": "protocol,feature", "logger": debug_logger})
@@ -1042,7 +1098,12 @@ def paired_lines(results, clients, configs):
     if lines:
         lines.insert(0, "Throughput relative to direct with the same client in the same round, "
                         "median (min to max):")
-    if BASELINE in configs and "kthrottle" in configs:
+    for config, base, title in (
+            ("kthrottle", BASELINE, "kthrottle (this checkout) relative to %s" % BASELINE),
+            (SSL_CONFIG, "kthrottle", "TLS between clients and kthrottle (%s) relative to "
+                                      "plaintext (kthrottle)" % SSL_CONFIG)):
+        if config not in configs or base not in configs:
+            continue
         ab = []
         for client in clients:
             parts = []
@@ -1051,16 +1112,15 @@ def paired_lines(results, clients, configs):
                     ("consume_mb_s", "consume", _ratio, ".3f", "x"),
                     ("proxy_cpu_ms_per_mb", "proxy CPU/MB", _ratio, ".3f", "x"),
                     ("latency_p99_ms", "p99", _minus, "+.2f", " ms")):
-                text = spread(paired(results, client, "kthrottle", metric, base=BASELINE,
-                                     op=op), spec, unit)
+                text = spread(paired(results, client, config, metric, base=base, op=op),
+                              spec, unit)
                 if text:
                     parts.append("%s %s" % (label, text))
             if parts:
                 ab.append("- %s: %s" % (client, ", ".join(parts)))
         if ab:
             lines += ([""] if lines else []) + [
-                "kthrottle (this checkout) relative to %s, same client, same round, "
-                "median (min to max):" % BASELINE] + ab
+                "%s, same client, same round, median (min to max):" % title] + ab
     return lines
 
 
