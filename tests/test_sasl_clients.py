@@ -168,3 +168,53 @@ def test_a_produce_before_authentication_closes_and_reaches_no_broker(sasl_proxy
     line = [l for l in sasl_proxy.log().splitlines()
             if "request api key 0 v8 before authentication" in l][-1]
     assert "0 bytes out" in line  # nothing came back from a broker
+
+
+@pytest.mark.skipif(not __import__("zookeeper").available(),
+                    reason="scripts/test installs ZooKeeper")
+def test_credentials_from_zookeeper_are_followed_live(broker, zookeeper, tmp_path):
+    """Terminate mode with the SCRAM credentials Kafka keeps in ZooKeeper:
+    a password changed with ``kthrottle quotas alter --zookeeper`` holds for
+    the next login, without restarting the proxy."""
+    import confluent_kafka
+
+    chroot = "/kt-%s" % uuid.uuid4().hex[:8]
+    hosts = zookeeper.hosts + chroot
+
+    def set_password(password):
+        done = kthrottle_quotas("alter", "--zookeeper", hosts, "--entity-type", "users",
+                                "--entity-name", "carol", "--add-config",
+                                "SCRAM-SHA-512=[password=%s]" % password)
+        assert done.returncode == 0, done.stderr
+
+    set_password("first-secret")
+    p = ProxyProcess(broker.bootstrap, tmp_path / "zk-proxy.log",
+                     ["--security-protocol", "SASL_PLAINTEXT", "--zookeeper", hosts]).start()
+
+    def login(password):
+        errors = []
+        producer = confluent_kafka.Producer({
+            "bootstrap.servers": p.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "carol",
+            "sasl.password": password, "error_cb": errors.append})
+        deadline, last = time.monotonic() + 15, None
+        while time.monotonic() < deadline:
+            producer.poll(0.1)  # serves error_cb
+            if any(e.code() == confluent_kafka.KafkaError._AUTHENTICATION for e in errors):
+                return False
+            try:
+                return bool(producer.list_topics(timeout=1.0).brokers)
+            except confluent_kafka.KafkaException as exc:
+                last = exc
+        raise AssertionError("neither authenticated nor refused: %s %s" % (errors, last))
+
+    try:
+        assert login("first-secret")
+        set_password("second-secret")
+        deadline = time.monotonic() + 10
+        while login("first-secret") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert login("second-secret") and not login("first-secret")
+        assert "first-secret" not in p.log() and "second-secret" not in p.log()
+    finally:
+        p.stop()

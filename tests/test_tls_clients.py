@@ -224,3 +224,23 @@ def test_upstream_sasl_ssl_with_the_proxys_own_credentials(broker, tmp_path, pki
     finally:
         bad.stop()
         inner.stop()
+
+
+def test_requested_client_certificates_are_optional(broker, tmp_path, pki):
+    """ssl.client.auth=requested: a client with a certificate gets its subject
+    as principal, one without is ANONYMOUS, and both are served."""
+    from aiokafka.helpers import create_ssl_context
+
+    p = _proxy(broker, tmp_path, pki, "SSL", "--ssl-ca", pki["ca"],
+               "--ssl-client-auth", "requested").start()
+    try:
+        cert, key = pki["alice"]
+        with_cert = _roundtrip_aiokafka(p, broker, security_protocol="SSL", ssl_context=
+                                        create_ssl_context(cafile=pki["ca"], certfile=cert,
+                                                           keyfile=key))
+        assert set(with_cert) == {"CN=Alice,OU=team,O=org"}
+        without = _roundtrip_aiokafka(p, broker, security_protocol="SSL",
+                                      ssl_context=create_ssl_context(cafile=pki["ca"]))
+        assert set(without) == {"ANONYMOUS"}
+    finally:
+        p.stop()
