@@ -1,36 +1,28 @@
 #!/usr/bin/env python3
 """How many SASL authentications per second does one kthrottle proxy process sustain?
 
-One fresh Tansu broker (in-memory storage) and one ``python -m kthrottle proxy`` in front
-of it, its listener SASL_PLAINTEXT in terminate mode: the proxy itself verifies the clients
-against a credentials file holding user ``alice`` with a SCRAM-SHA-256 and a SCRAM-SHA-512
-credential (``--iterations``, 4096 by default).
+A fresh Tansu broker (in-memory storage) and one ``python -m kthrottle proxy`` in front of
+it, SASL_PLAINTEXT in terminate mode: the proxy verifies clients against a credentials file
+holding user ``alice`` with a SCRAM-SHA-256 and a SCRAM-SHA-512 credential
+(``--iterations``, 4096 by default). For each of ``--mechanisms``, ``--workers`` processes,
+each an asyncio loop with ``--concurrency`` clients, log in over and over: a warm-up
+second, then ``--seconds`` measured. One login is a fresh TCP connection (for which the
+proxy opens its own connection to the broker), SaslHandshake v1 and SaslAuthenticate v1:
+two rounds for SCRAM (the server's signature is checked), one for PLAIN.
 
-For each mechanism of ``--mechanisms`` the load generator - ``--workers`` processes, each
-an asyncio loop with ``--concurrency`` clients - logs in over and over for a warm-up second
-and then ``--seconds`` measured seconds. One login is: a fresh TCP connection, SaslHandshake
-v1, then SaslAuthenticate v1 - two rounds for SCRAM (client-first, client-final, the
-server's signature checked), one for PLAIN - then the connection is closed. Each
-connection also makes the proxy open (and close) its own connection to the broker.
+Reported per mechanism, over the measured interval: successful authentications/s; errors
+(a refused login, a broken connection, a timeout; any error makes the exit status 1);
+p50/p99 time per login from connect to the last answer; proxy CPU ms per authentication
+(user + system over the interval / logins) and the ceiling it implies on one core,
+1000 / (CPU ms per login); proxy, broker and load-generator CPU use, to show who was the
+bottleneck.
 
-Reported per mechanism, over the measured interval only:
-
-* authentications/s achieved (successful ones) and errors (a refused login, a broken
-  connection or a timeout; any error makes the exit status 1);
-* p50/p99 time per login, from connect to the last answer checked;
-* proxy CPU ms per authentication (user + system time of the proxy process over the
-  interval / logins), and the ceiling it implies for one core: 1000 / (CPU ms per login);
-* proxy, broker and load-generator CPU use, to show who was the bottleneck.
-
-The proxy verifies SCRAM with a few HMACs per login (the salted key is stored), but PLAIN
-with a whole PBKDF2 of the password (``--iterations`` rounds, the user's strongest SCRAM
+The proxy checks SCRAM with a few HMACs (the salted key is stored), but PLAIN with a whole
+PBKDF2 of the password (``--iterations`` rounds, against the user's strongest SCRAM
 credential first) on its event loop. A SCRAM client runs that PBKDF2 too; the clients here
-compute it once and reuse it (the server sends the same salt every time, so the proxy's work
-is unchanged), unless ``--no-client-cache``.
-
-Results go to ``sasl_auth_rate.json`` and ``sasl_auth_rate.md`` in ``--output-dir``.
-
-Example::
+run it once and reuse it (the server sends the same salt every time, so the proxy's work is
+unchanged) unless ``--no-client-cache``. Results go to ``sasl_auth_rate.json`` and
+``sasl_auth_rate.md`` in ``--output-dir``. Example::
 
     python benchmarks/sasl_auth_rate.py --seconds 8
 """
@@ -213,23 +205,11 @@ def worker_main(port, mechanism, password, concurrency, cache_pbkdf2, go, result
         loop_factory = uvloop.new_event_loop
     except ImportError:
         loop_factory = None
-    results.put(("ready", None))
+    results.put("ready")
     t_measure, t_end = go.get()
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         stats = runner.run(_drive(port, mechanism, password, concurrency, t_measure, t_end))
-    results.put(("done", stats))
-
-
-def _cpu(proc):
-    times = proc.cpu_times()
-    return times.user + times.system
-
-
-def _get(results, kind, timeout):
-    got, payload = results.get(timeout=timeout)
-    if got != kind:
-        raise RuntimeError("worker said %r, expected %r" % (got, kind))
-    return payload
+    results.put(stats)
 
 
 def _percentile_ms(sorted_seconds, q):
@@ -250,7 +230,7 @@ def measure(mechanism, port, proxy, broker, args):
         worker.start()
     try:
         for _ in workers:
-            _get(results, "ready", 30)
+            results.get(timeout=30)  # "ready"
         t_measure = time.monotonic() + args.warmup
         t_end = t_measure + args.seconds
         for _ in workers:
@@ -258,10 +238,10 @@ def measure(mechanism, port, proxy, broker, args):
         watched = [psutil.Process(proxy.pid), psutil.Process(broker.pid)]
         watched += [psutil.Process(w.pid) for w in workers]
         time.sleep(max(0.0, t_measure - time.monotonic()))
-        cpu0, wall0 = [_cpu(p) for p in watched], time.monotonic()
+        cpu0, wall0 = [sum(p.cpu_times()[:2]) for p in watched], time.monotonic()
         time.sleep(max(0.0, t_end - time.monotonic()))
-        cpu1, wall1 = [_cpu(p) for p in watched], time.monotonic()
-        stats = [_get(results, "done", LOGIN_TIMEOUT + 30) for _ in workers]
+        cpu1, wall1 = [sum(p.cpu_times()[:2]) for p in watched], time.monotonic()  # user+sys
+        stats = [results.get(timeout=LOGIN_TIMEOUT + 30) for _ in workers]
         for worker in workers:
             worker.join(10)
     finally:
@@ -301,10 +281,10 @@ COLUMNS = (("mechanism", "mechanism"), ("auth/s", "auth_per_s"), ("errors", "err
            ("clients CPU %", "clients_cpu_percent"))
 
 
-def markdown_report(rows, facts, args):
+def markdown_report(rows, facts, args, stopped=None):
     lines = [
         "# SASL authentications per second, one kthrottle proxy (terminate mode)", "",
-        "kthrottle %s; %s cores (%s); Python %s; %d warm-up + %d measured s per mechanism; "
+        "kthrottle %s; %s cores (%s); Python %s; %g warm-up + %g measured s per mechanism; "
         "%d worker processes x %d concurrent clients; SCRAM iterations %d; client PBKDF2 %s."
         % (facts["kthrottle_commit"], facts["nproc"], facts["cpu_model"], facts["python"],
            args.warmup, args.seconds, args.workers, args.concurrency, args.iterations,
@@ -315,6 +295,8 @@ def markdown_report(rows, facts, args):
     for row in rows:
         lines.append("| %s |" % " | ".join("-" if row[key] is None else str(row[key])
                                            for _, key in COLUMNS))
+    if stopped:
+        lines += ["", "Partial run: %s." % stopped]
     samples = [(row["mechanism"], count, message) for row in rows
                for message, count in row["error_samples"].items()]
     if samples:
@@ -324,12 +306,9 @@ def markdown_report(rows, facts, args):
 
 
 def machine_facts():
-    model = "unknown"
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                     if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    with open("/proc/cpuinfo") as cpuinfo:
+        model = next((line.split(":", 1)[1].strip() for line in cpuinfo
+                      if line.startswith("model name")), "unknown")
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO,
                             capture_output=True, text=True).stdout.strip() or "unknown"
     return {"kthrottle_commit": commit, "nproc": os.cpu_count(), "cpu_model": model,
@@ -378,12 +357,13 @@ def _sigterm_to_interrupt(signum, frame):
 
 def main(argv=None):
     args = parse_args(argv)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started ignoring it
     signal.signal(signal.SIGTERM, _sigterm_to_interrupt)  # same cleanup path as Ctrl-C
     facts = machine_facts()
     log_dir = Path(tempfile.mkdtemp(prefix="sasl_auth_rate-"))
     procs = Processes(log_dir)
     broker = TansuBroker(log_path=str(log_dir / "tansu-broker.log"))
-    rows, interrupted = [], False
+    rows, interrupted, failure = [], False, None
     try:
         broker.start()
         credentials = log_dir / "credentials.toml"
@@ -403,13 +383,17 @@ def main(argv=None):
         interrupted = True
         print("\ninterrupted; stopping processes and writing what was measured",
               file=sys.stderr)
+    except Exception as exc:  # report it, and what was measured before it
+        failure = "%s: %s" % (type(exc).__name__, exc)
+        print("failed: %s" % failure, file=sys.stderr)
     finally:
         procs.stop_all()
         broker.stop()
     if not rows:
         return 1
 
-    report = markdown_report(rows, facts, args)
+    report = markdown_report(rows, facts, args,
+                             stopped="interrupted" if interrupted else failure)
     print()
     print(report)
     args.output_dir.mkdir(parents=True, exist_ok=True)
@@ -419,11 +403,13 @@ def main(argv=None):
     settings["password_is_stored_one"] = args.password == PASSWORD
     (args.output_dir / "sasl_auth_rate.json").write_text(json.dumps({
         "machine": facts, "settings": settings, "interrupted": interrupted,
-        "results": rows}, indent=2) + "\n")
+        "failure": failure, "results": rows}, indent=2) + "\n")
     print("wrote sasl_auth_rate.json and sasl_auth_rate.md in %s" % args.output_dir)
-    failed = interrupted or any(row["errors"] or not row["authentications"] for row in rows)
+    failed = interrupted or failure or any(row["errors"] or not row["authentications"]
+                                           for row in rows)
     if failed:
-        print("errors or interruption; process logs kept in %s" % log_dir, file=sys.stderr)
+        print("errors, failure or interruption; process logs kept in %s" % log_dir,
+              file=sys.stderr)
     else:
         shutil.rmtree(log_dir, ignore_errors=True)
     return 1 if failed else 0

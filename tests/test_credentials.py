@@ -111,6 +111,25 @@ def test_verify_password_and_check_plain():
         assert credentials.check_plain(user, password) is False, (user, password)
 
 
+def test_a_verified_plain_password_is_not_derived_again(monkeypatch):
+    import kthrottle.sources.credentials as module
+
+    derived = []
+    real = module.verify_password
+    monkeypatch.setattr(module, "verify_password",
+                        lambda *a: derived.append(a[0]) or real(*a))
+    alice = scram_from_password("SCRAM-SHA-512", "alice-secret")
+    credentials = Credentials({"alice": {"SCRAM-SHA-512": alice}})
+    assert credentials.check_plain("alice", "alice-secret") and len(derived) == 1
+    assert credentials.check_plain("alice", "alice-secret") and len(derived) == 1  # recognised
+    assert not credentials.check_plain("alice", "alice-secreT") and len(derived) == 2
+    assert credentials.check_plain("alice", b"alice-secret") and len(derived) == 2
+    # a changed credential is a new snapshot, which verifies afresh
+    changed = Credentials({"alice": {"SCRAM-SHA-512": scram_from_password("SCRAM-SHA-512", "new")}})
+    assert not changed.check_plain("alice", "alice-secret")
+    assert changed.check_plain("alice", "new")
+
+
 def test_parse_and_format_round_trip_in_kafkas_form():
     # Kafka's salts are ASCII (ScramFormatter: a random number in base 36)
     cred = scram_from_password("SCRAM-SHA-512", "x-secret", 4096, b"1vxv3x4d4c2qhgbt7mjbv0xqy4")

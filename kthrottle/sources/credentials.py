@@ -23,6 +23,7 @@ import base64
 import binascii
 import hmac
 import logging
+import os
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -185,7 +186,7 @@ class Credentials:
     """An immutable snapshot: {user: {mechanism: ScramCredential}}. Users are
     named as clients authenticate (not URL-encoded)."""
 
-    __slots__ = ("_users",)
+    __slots__ = ("_users", "_verified", "_key")
 
     def __init__(self, users=None):
         frozen = {}
@@ -201,6 +202,10 @@ class Credentials:
             if entry:
                 frozen[user] = MappingProxyType(entry)
         object.__setattr__(self, "_users", MappingProxyType(frozen))
+        # PLAIN logins verified against this snapshot: user -> HMAC of the
+        # password under a key of this snapshot's own (see check_plain)
+        object.__setattr__(self, "_verified", {})
+        object.__setattr__(self, "_key", os.urandom(32))
 
     def __setattr__(self, name, value):
         raise AttributeError("Credentials are immutable")
@@ -216,14 +221,26 @@ class Credentials:
     def check_plain(self, user, password):
         """SASL/PLAIN: whether any SCRAM credential of the user (strongest
         first) was made from ``password``. Unknown user, or any bad input:
-        False. Costs a PBKDF2 per credential tried (``iterations`` HMACs)."""
+        False. Costs a PBKDF2 per credential tried (``iterations`` HMACs,
+        some ms), except for the password last verified for the user in this
+        snapshot: that one is recognised by a keyed hash, so a client that
+        reconnects often does not cost a PBKDF2 each time. The key is random
+        per snapshot and lives only in memory; a changed credential makes a
+        new snapshot, and so forgets what was verified."""
         try:
             mechanisms = self._users.get(user)
             if not mechanisms:
                 return False
+            if isinstance(password, str):
+                password = password.encode("utf-8")
+            digest = hmac.new(self._key, bytes(password), "sha256").digest()
+            known = self._verified.get(user)
+            if known is not None and hmac.compare_digest(known, digest):
+                return True
             for mechanism in reversed(MECHANISMS):
                 cred = mechanisms.get(mechanism)
                 if cred is not None and verify_password(mechanism, cred, password):
+                    self._verified[user] = digest
                     return True
         except Exception:  # never let a client's input raise
             return False
