@@ -4,6 +4,7 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 
 from . import __version__, quotas_command
 from .config import (
@@ -129,6 +130,34 @@ def _add_proxy_flags(p, bootstrap_required_text):
         help="a failed authentication is answered after this delay, then the connection "
         "closes (Kafka's connection.failed.authentication.delay.ms, default 100)",
     )
+    s = p.add_argument_group(
+        "storage-aware throttling (the cluster state kthrottle spark-sync writes to --zookeeper)")
+    s.add_argument(
+        "--storage-scope", choices=("cluster", "partition", "off"),
+        help="cluster (default): when a broker volume passes its soft limit every producer "
+        "is slowed by the state's factor, and past its hard limit its Produce requests are "
+        "held; off: ignore the cluster state. Applies when --zookeeper is given, from the "
+        "first snapshot the job writes",
+    )
+    s.add_argument("--storage-fail-safe", choices=("PAUSE", "OPEN"),
+                   help="what an unknown state means (a snapshot older than "
+                   "--storage-max-age-ms, brokers without a fresh volume report): PAUSE "
+                   "(default) or OPEN")
+    s.add_argument("--storage-max-age-ms", type=int, metavar="MS",
+                   help="a cluster state older than this is unknown (default 120000)")
+    s.add_argument("--storage-base-rate", type=float, metavar="BYTES/S",
+                   help="the produce rate a producer without a producer_byte_rate quota "
+                   "keeps at factor 1 when throttled for storage (default 1048576)")
+    s.add_argument("--storage-pause-max-ms", type=int, metavar="MS",
+                   help="longest a Produce request is held while paused, before it goes on "
+                   "(default 10000; keep it under the clients' request.timeout.ms)")
+    s.add_argument("--storage-excluded-principals", metavar="LIST",
+                   type=lambda v: [m.strip() for m in v.split(",") if m.strip()],
+                   help="comma-separated principals never throttled for storage (the volume "
+                   "agents, canaries)")
+    s.add_argument("--cluster-state-znode", metavar="PATH",
+                   help="where the cluster state is (default /kthrottle/cluster-state, under "
+                   "the --zookeeper chroot)")
     u = p.add_argument_group("towards the brokers")
     u.add_argument(
         "--upstream-security-protocol", metavar="P",
@@ -184,6 +213,10 @@ def make_parser():
     )
     _add_proxy_flags(local, "Not used: the local broker is the upstream.")
     quotas_command.add_parser(sub)
+    from .spark_sync import agent, job
+
+    agent.add_parser(sub)
+    job.add_parser(sub)
     return parser
 
 
@@ -220,6 +253,13 @@ def _flag_values(args):
         "upstream_sasl_mechanism": args.upstream_sasl_mechanism,
         "upstream_sasl_username": args.upstream_sasl_username,
         "upstream_sasl_password_file": args.upstream_sasl_password_file,
+        "storage_scope": args.storage_scope,
+        "storage_fail_safe": args.storage_fail_safe,
+        "storage_max_age_ms": args.storage_max_age_ms,
+        "storage_base_rate": args.storage_base_rate,
+        "storage_pause_max_ms": args.storage_pause_max_ms,
+        "storage_excluded_principals": args.storage_excluded_principals,
+        "cluster_state_znode": args.cluster_state_znode,
     }
 
 
@@ -277,9 +317,38 @@ async def serve(config, on_ready=None):
             raise SystemExit("kthrottle: error: %s" % exc) from None
         authenticator = SaslTerminate(config.sasl_enabled_mechanisms, lambda: current[0],
                                       config.failed_authentication_delay_ms)
+    storage = cluster_state = None
+    if config.storage_enabled:
+        from .policy.storage import StoragePolicy
+        from .proxy.storage import StorageThrottle
+        from .sources import QuotaStoreError
+        from .sources.cluster_state import ClusterStateSource
+
+        settings = config.quota_settings()
+        storage = StorageThrottle(
+            StoragePolicy(config.storage_scope, config.storage_fail_safe,
+                          config.storage_max_age_ms / 1000.0),
+            config.storage_excluded_principals, config.storage_base_rate,
+            config.storage_pause_max_ms, samples=settings.samples, window=settings.window)
+        cluster_state = ClusterStateSource(config.zookeeper, config.cluster_state_znode)
+
+        def new_state(state):
+            storage.policy.update(state)
+            storage.refresh(time.time(), asyncio.get_running_loop().time())
+
+        try:
+            await cluster_state.start(new_state)
+        except QuotaStoreError as exc:
+            if source is not None:
+                await source.stop()
+            if credentials is not None:
+                await credentials.stop()
+            raise SystemExit("kthrottle: error: %s" % exc) from None
     try:
-        server = ProxyServer(config, manager, authenticator)
+        server = ProxyServer(config, manager, authenticator, storage)
     except ValueError as exc:  # the TLS files
+        if cluster_state is not None:
+            await cluster_state.stop()
         if credentials is not None:
             await credentials.stop()
         if source is not None:
@@ -289,7 +358,8 @@ async def serve(config, on_ready=None):
     try:
         await server.start()
         if config.admin_listen:
-            admin = AdminServer(server, *config.admin_listen, source=source)
+            admin = AdminServer(server, *config.admin_listen, source=source,
+                                cluster_state=cluster_state)
             await admin.start()
     except OSError as exc:
         await server.close()
@@ -297,6 +367,8 @@ async def serve(config, on_ready=None):
             await source.stop()
         if credentials is not None:
             await credentials.stop()
+        if cluster_state is not None:
+            await cluster_state.stop()
         raise SystemExit("kthrottle: error: cannot listen: %s" % exc) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -305,14 +377,20 @@ async def serve(config, on_ready=None):
     if on_ready is not None:
         on_ready(server)
     try:
+        ticks = 0
         while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), 60)
+            try:  # once a second: the cluster state ages
+                await asyncio.wait_for(stop.wait(), 1 if storage is not None else 60)
             except asyncio.TimeoutError:
-                if manager is not None:
+                ticks += 1
+                if storage is not None:
+                    storage.refresh(time.time(), loop.time())
+                if manager is not None and (storage is None or ticks % 60 == 0):
                     manager.expire(loop.time())
     finally:
         logging.getLogger("kthrottle").info("shutting down")
+        if cluster_state is not None:
+            await cluster_state.stop()
         if source is not None:
             await source.stop()
         if credentials is not None:
@@ -330,6 +408,10 @@ def main(argv=None):
         action_parser = parser._subparsers._group_actions[0].choices["quotas"]
         action_parser = action_parser._subparsers._group_actions[0].choices[args.action]
         return quotas_command.run(args, action_parser)
+    if args.command in ("volume-agent", "spark-sync"):
+        from .spark_sync import agent, job
+
+        return (agent if args.command == "volume-agent" else job).run(args)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -72,6 +72,14 @@ class ProxyConfig:
     ssl_ca: str | None = None
     ssl_client_auth: str = "none"  # Kafka's ssl.client.auth
     ssl_principal_mapping_rules: str = "DEFAULT"
+    # storage-aware throttling (the Spark job's cluster state in --zookeeper)
+    storage_scope: str = "cluster"
+    storage_fail_safe: str = "PAUSE"
+    storage_max_age_ms: int = 120_000
+    storage_base_rate: float = 1024 * 1024
+    storage_pause_max_ms: int = 10_000
+    storage_excluded_principals: list = field(default_factory=list)
+    cluster_state_znode: str = "/kthrottle/cluster-state"
     # towards the brokers
     # default: PLAINTEXT, or in passthrough mode the client side's protocol
     upstream_security_protocol: str | None = None
@@ -101,6 +109,11 @@ class ProxyConfig:
                               "--upstream-sasl-password-file PATH or %s"
                               % (self.upstream_security_protocol, UPSTREAM_PASSWORD_ENV))
         return password
+
+    @property
+    def storage_enabled(self):
+        """The cluster state is followed when ZooKeeper is given."""
+        return bool(self.zookeeper) and self.storage_scope != "off"
 
     @property
     def tls_enabled(self):
@@ -216,6 +229,21 @@ class ProxyConfig:
             self.upstream_sasl_password()
         if bool(self.upstream_ssl_cert) != bool(self.upstream_ssl_key):
             raise ConfigError("upstream-ssl-cert and upstream-ssl-key go together")
+        if self.storage_scope not in ("cluster", "partition", "off"):
+            raise ConfigError("storage-scope must be cluster, partition or off, got %r"
+                              % self.storage_scope)
+        if self.storage_scope == "partition":
+            raise ConfigError("storage-scope partition is not supported yet (cluster is)")
+        if self.storage_fail_safe not in ("PAUSE", "OPEN"):
+            raise ConfigError("storage-fail-safe must be PAUSE or OPEN, got %r"
+                              % self.storage_fail_safe)
+        if self.storage_max_age_ms <= 0 or self.storage_pause_max_ms <= 0:
+            raise ConfigError("storage-max-age-ms and storage-pause-max-ms must be positive")
+        if not self.storage_base_rate > 0:
+            raise ConfigError("storage-base-rate must be a positive number of bytes/s")
+        if not self.cluster_state_znode.startswith("/") or self.cluster_state_znode.endswith("/"):
+            raise ConfigError("cluster-state-znode must be an absolute znode path, got %r"
+                              % self.cluster_state_znode)
         if self.failed_authentication_delay_ms < 0:
             raise ConfigError("failed-authentication-delay-ms must not be negative")
         self.quota_settings()
@@ -255,6 +283,13 @@ _KEYS = {
     "upstream-sasl-mechanism": "upstream_sasl_mechanism",
     "upstream-sasl-username": "upstream_sasl_username",
     "upstream-sasl-password-file": "upstream_sasl_password_file",
+    "storage-scope": "storage_scope",
+    "storage-fail-safe": "storage_fail_safe",
+    "storage-max-age-ms": "storage_max_age_ms",
+    "storage-base-rate": "storage_base_rate",
+    "storage-pause-max-ms": "storage_pause_max_ms",
+    "storage-excluded-principals": "storage_excluded_principals",
+    "cluster-state-znode": "cluster_state_znode",
 }
 
 
@@ -267,28 +302,30 @@ def _convert(key, value):
         return [parse_host_port(v, "bootstrap-server") for v in value]
     if key in ("listen", "admin-listen"):
         return parse_host_port(value, key)
-    if key in ("quota-window-size-seconds", "quota-burst-seconds"):
+    if key in ("quota-window-size-seconds", "quota-burst-seconds", "storage-base-rate"):
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise ConfigError("%s must be a number, got %r" % (key, value))
         return float(value)
     if key == "zookeeper":
         return parse_zookeeper(value)
-    if key == "sasl-enabled-mechanisms":
+    if key in ("sasl-enabled-mechanisms", "storage-excluded-principals"):
         if isinstance(value, str):
             value = value.split(",")
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError("sasl-enabled-mechanisms must be a list of mechanism names")
+            raise ConfigError("%s must be a list of names" % key)
         return [v.strip() for v in value if v.strip()]
     if key in ("quota-file", "quota-mode", "security-protocol", "sasl-mode", "credentials-file",
                "ssl-cert", "ssl-key", "ssl-ca", "ssl-client-auth",
                "ssl-principal-mapping-rules", "upstream-security-protocol", "upstream-ssl-ca",
                "upstream-ssl-cert", "upstream-ssl-key", "upstream-sasl-mechanism",
-               "upstream-sasl-username", "upstream-sasl-password-file"):
+               "upstream-sasl-username", "upstream-sasl-password-file", "storage-scope",
+               "storage-fail-safe", "cluster-state-znode"):
         if not isinstance(value, str) or not value:
             raise ConfigError("%s must be a non-empty string" % key)
         return value
     if key in ("node-port-base", "max-frame-size", "quota-window-num", "max-throttle-ms",
-               "upstream-connect-timeout-ms", "failed-authentication-delay-ms"):
+               "upstream-connect-timeout-ms", "failed-authentication-delay-ms",
+               "storage-max-age-ms", "storage-pause-max-ms"):
         if not isinstance(value, int) or isinstance(value, bool):
             raise ConfigError("%s must be an integer, got %r" % (key, value))
         return value

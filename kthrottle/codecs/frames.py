@@ -26,6 +26,10 @@ HEAD_SIZE = 512
 PASS = 0  # forward its bytes as they arrive (cut-through)
 WHOLE = 1  # gather the whole frame and hand it to on_whole
 DROP = 2  # swallow it
+DEFER = 3  # not now: stop before this frame, leaving it and what follows in ``rest``
+
+
+_DEFERRED = -1  # _start's answer for DEFER
 
 
 class NeedHead:
@@ -53,6 +57,9 @@ class FrameCutter:
       nothing);
     - DROP swallows it;
     - NeedHead(n): ask again once n bytes of the frame are in;
+    - DEFER: stop before the frame; its bytes and everything after them are
+      left unread in ``rest``, for the caller to feed again later (the head
+      is then asked about again);
     - a stream object (with ``feed(chunk, out)``), or a ``(patched head,
       stream)`` pair: every byte of the frame goes through the stream's feed,
       which appends what to forward (a rewrite that keeps the frame's length).
@@ -128,6 +135,8 @@ class FrameCutter:
             head_len = need
             mode = self.on_head(frame_start[:head_len], total)
         self._need = HEAD_SIZE
+        if mode is DEFER:
+            return _DEFERRED
         skip = 0
         cls = mode.__class__
         if cls is not int:
@@ -183,7 +192,12 @@ class FrameCutter:
                 if extra:  # give back what the head did not need
                     pos -= extra
                     del head[head_len:]
-                if self._start(bytes(head), total, head_len, out) is not None:
+                used = self._start(bytes(head), total, head_len, out)
+                if used == _DEFERRED:
+                    self.rest = bytes(head) + bytes(view[pos:])
+                    head.clear()
+                    return out
+                if used is not None:
                     head.clear()
                     break
                 # on_head asked for a longer head (self._need): gather on
@@ -216,6 +230,9 @@ class FrameCutter:
                 if available >= total or available >= self._need:
                     used = self._start(view[pos:], total, available, out)
                     if used is not None:
+                        if used == _DEFERRED:
+                            self.rest = bytes(view[pos:])
+                            break
                         pos += used
                         continue
             self._head += view[pos:]

@@ -54,7 +54,7 @@ class ProducePartitions:
     Null arrays count as empty; any other negative length, a null topic name
     or one that is not UTF-8, a length running past the frame's end, a header
     naming another API or version, or bytes after the request are a
-    ProtocolError.
+    ProtocolError, after which the reader must not be fed again.
     """
 
     __slots__ = ("partitions", "done", "_walk", "_req", "_want", "_pos", "_end",
@@ -266,7 +266,8 @@ def _walk_produce(version, partitions):
             else:
                 n = yield _INT16
             if n < 0:
-                raise ProtocolError("null topic name" if n == -1 else "negative topic name length %d" % n)
+                raise ProtocolError("null topic name" if n == -1
+                                    else "negative topic name length %d" % n)
             if n > MAX_STRING:
                 raise ProtocolError("topic name of %d bytes" % n)
             topic = (yield n << 4 | _TEXT) if n else ""

@@ -24,9 +24,10 @@ _MAX_REQUEST_LINE = 8192
 class ProxyCollector:
     """Reads the proxy's state at scrape time (on the event loop thread)."""
 
-    def __init__(self, server, source=None):
+    def __init__(self, server, source=None, cluster_state=None):
         self.server = server
         self.source = source
+        self.cluster_state = cluster_state
 
     def collect(self):
         server = self.server
@@ -74,6 +75,58 @@ class ProxyCollector:
                 "kthrottle_quota_source_rejected",
                 "quota entries or file versions rejected since start",
                 value=self.source.rejected)
+        storage = getattr(server, "storage", None)
+        if storage is not None:
+            yield from _storage_metrics(storage, self.cluster_state)
+
+
+_STATE_VALUE = {"OPEN": 0, "THROTTLE": 1, "PAUSE": 2, "UNKNOWN": 3}
+
+
+def _storage_metrics(storage, source):
+    import time
+
+    current = storage.current
+    state = GaugeMetricFamily(
+        "kthrottle_storage_state", "What producers meet: 0 OPEN, 1 THROTTLE, 2 PAUSE (scope "
+        "cluster: the state in force; scope broker/volume: the snapshot's, 3 UNKNOWN)",
+        labels=["scope", "broker", "volume"])
+    factor = GaugeMetricFamily(
+        "kthrottle_storage_factor", "Share of their produce rate producers keep (1: OPEN)",
+        labels=["scope", "broker", "volume"])
+    state.add_metric(["cluster", "", ""], _STATE_VALUE[current.state])
+    factor.add_metric(["cluster", "", ""], current.factor)
+    snapshot = storage.policy.state
+    if snapshot is not None:
+        for broker, entry in sorted(snapshot.brokers.items()):
+            if not isinstance(entry, dict):
+                continue
+            state.add_metric(["broker", str(broker), ""],
+                             _STATE_VALUE.get(entry.get("state"), 3))
+            for volume in entry.get("volumes") or ():
+                if isinstance(volume, dict):
+                    tags = ["volume", str(broker), str(volume.get("name"))]
+                    state.add_metric(tags, _STATE_VALUE.get(volume.get("state"), 3))
+                    factor.add_metric(tags, float(volume.get("factor", 1.0)))
+    yield state
+    yield factor
+    yield GaugeMetricFamily(
+        "kthrottle_storage_fail_safe", "1 while the fail-safe applies (no fresh cluster state, "
+        "or brokers without a fresh volume report)", value=1 if storage.reason else 0)
+    if snapshot is not None:
+        yield GaugeMetricFamily("kthrottle_cluster_state_age_seconds",
+                                "Age of the cluster-state snapshot in force",
+                                value=max(0.0, time.time() - snapshot.generated_at))
+    yield CounterMetricFamily("kthrottle_storage_deferred_requests",
+                              "Produce requests held back (PAUSE), counted at each check",
+                              value=storage.deferred)
+    yield CounterMetricFamily("kthrottle_storage_throttled_requests",
+                              "Produce requests throttled for storage (THROTTLE)",
+                              value=storage.throttled)
+    if source is not None:
+        yield CounterMetricFamily("kthrottle_cluster_state_rejected",
+                                  "cluster-state snapshots refused (malformed) since start",
+                                  value=source.rejected)
 
 
 def quotas_report(server):
@@ -112,12 +165,12 @@ def quotas_report(server):
 class AdminServer:
     """A small HTTP/1.0 server on the proxy's event loop."""
 
-    def __init__(self, server, host, port, source=None):
+    def __init__(self, server, host, port, source=None, cluster_state=None):
         self.proxy = server
         self.host = host
         self.port = port
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ProxyCollector(server, source))
+        self.registry.register(ProxyCollector(server, source, cluster_state))
         self._server = None
 
     @property

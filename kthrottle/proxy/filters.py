@@ -143,12 +143,17 @@ class FetchCap(Filter):
         return None if patched is None else Forward(patched)
 
 
-def standard_filters(advertise, quotas=None, authenticator=None, upstream_login=None):
+def standard_filters(advertise, quotas=None, authenticator=None, upstream_login=None,
+                     storage=None):
     """The proxy's filters, in the order they see a request: the proxy's
     own login to the broker, then an authenticator, so that nothing reaches
-    the others (or the broker) before the client has authenticated."""
+    the others (or the broker) before the client has authenticated. Storage
+    comes before the quotas, so that a Produce request held back (PAUSE) is
+    counted once, when it goes."""
     filters = [f for f in (upstream_login, authenticator) if f is not None]
     filters += [VersionGate(), AddressRewrite(advertise)]
+    if storage is not None:
+        filters.append(storage)
     if quotas is not None:
         filters += [QuotaAccounting(), FetchCap()]
     return filters

@@ -20,7 +20,16 @@ from typing import NamedTuple
 
 from ..codecs import ProtocolError
 from ..codecs.apis import ALL_RESPONSES, PRODUCE
-from ..codecs.frames import DROP, MIN_REQUEST_SIZE, MIN_RESPONSE_SIZE, PASS, WHOLE, FrameCutter, NeedHead
+from ..codecs.frames import (
+    DEFER,
+    DROP,
+    MIN_REQUEST_SIZE,
+    MIN_RESPONSE_SIZE,
+    PASS,
+    WHOLE,
+    FrameCutter,
+    NeedHead,
+)
 from ..codecs.request import HeadTooShort, RequestHead
 from ..codecs.throttle import (
     clients_back_off_from,
@@ -179,6 +188,16 @@ class Throttle(NamedTuple):
 class Refuse(NamedTuple):
     """Close the connection; the request reaches no broker."""
 
+    reason: str
+
+
+class Defer(NamedTuple):
+    """Not now: the request is left unread, and nothing after it is read,
+    for ``delay_ms``; then it is read again (and its filters asked again).
+    Nothing of it reaches the broker meanwhile; the client waits for its
+    answer. Only for requests whose head is enough to decide (HEAD)."""
+
+    delay_ms: int
     reason: str
 
 
@@ -354,6 +373,9 @@ class Connection:
         self._gathering = None  # the InFlight whose response is being gathered whole
         self._streaming = None  # the rewriter of the response being streamed
         self._request_gathered = None  # the entry of a request being gathered whole
+        # when the request being deferred (Defer) was first; the filter that
+        # defers it clears it once it lets the request go
+        self.deferred_since = None
 
     # inputs -----------------------------------------------------------
 
@@ -610,6 +632,8 @@ class Connection:
                              request, entry, acks_0)
         if result == DROP:
             return None
+        if result == DEFER:
+            raise TypeError("a request gathered whole cannot be deferred")
         return frame if result == PASS else result
 
     def _admit(self, correlation_id, api_key, api_version, request, entry, acks_0):
@@ -638,6 +662,13 @@ class Connection:
                 return DROP
             elif cls is Refuse:
                 raise _Refused(verdict.reason)
+            elif cls is Defer:
+                self.requests -= 1  # counted when it is read for good
+                if self.deferred_since is None:
+                    self.deferred_since = self.now
+                if verdict.delay_ms > self._mute_due:
+                    self._mute_due = verdict.delay_ms
+                return DEFER
             else:
                 raise TypeError("filter %s answered %r" % (f.name, verdict))
         if delay:

@@ -14,7 +14,7 @@ log = logging.getLogger("kthrottle.proxy")
 class ProxyServer:
     """Owns the listeners and the node-id -> broker routing table."""
 
-    def __init__(self, config, quotas=None, authenticator=None):
+    def __init__(self, config, quotas=None, authenticator=None, storage=None):
         self.config = config
         self.quotas = quotas  # policy QuotaManager, or None: no quota accounting
         self.loop = None
@@ -33,7 +33,8 @@ class ProxyServer:
                                                config.upstream_sasl_username,
                                                config.upstream_sasl_password())
         self.filter_table = FilterTable(
-            standard_filters(self.advertise, quotas, authenticator, upstream_login))
+            standard_filters(self.advertise, quotas, authenticator, upstream_login, storage))
+        self.storage = storage  # the StorageThrottle filter, or None
         self.ssl_context = tls_context(config) if config.tls_enabled else None
         self.upstream_ssl_context = (
             upstream_tls_context(config)

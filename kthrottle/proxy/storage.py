@@ -1,0 +1,136 @@
+"""Storage-aware throttling of producers, as a pipeline filter.
+
+The cluster state (``policy/storage.py``: OPEN, THROTTLE with a factor, PAUSE)
+comes from the Spark job's snapshot in ZooKeeper. The filter reads the state in
+force from an attribute that ``refresh`` sets, on each new snapshot and every
+second (the snapshot ages), so a Produce request costs one attribute read
+while the cluster is OPEN. Only Produce requests are touched: fetches,
+consumers and every other API carry on. Principals in ``excluded`` (the volume
+agents, canaries) are never touched.
+
+- THROTTLE: a producer keeps ``factor`` of its produce rate: of its
+  producer_byte_rate quota, or of ``base_rate`` when it has none. Its rate is
+  measured per <user, client-id> as Kafka measures quotas, and it is delayed
+  as Kafka delays it (X = (O - T) / T x W).
+- PAUSE: a Produce request is not read (nor anything after it on that
+  connection) until the state clears, checked every ``recheck_ms``; after
+  ``pause_max_ms`` it goes on anyway (a client's request.timeout.ms, 30 s by
+  default, must not expire first), and the next one is held again. Nothing of
+  a held request reaches the broker.
+"""
+import logging
+
+from ..codecs import apis
+from ..policy.rate import SampledRate, throttle_seconds, to_ms
+from ..policy.storage import OPEN, OPEN_STATE, PAUSE
+from .pipeline import HEAD, NOTHING, Defer, Filter, Throttle
+
+log = logging.getLogger("kthrottle.storage")
+
+DEFAULT_BASE_RATE = 1024 * 1024  # bytes/s kept at factor 1 by producers without a quota
+DEFAULT_PAUSE_MAX_MS = 10_000
+DEFAULT_RECHECK_MS = 250
+RATE_IDLE_SECONDS = 3600.0
+
+
+class StorageThrottle(Filter):
+    name = "storage"
+
+    def __init__(self, policy, excluded=(), base_rate=DEFAULT_BASE_RATE,
+                 pause_max_ms=DEFAULT_PAUSE_MAX_MS, recheck_ms=DEFAULT_RECHECK_MS,
+                 samples=11, window=1.0, max_throttle_ms=None):
+        self.policy = policy  # policy.storage.StoragePolicy
+        self.excluded = frozenset(excluded)
+        self.base_rate = float(base_rate)
+        self.pause_max = pause_max_ms / 1000.0
+        self.recheck_ms = recheck_ms
+        self.samples = samples
+        self.window = window
+        self.max_throttle_ms = max_throttle_ms if max_throttle_ms is not None else int(
+            samples * window * 1000)
+        self.current = OPEN_STATE  # what a Produce request meets (see refresh)
+        self.reason = None  # why the fail-safe applies, when it does
+        self.rates = {}  # (principal, client-id) -> [SampledRate, last used]
+        self.deferred = 0  # Produce requests held back (each check counts)
+        self.released_at_cap = 0
+        self.throttled = 0
+
+    # the state in force -------------------------------------------------------
+
+    def refresh(self, wall_now, now=None):
+        """Work out the state in force at ``wall_now`` (epoch seconds: the
+        snapshot's age); log each change. Returns (State, fail-safe reason).
+        Until a first snapshot has been read the state is OPEN: a cluster
+        without the Spark job is not held (a snapshot that later goes
+        missing or stale is unknown, and the fail-safe applies)."""
+        if self.policy.state is None:
+            state, reason = OPEN_STATE, None
+        else:
+            state, reason = self.policy.cluster(wall_now)
+        if state != self.current or reason != self.reason:
+            if reason is not None and reason != self.reason:
+                log.warning("storage: %s; the fail-safe (%s) applies where the state is "
+                            "unknown", reason, self.policy.fail_safe)
+            elif reason is None and self.reason is not None:
+                log.info("storage: the cluster state is known again")
+            if state != self.current:
+                log.info("storage: producers now meet %s%s", state.state,
+                         " (factor %.3f)" % state.factor if state.state not in (OPEN, PAUSE)
+                         else "")
+        self.current, self.reason = state, reason
+        if now is not None and self.rates:
+            idle = [k for k, (_, used) in self.rates.items() if now - used > RATE_IDLE_SECONDS]
+            for k in idle:
+                del self.rates[k]
+        return state, reason
+
+    # the filter -----------------------------------------------------------------
+
+    def request_need(self, api_key, api_version):
+        return HEAD if api_key == apis.PRODUCE else NOTHING
+
+    def authenticating_need(self, api_key, api_version):
+        return NOTHING
+
+    def on_request(self, conn, head, inflight):
+        state = self.current
+        if state is OPEN_STATE or state.state == OPEN:
+            conn.deferred_since = None
+            return None
+        if conn.principal in self.excluded:
+            return None
+        now = conn.now
+        if state.state == PAUSE:
+            since = conn.deferred_since
+            left = self.pause_max if since is None else since + self.pause_max - now
+            if left > 0:
+                self.deferred += 1
+                return Defer(max(1, min(self.recheck_ms, to_ms(left))),
+                             "storage PAUSE (%s)" % (self.reason or "a volume is past its "
+                                                     "hard limit"))
+            conn.deferred_since = None
+            self.released_at_cap += 1
+            return None
+        conn.deferred_since = None
+        client_id = head.client_id or ""
+        key = (conn.principal, client_id)
+        entry = self.rates.get(key)
+        if entry is None:
+            entry = self.rates[key] = [SampledRate(self.samples, self.window), now]
+        rate = entry[0]
+        entry[1] = now
+        rate.record(head.frame_len, now)
+        base = self.base_rate
+        quotas = conn.quotas_for(client_id)
+        if quotas is not None:
+            bucket = quotas.produce
+            if bucket is not None and bucket.limit:
+                base = bucket.limit
+        limit = base * state.factor
+        delay = to_ms(throttle_seconds(rate.measure(now), limit, rate.window_seconds(now)))
+        if delay <= 0:
+            return None
+        self.throttled += 1
+        return Throttle(min(delay, self.max_throttle_ms),
+                        "storage THROTTLE: %.0f B/s of %.0f kept (factor %.3f)"
+                        % (limit, base, state.factor))

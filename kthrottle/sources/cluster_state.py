@@ -1,0 +1,82 @@
+"""The cluster-state snapshot the Spark job writes to one znode, followed live.
+
+``/kthrottle/cluster-state`` (under the chroot of the connect string) holds
+the snapshot's JSON (``policy.storage``); the job replaces it whole, and one
+znode write is atomic. A kazoo data watch reads each new version; it is parsed
+on kazoo's thread and handed to the event loop. A malformed snapshot is
+refused with a log line (once per content) and counted; the last good one
+stays in force. A deleted znode keeps the last snapshot too: it ages, and
+the reader's fail-safe takes over once it is too old.
+"""
+import asyncio
+import logging
+
+from ..policy.storage import ClusterState
+from . import QuotaStoreError
+from .zookeeper import ZooKeeperQuotaStore
+
+log = logging.getLogger("kthrottle.storage")
+
+DEFAULT_ZNODE = "/kthrottle/cluster-state"
+
+
+class ClusterStateSource:
+    def __init__(self, hosts, znode=DEFAULT_ZNODE, timeout=10.0):
+        self.hosts = hosts
+        self.znode = znode
+        self.store = ZooKeeperQuotaStore(hosts, timeout)
+        self.rejected = 0
+        self.updates = 0
+        self.seen = False  # a snapshot was read at least once
+        self._loop = None
+        self._on_update = None
+        self._last_bad = None
+        self._stopped = False
+
+    @property
+    def healthy(self):
+        return self.store.zk.connected and not self._stopped
+
+    async def start(self, on_update):
+        """Connect and start watching; ``on_update(ClusterState)`` is called
+        on the event loop for each good snapshot (also the one there now)."""
+        self._loop = asyncio.get_running_loop()
+        self._on_update = on_update
+        await asyncio.to_thread(self.store.connect)
+        try:
+            await asyncio.to_thread(self.store.zk.DataWatch, self.znode, self._changed)
+        except Exception as exc:  # kazoo's errors: the connection, permissions
+            await self.stop()
+            raise QuotaStoreError("cannot watch %s in ZooKeeper %s: %s"
+                                  % (self.znode, self.hosts, exc)) from None
+        if not self.seen:
+            log.info("no cluster state at %s in ZooKeeper %s yet: storage throttling starts "
+                     "with the first snapshot the Spark job writes", self.znode, self.hosts)
+
+    async def stop(self):
+        self._stopped = True
+        await asyncio.to_thread(self.store.close)
+
+    def _changed(self, data, stat):
+        """On kazoo's thread."""
+        if self._stopped:
+            return False  # ends the watch
+        if data is None:
+            if self.seen:
+                log.warning("the cluster state %s was deleted; the last snapshot stays until "
+                            "it is too old", self.znode)
+            return None
+        try:
+            state = ClusterState.from_json(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            self.rejected += 1
+            if data != self._last_bad:
+                self._last_bad = data
+                log.error("refused the cluster state in %s (version %d): %s; the previous one "
+                          "stays", self.znode, stat.version, exc)
+            return None
+        self._last_bad = None
+        self.seen = True
+        self.updates += 1
+        self._loop.call_soon_threadsafe(self._on_update, state)
+        return None

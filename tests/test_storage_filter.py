@@ -1,0 +1,141 @@
+"""The storage filter in the connection pipeline, without sockets: a fake
+clock, the cluster state set by hand as the ZooKeeper source would."""
+import pytest
+
+from kafka_frames import advertise
+from kthrottle.codecs.frames import DEFER, FrameCutter
+from kthrottle.policy.entities import PRODUCER_BYTE_RATE
+from kthrottle.policy.quotas import QuotaManager
+from kthrottle.policy.storage import (
+    OPEN_STATE,
+    PAUSE,
+    PAUSE_STATE,
+    THROTTLE,
+    ClusterState,
+    State,
+    StoragePolicy,
+)
+from kthrottle.proxy.filters import standard_filters
+from kthrottle.proxy.storage import StorageThrottle
+from test_pipeline import Harness, fetch_req, produce_req, produce_resp, req_cids
+
+WALL = 1_800_000_000.0
+
+
+class StorageHarness(Harness):
+    def __init__(self, snapshot=None, fail_safe=PAUSE, **kw):
+        self.storage = StorageThrottle(StoragePolicy("cluster", fail_safe, max_age=60), **kw)
+        manager = QuotaManager(snapshot) if snapshot is not None else None
+        super().__init__(filters=standard_filters(advertise, manager, storage=self.storage))
+        self.conn.quota_manager = self.manager = manager
+
+    def cluster(self, state, unknown=(), generated_at=WALL):
+        self.storage.policy.update(ClusterState(generated_at, state, unknown))
+        return self.storage.refresh(WALL, self.now)
+
+
+def test_open_costs_nothing_and_changes_nothing():
+    h = StorageHarness()
+    h.client(produce_req(1) + produce_req(2))
+    assert req_cids(h.take_broker()) == [1, 2] and h.client_paused_until is None
+
+
+def test_before_any_snapshot_producers_are_not_held():
+    h = StorageHarness()
+    assert h.storage.refresh(WALL) == (OPEN_STATE, None)
+    h.client(produce_req(1))
+    assert req_cids(h.take_broker()) == [1]
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_pause_holds_a_produce_unread_until_the_state_clears(chunk):
+    h = StorageHarness()
+    h.cluster(PAUSE_STATE)
+    h.client(produce_req(1) + fetch_req(2), chunk=chunk)
+    assert h.take_broker() == b""  # nothing of it reached the broker, nor what came after
+    assert h.client_paused_until == pytest.approx(0.25)
+    h.at(0.25)
+    assert h.take_broker() == b"" and h.client_paused_until == pytest.approx(0.5)
+    h.cluster(OPEN_STATE)
+    h.at(0.5)
+    assert req_cids(h.take_broker()) == [1, 2]  # in order, once
+    assert h.conn.requests == 2 and h.storage.deferred == 2
+    h.broker(produce_resp(1))
+    assert h.take_client()  # answered as usual, no throttle time
+
+
+def test_a_held_produce_goes_on_at_the_cap_and_the_next_is_held_again():
+    h = StorageHarness(pause_max_ms=1000)
+    h.cluster(PAUSE_STATE)
+    h.client(produce_req(1) + produce_req(2))
+    t = 0.0
+    while not h.to_broker and t < 2:
+        t = h.client_paused_until
+        h.at(t)
+    assert req_cids(h.take_broker()) == [1] and t == pytest.approx(1.0)
+    assert h.storage.released_at_cap == 1 and h.client_paused_until is not None  # 2 is held
+
+
+def test_fetches_and_other_apis_carry_on_during_a_pause():
+    h = StorageHarness()
+    h.cluster(PAUSE_STATE)
+    h.client(fetch_req(1) + fetch_req(2))
+    assert req_cids(h.take_broker()) == [1, 2]
+
+
+def test_excluded_principals_are_never_held():
+    h = StorageHarness(excluded=["volume-agent"])
+    h.conn.principal = "volume-agent"
+    h.cluster(PAUSE_STATE)
+    h.client(produce_req(1))
+    assert req_cids(h.take_broker()) == [1]
+
+
+def test_throttle_keeps_the_factor_of_the_producers_quota():
+    quota = {"clients/app-1": {PRODUCER_BYTE_RATE: 100_000.0}}
+    h = StorageHarness(quota)
+    h.cluster(State(THROTTLE, 0.1))  # 10,000 B/s kept
+    h.client(produce_req(1, nbytes=200_000))  # 20 kB/s over the padded 10 s window
+    assert req_cids(h.take_broker()) == [1]  # it goes on; the client then waits
+    assert h.storage.throttled == 1 and h.client_paused_until is not None
+    # the same traffic at factor 1 is within the quota: no storage throttle
+    h2 = StorageHarness(quota)
+    h2.cluster(State(THROTTLE, 1.0))
+    h2.client(produce_req(1, nbytes=200_000))
+    assert h2.storage.throttled == 0
+
+
+def test_a_producer_without_a_quota_keeps_the_factor_of_the_base_rate():
+    slow = StorageHarness(base_rate=1000.0)
+    slow.cluster(State(THROTTLE, 0.5))
+    slow.client(produce_req(1, nbytes=20_000))
+    fast = StorageHarness(base_rate=10_000_000.0)
+    fast.cluster(State(THROTTLE, 0.5))
+    fast.client(produce_req(1, nbytes=20_000))
+    assert slow.client_paused_until is not None and fast.client_paused_until is None
+
+
+def test_unknown_brokers_and_stale_snapshots_take_the_fail_safe():
+    h = StorageHarness(fail_safe=PAUSE)
+    state, reason = h.cluster(State(THROTTLE, 0.5), unknown=[3])
+    assert state == PAUSE_STATE and "broker(s) 3" in reason
+    o = StorageHarness(fail_safe="OPEN")
+    assert o.cluster(State(THROTTLE, 0.5), unknown=[3])[0] == State(THROTTLE, 0.5)
+    assert o.cluster(OPEN_STATE, generated_at=WALL - 61)[0] == OPEN_STATE  # stale, OPEN
+    assert h.cluster(OPEN_STATE, generated_at=WALL - 61) == (
+        PAUSE_STATE, "the cluster state is 61 s old (max 60 s)")
+
+
+def test_the_cutter_defers_a_frame_and_keeps_every_byte_in_order():
+    seen = []
+
+    def on_head(head, frame_len):
+        seen.append(bytes(head[:8]))
+        return DEFER if len(seen) == 2 else 0
+
+    cutter = FrameCutter(on_head, None)
+    data = produce_req(1) + produce_req(2) + produce_req(3)
+    out = []
+    cutter.feed(data, out)
+    assert b"".join(bytes(c) for c in out) == produce_req(1)
+    assert cutter.rest == produce_req(2) + produce_req(3) and cutter.at_boundary
