@@ -136,8 +136,10 @@ def _add_proxy_flags(p, bootstrap_required_text):
         "--storage-scope", choices=("cluster", "partition", "off"),
         help="cluster (default): when a broker volume passes its soft limit every producer "
         "is slowed by the state's factor, and past its hard limit its Produce requests are "
-        "held; off: ignore the cluster state. Applies when --zookeeper is given, from the "
-        "first snapshot the job writes",
+        "held; partition: only Produce requests writing to a partition with a replica on "
+        "such a volume are slowed, or throttled for --storage-pause-max-ms; off: ignore the "
+        "cluster state. Applies when --zookeeper is given, from the first snapshot the job "
+        "writes",
     )
     s.add_argument("--storage-fail-safe", choices=("PAUSE", "OPEN"),
                    help="what an unknown state means (a snapshot older than "

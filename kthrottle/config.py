@@ -232,8 +232,6 @@ class ProxyConfig:
         if self.storage_scope not in ("cluster", "partition", "off"):
             raise ConfigError("storage-scope must be cluster, partition or off, got %r"
                               % self.storage_scope)
-        if self.storage_scope == "partition":
-            raise ConfigError("storage-scope partition is not supported yet (cluster is)")
         if self.storage_fail_safe not in ("PAUSE", "OPEN"):
             raise ConfigError("storage-fail-safe must be PAUSE or OPEN, got %r"
                               % self.storage_fail_safe)

@@ -139,3 +139,66 @@ def test_the_cutter_defers_a_frame_and_keeps_every_byte_in_order():
     cutter.feed(data, out)
     assert b"".join(bytes(c) for c in out) == produce_req(1)
     assert cutter.rest == produce_req(2) + produce_req(3) and cutter.at_boundary
+
+
+def produce_to(cid, partitions, nbytes=600, version=8):
+    """A Produce request writing ``nbytes`` to each (topic, partition)."""
+    import uuid
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from kafka.protocol.producer import ProduceRequest
+    D = ProduceRequest.TopicProduceData
+    topics = {}
+    for topic, partition in partitions:
+        topics.setdefault(topic, []).append(D.PartitionProduceData(index=partition,
+                                                                   records=b"r" * nbytes))
+    req = ProduceRequest[version](transactional_id=None, acks=1, timeout_ms=30000, topic_data=[
+        D(name=t, topic_id=uuid.UUID(int=1), partition_data=p) for t, p in topics.items()])
+    req.with_header(correlation_id=cid, client_id="app-1")
+    return bytes(req.encode(header=True, framed=True))
+
+
+class PartitionHarness(StorageHarness):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.storage.policy.scope = "partition"
+
+    def partitions(self, states, generated_at=WALL):
+        self.storage.policy.update(ClusterState(generated_at, OPEN_STATE, (), states))
+        return self.storage.refresh(WALL, self.now)
+
+
+@pytest.mark.parametrize("chunk", [None, 5, 333])
+def test_partition_scope_touches_only_producers_of_a_filling_partition(chunk):
+    h = PartitionHarness(pause_max_ms=8000)
+    h.partitions({("hot", 1): PAUSE_STATE})
+    # a producer writing elsewhere keeps its full speed
+    h.client(produce_to(1, [("cold", 0), ("hot", 0)]) + produce_to(2, [("cold", 1)]),
+             chunk=chunk)
+    assert req_cids(h.take_broker()) == [1, 2] and h.client_paused_until is None
+    # one that writes to the paused partition (among others) goes on, then waits
+    h.client(produce_to(3, [("cold", 0), ("hot", 1)], nbytes=5000) + produce_to(4, [("cold", 0)]),
+             chunk=chunk)
+    assert req_cids(h.take_broker()) == [3]  # whole, streamed; 4 is not read
+    assert h.client_paused_until == pytest.approx(8.0)
+    h.at(8.0)
+    assert req_cids(h.take_broker()) == [4]
+
+
+def test_partition_scope_throttles_by_the_strongest_partition():
+    h = PartitionHarness(base_rate=1000.0)
+    h.partitions({("warm", 0): State(THROTTLE, 0.9), ("hotter", 0): State(THROTTLE, 0.1)})
+    h.client(produce_to(1, [("warm", 0)], nbytes=8000))  # 800 B/s of 900 kept: fine
+    assert h.client_paused_until is None
+    h.client(produce_to(2, [("warm", 0), ("hotter", 0)], nbytes=3000))
+    assert h.client_paused_until is not None and h.storage.throttled == 1
+
+
+def test_partition_scope_reads_nothing_while_every_partition_is_open():
+    h = PartitionHarness()
+    h.partitions({})
+    assert not h.storage.watch_partitions
+    h.client(produce_to(1, [("any", 0)]))
+    assert req_cids(h.take_broker()) == [1]

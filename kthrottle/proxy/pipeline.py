@@ -191,6 +191,39 @@ class Refuse(NamedTuple):
     reason: str
 
 
+class Observe(NamedTuple):
+    """Stream the request on while ``stream`` (with ``feed(chunk, out)``
+    that appends the chunk, and ``done``) reads it; once the whole frame has
+    gone, ``on_done(conn, stream)`` returns None or a Throttle for it (the
+    client is then not read further, and the response says so)."""
+
+    stream: object
+    on_done: object
+
+
+class _Observed:
+    """A request stream whose reader decides at the end of the frame."""
+
+    __slots__ = ("reader", "on_done", "conn", "inflight")
+
+    def __init__(self, reader, on_done, conn, inflight):
+        self.reader = reader
+        self.on_done = on_done
+        self.conn = conn
+        self.inflight = inflight
+
+    def feed(self, chunk, out):
+        reader = self.reader
+        reader.feed(chunk, out)
+        if reader.done:
+            verdict = self.on_done(self.conn, reader)
+            inflight = self.inflight
+            if verdict is not None and verdict.delay_ms > inflight.throttle_ms:
+                inflight.throttle_ms = verdict.delay_ms
+                inflight.throttle_reason = verdict.reason
+                self.conn._throttle_client(verdict.delay_ms, reading_request=True)
+
+
 class Defer(NamedTuple):
     """Not now: the request is left unread, and nothing after it is read,
     for ``delay_ms``; then it is read again (and its filters asked again).
@@ -634,6 +667,12 @@ class Connection:
             return None
         if result == DEFER:
             raise TypeError("a request gathered whole cannot be deferred")
+        if result.__class__ is tuple or result.__class__ is _Observed:
+            head, observed = result if result.__class__ is tuple else (None, result)
+            if head is not None:
+                frame = head + frame[len(head):]
+            observed.feed(frame, [])
+            return frame
         return frame if result == PASS else result
 
     def _admit(self, correlation_id, api_key, api_version, request, entry, acks_0):
@@ -642,6 +681,7 @@ class Connection:
         inflight = InFlight(correlation_id, api_key, api_version, entry[2], entry[3])
         result = PASS
         delay = 0
+        observed = None
         for f in entry[1]:
             verdict = f.on_request(self, request, inflight)
             if verdict is None:
@@ -662,6 +702,8 @@ class Connection:
                 return DROP
             elif cls is Refuse:
                 raise _Refused(verdict.reason)
+            elif cls is Observe:
+                observed = _Observed(verdict.stream, verdict.on_done, self, inflight)
             elif cls is Defer:
                 self.requests -= 1  # counted when it is read for good
                 if self.deferred_since is None:
@@ -676,6 +718,8 @@ class Connection:
             # client that pipelines would otherwise push many more requests
             # past the quota first (a broker reads one request at a time).
             self._throttle_client(delay, reading_request=True)
+        if observed is not None:
+            result = observed if result == PASS else (result, observed)
         if acks_0:
             # acks=0: Kafka sends no response. Some brokers (Tansu) do anyway,
             # which trips clients that expect none (aiokafka fails its

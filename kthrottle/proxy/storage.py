@@ -17,13 +17,23 @@ agents, canaries) are never touched.
   ``pause_max_ms`` it goes on anyway (a client's request.timeout.ms, 30 s by
   default, must not expire first), and the next one is held again. Nothing of
   a held request reaches the broker.
+
+With ``scope="partition"`` only Produce requests that write to a partition
+in THROTTLE or PAUSE are touched, by the strongest state among their
+partitions. The partitions are read as the request streams on
+(``codecs/produce.py``), records skipped, never gathered, and only while the
+snapshot lists such partitions; the decision is made when the request has
+gone, so a PAUSE there throttles the producer for ``pause_max_ms`` after the
+request (as a broker's quota does) instead of holding it back.
 """
+import functools
 import logging
 
 from ..codecs import apis
+from ..codecs.produce import ProducePartitions
 from ..policy.rate import SampledRate, throttle_seconds, to_ms
 from ..policy.storage import OPEN, OPEN_STATE, PAUSE
-from .pipeline import HEAD, NOTHING, Defer, Filter, Throttle
+from .pipeline import HEAD, NOTHING, Defer, Filter, Observe, Throttle
 
 log = logging.getLogger("kthrottle.storage")
 
@@ -49,6 +59,8 @@ class StorageThrottle(Filter):
         self.max_throttle_ms = max_throttle_ms if max_throttle_ms is not None else int(
             samples * window * 1000)
         self.current = OPEN_STATE  # what a Produce request meets (see refresh)
+        self.watch_partitions = False  # partition scope: some partition is not OPEN
+        self.wall_offset = 0.0  # epoch seconds minus the pipeline's clock
         self.reason = None  # why the fail-safe applies, when it does
         self.rates = {}  # (principal, client-id) -> [SampledRate, last used]
         self.deferred = 0  # Produce requests held back (each check counts)
@@ -78,6 +90,11 @@ class StorageThrottle(Filter):
                          " (factor %.3f)" % state.factor if state.state not in (OPEN, PAUSE)
                          else "")
         self.current, self.reason = state, reason
+        snapshot = self.policy.state
+        self.watch_partitions = snapshot is not None and bool(
+            snapshot.partitions or (reason is not None and self.policy.fail_safe == PAUSE))
+        if now is not None:
+            self.wall_offset = wall_now - now
         if now is not None and self.rates:
             idle = [k for k, (_, used) in self.rates.items() if now - used > RATE_IDLE_SECONDS]
             for k in idle:
@@ -93,6 +110,11 @@ class StorageThrottle(Filter):
         return NOTHING
 
     def on_request(self, conn, head, inflight):
+        if self.policy.scope == "partition":
+            if not self.watch_partitions or conn.principal in self.excluded:
+                return None
+            return Observe(ProducePartitions(head.api_version), functools.partial(
+                self._partitions_read, head.client_id or "", head.frame_len))
         state = self.current
         if state is OPEN_STATE or state.state == OPEN:
             conn.deferred_since = None
@@ -112,14 +134,33 @@ class StorageThrottle(Filter):
             self.released_at_cap += 1
             return None
         conn.deferred_since = None
-        client_id = head.client_id or ""
+        return self._throttle(conn, head.client_id or "", head.frame_len, state)
+
+    def _partitions_read(self, client_id, nbytes, conn, reader):
+        wall = conn.now + self.wall_offset
+        worst = OPEN_STATE
+        for topic, partition in reader.partitions:
+            if isinstance(topic, str):
+                state = self.policy.partition(topic, partition, wall)
+            else:  # a topic id (Produce v13+): the snapshot names topics
+                state = self.policy.cluster(wall)[0]
+            worst = worst.stronger(state)
+        if worst.state == OPEN:
+            return None
+        if worst.state == PAUSE:
+            self.deferred += 1
+            return Throttle(to_ms(self.pause_max), "storage PAUSE of a partition written to")
+        return self._throttle(conn, client_id, nbytes, worst)
+
+    def _throttle(self, conn, client_id, nbytes, state):
+        now = conn.now
         key = (conn.principal, client_id)
         entry = self.rates.get(key)
         if entry is None:
             entry = self.rates[key] = [SampledRate(self.samples, self.window), now]
         rate = entry[0]
         entry[1] = now
-        rate.record(head.frame_len, now)
+        rate.record(nbytes, now)
         base = self.base_rate
         quotas = conn.quotas_for(client_id)
         if quotas is not None:
