@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""What does storage-aware throttling cost, and how fast does a proxy follow the cluster state?
+
+1. Per Produce request, in-process: the connection pipeline (``proxy.pipeline.Connection``,
+   no sockets, a fake clock) fed ``--requests`` Produce requests of ``--partitions`` partitions
+   x ``--record-bytes`` each, in 64 KiB reads, with their responses, under:
+
+   * ``no storage``             - the proxy without ``--zookeeper`` (the filter is absent);
+   * ``cluster, OPEN``          - cluster scope, every volume below its soft limit;
+   * ``cluster, THROTTLE``      - cluster scope, THROTTLE (the rate is measured and compared
+     per request; the limit is set high enough that nobody is delayed);
+   * ``partition, none listed`` - partition scope, the snapshot lists no partition (requests
+     are not read);
+   * ``partition, watching``    - partition scope, the snapshot lists ``--listed`` partitions
+     in THROTTLE elsewhere: every Produce request's partitions are read as it streams and looked
+     up (the requests write to OPEN partitions, so nobody is delayed).
+
+   Mean over a timed loop (``time.perf_counter_ns``, garbage collector off), median of
+   ``--repeats`` runs; "added" is the difference from ``no storage``.
+
+2. Snapshot to proxy: a real ZooKeeper (Debian's package), a Tansu broker and a ``kthrottle
+   proxy --zookeeper ... --admin-listen ...`` process. ``--writes`` times, the cluster state
+   znode is set (alternately PAUSE and OPEN) and ``/metrics`` is polled every
+   ``--poll-ms`` until ``kthrottle_storage_state{scope="cluster"}`` shows it: the time from
+   the write returning to the proxy applying it (polling adds up to ``--poll-ms`` plus one
+   HTTP request, about 1 ms).
+
+Writes ``storage_cost.md`` into ``--output-dir`` (``benchmarks/results/``).
+
+Example (about 40 s)::
+
+    python benchmarks/storage_cost.py
+"""
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+import urllib.request
+import uuid
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from kthrottle.embedded import TansuBroker, free_port, wait_for_port  # noqa: E402
+from kthrottle.policy.storage import (  # noqa: E402
+    OPEN_STATE,
+    THROTTLE,
+    BrokerReport,
+    ClusterState,
+    State,
+    StoragePolicy,
+    VolumeReport,
+    cluster_snapshot,
+    parse_limit,
+)
+from kthrottle.proxy.filters import standard_filters  # noqa: E402
+from kthrottle.proxy.pipeline import Connection, FilterTable  # noqa: E402
+from kthrottle.proxy.storage import StorageThrottle  # noqa: E402
+
+DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results"
+WALL = 1_800_000_000.0
+
+
+def produce_request(cid, partitions, record_bytes):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from kafka.protocol.producer import ProduceRequest
+    D = ProduceRequest.TopicProduceData
+    data = [D.PartitionProduceData(index=p, records=b"r" * record_bytes) for p in range(partitions)]
+    req = ProduceRequest[8](transactional_id=None, acks=1, timeout_ms=30000, topic_data=[
+        D(name="orders", topic_id=uuid.UUID(int=1), partition_data=data)])
+    req.with_header(correlation_id=cid, client_id="bench")
+    return bytes(req.encode(header=True, framed=True))
+
+
+def produce_response(cid):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from kafka.protocol.producer import ProduceResponse
+    resp = ProduceResponse[8](responses=[], throttle_time_ms=0)
+    resp.with_header(correlation_id=cid)
+    return bytes(resp.encode(header=True, framed=True))
+
+
+def advertise(node_id):
+    return ("127.0.0.1", 40000 + node_id)
+
+
+def make_table(config, listed):
+    storage = None
+    if config != "no storage":
+        scope = config.split(",")[0]
+        storage = StorageThrottle(StoragePolicy(scope, "PAUSE", max_age=1e9), base_rate=1e15)
+        if config == "cluster, OPEN":
+            state = ClusterState(WALL, OPEN_STATE)
+        elif config == "cluster, THROTTLE":
+            state = ClusterState(WALL, State(THROTTLE, 0.5))
+        elif config == "partition, none listed":
+            state = ClusterState(WALL, OPEN_STATE)
+        else:
+            state = ClusterState(WALL, OPEN_STATE, (), {
+                ("elsewhere-%d" % (i // 10), i % 10): State(THROTTLE, 0.5) for i in range(listed)})
+        storage.policy.update(state)
+        storage.refresh(WALL, 0.0)
+    return FilterTable(standard_filters(advertise, None, storage=storage))
+
+
+def new_connection(table):
+    conn = Connection(table, 100 * 1024 * 1024)
+    conn.broker_connected(0.0)
+    return conn
+
+
+BATCH = 1024  # distinct correlation ids per connection
+
+
+def time_requests(config, args):
+    """ns per request (request in 64 KiB reads, then its response)."""
+    table = make_table(config, args.listed)
+    conn = new_connection(table)
+    requests = [produce_request(i, args.partitions, args.record_bytes) for i in range(BATCH)]
+    responses = [produce_response(i) for i in range(BATCH)]
+    reads = [[r[i:i + 65536] for i in range(0, len(r), 65536)] for r in requests]
+    now = 0.0
+    gc.disable()
+    try:
+        start = time.perf_counter_ns()
+        for n in range(args.requests):
+            k = n % BATCH
+            if k == 0 and n:
+                # the same correlation ids again: on a new connection (once per 1,024)
+                conn = new_connection(table)
+            now += 0.0001
+            for chunk in reads[k]:
+                conn.client_data(chunk, now)
+            conn.broker_data(responses[k], now)
+        elapsed = time.perf_counter_ns() - start
+    finally:
+        gc.enable()
+    return elapsed / args.requests
+
+
+CONFIGS = ("no storage", "cluster, OPEN", "cluster, THROTTLE", "partition, none listed",
+           "partition, watching")
+
+
+def request_costs(args):
+    out = {}
+    for config in CONFIGS:
+        runs = [time_requests(config, args) for _ in range(args.repeats)]
+        out[config] = statistics.median(runs)
+        print("  %-24s %8.0f ns per request" % (config, out[config]), flush=True)
+    return out
+
+
+def snapshot_json(consumed_pct):
+    now = time.time()
+    report = BrokerReport(111, now, parse_limit("MinFreePercentage:40"),
+                          parse_limit("MinFreePercentage:20"),
+                          (VolumeReport("sda1", 100 * 10 ** 9, int(consumed_pct * 10 ** 9)),))
+    return json.dumps(cluster_snapshot({111: report}, [111], {}, now, 60)).encode()
+
+
+def follow_latency(args):
+    import subprocess
+
+    from kazoo.client import KazooClient
+    from zookeeper import ZooKeeperServer, available
+
+    if not available():
+        raise SystemExit("ZooKeeper is not installed: scripts/test installs it")
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="storage_cost-"))
+    zk_server = ZooKeeperServer(work / "zk")
+    broker = TansuBroker(log_path=str(work / "tansu.log"))
+    proxy = zk = None
+    try:
+        zk_server.start()
+        broker.start()
+        listen, admin = free_port(), free_port()
+        log = open(work / "proxy.log", "ab")
+        proxy = subprocess.Popen(
+            [sys.executable, "-m", "kthrottle", "proxy", "--bootstrap-server", broker.bootstrap,
+             "--listen", "127.0.0.1:%d" % listen, "--zookeeper", zk_server.hosts,
+             "--admin-listen", "127.0.0.1:%d" % admin, "--log-level", "WARNING"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT))
+        wait_for_port("127.0.0.1", admin, timeout=30, proc=proxy)
+        zk = KazooClient(hosts=zk_server.hosts)
+        zk.start(timeout=10)
+        url = "http://127.0.0.1:%d/metrics" % admin
+        marker = 'kthrottle_storage_state{broker="",scope="cluster",volume=""} '
+        latencies = []
+        for i in range(args.writes):
+            consumed, want = (85, "2.0") if i % 2 == 0 else (10, "0.0")
+            data = snapshot_json(consumed)
+            if zk.exists("/kthrottle/cluster-state"):
+                zk.set("/kthrottle/cluster-state", data)
+            else:
+                zk.create("/kthrottle/cluster-state", data, makepath=True)
+            written = time.perf_counter()
+            while True:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    body = r.read().decode()
+                if marker + want in body:
+                    latencies.append((time.perf_counter() - written) * 1000)
+                    break
+                if time.perf_counter() - written > 10:
+                    raise RuntimeError("the proxy did not apply write %d within 10 s" % i)
+                time.sleep(args.poll_ms / 1000)
+        return latencies
+    finally:
+        if zk is not None:
+            zk.stop()
+            zk.close()
+        if proxy is not None:
+            proxy.terminate()
+            proxy.wait(10)
+        broker.stop()
+        zk_server.stop()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=20000, help="Produce requests per run")
+    p.add_argument("--partitions", type=int, default=4, help="partitions per Produce request")
+    p.add_argument("--record-bytes", type=int, default=4096,
+                   help="record batch bytes per partition")
+    p.add_argument("--listed", type=int, default=1000,
+                   help="partitions the snapshot lists (partition, watching)")
+    p.add_argument("--repeats", type=int, default=5, help="runs per configuration (median)")
+    p.add_argument("--writes", type=int, default=40, help="snapshot writes to follow")
+    p.add_argument("--poll-ms", type=float, default=2.0, help="/metrics polling interval")
+    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT)
+    args = p.parse_args()
+
+    print("per Produce request (%d partitions x %d B):" % (args.partitions, args.record_bytes))
+    costs = request_costs(args)
+    print("snapshot to proxy (%d writes):" % args.writes, flush=True)
+    lat = sorted(follow_latency(args))
+    q = statistics.quantiles(lat, n=100) if len(lat) > 1 else lat * 99
+    lines = [
+        "# Storage-aware throttling: cost per Produce request, and snapshot to proxy",
+        "",
+        "`python benchmarks/storage_cost.py %s`" % " ".join(sys.argv[1:]),
+        "",
+        "Per Produce request (%d partitions x %d B, 64 KiB reads, with its response; "
+        "median of %d runs of %d requests):" % (args.partitions, args.record_bytes,
+                                                  args.repeats, args.requests),
+        "",
+        "| configuration | ns per request | added |",
+        "|---|---:|---:|",
+    ]
+    base = costs["no storage"]
+    for config in CONFIGS:
+        lines.append("| %s | %.0f | %+.0f |" % (config, costs[config], costs[config] - base))
+    lines += [
+        "",
+        "Snapshot written to ZooKeeper until the proxy applies it (%d writes, /metrics polled "
+        "every %.0f ms): median %.1f ms, p90 %.1f ms, max %.1f ms."
+        % (len(lat), args.poll_ms, statistics.median(lat), q[89], lat[-1]),
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / "storage_cost.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
