@@ -1,0 +1,851 @@
+"""``kthrottle volume-agent``: publishes a broker's per-volume usage.
+
+Runs next to each Kafka broker. Every interval (and once at start) it measures
+the volumes that hold the broker's log directories, lists the partitions
+stored on each, and publishes the result (``policy.storage.BrokerReport`` as
+JSON) as one record keyed by the broker id to a compacted topic, where the
+Spark job (``kthrottle spark-sync``) reads the latest report of every broker.
+
+Pure parts (no I/O, unit-testable): ``parse_duration``, ``settings_from_args``,
+``parse_mountinfo``, ``collect_report`` (the file system calls and the clock
+are passed in). The I/O: ``Publisher`` (kafka-python), ``AgentMetrics``
+(prometheus_client on a private registry) and ``run``.
+"""
+import argparse
+import dataclasses
+import logging
+import os
+import re
+import signal
+import sys
+import time
+
+from ..config import ConfigError, parse_host_port
+from ..policy.storage import BrokerReport, VolumeReport, parse_limit, split_partition_dir
+
+log = logging.getLogger("kthrottle.volume_agent")
+
+DEFAULT_TOPIC = "__kthrottle_volume_usage"
+DEFAULT_INTERVAL = 30.0
+DEFAULT_TIMEOUT = 10.0
+PASSWORD_ENV = "KTHROTTLE_AGENT_SASL_PASSWORD"
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+TOPIC_CONFIGS = {"cleanup.policy": "compact"}
+
+EXAMPLE = """\
+example (a broker with id 3 and two log dirs, through a SASL_SSL listener):
+  KTHROTTLE_AGENT_SASL_PASSWORD=... kthrottle volume-agent \\
+      --bootstrap-server kafka-3.internal:9094 --broker-id 3 \\
+      --log-dir /var/lib/kafka/data-0 --log-dir /var/lib/kafka/data-1 \\
+      --soft-limit MinFreePercentage:20 --hard-limit MinFreeBytes:10GiB \\
+      --interval 30s --metrics-listen 0.0.0.0:9309 \\
+      --security-protocol SASL_SSL --ssl-ca /etc/kafka/ca.pem \\
+      --sasl-mechanism SCRAM-SHA-512 --sasl-username volume-agent
+
+Each record: key = the broker id ("3"), value = JSON like
+  {"SnapshotAt":"2024-05-01T12:00:00.000Z","BrokerId":3,
+   "SoftLimit":{"type":"MinFreePercentage","level":20},
+   "HardLimit":{"type":"MinFreeBytes","level":10737418240},
+   "Volumes":[{"VolumeName":"/dev/nvme1n1","Capacity":...,"Consumed":...,
+               "LogDir":"/var/lib/kafka/data-0","Partitions":["orders-0","orders-3"]}]}
+--once publishes one report and exits: 0 if it reached the cluster, 1 if not.
+"""
+
+
+# durations, flags, settings (pure) -----------------------------------------------
+
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)?\s*$", re.I)
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text):
+    """Seconds from ``30s``, ``5m``, ``500ms``, ``1h`` or plain seconds (``30``,
+    ``0.5``); ValueError if it is not a positive duration."""
+    m = _DURATION.match(str(text))
+    if not m:
+        raise ValueError("not a duration: %r (like 30s, 5m, 500ms or a number of seconds)"
+                         % (text,))
+    seconds = float(m.group(1)) * _DURATION_UNITS[(m.group(2) or "s").lower()]
+    if seconds <= 0:
+        raise ValueError("a duration must be positive, got %r" % (text,))
+    return seconds
+
+
+def _argtype(fn):
+    def parse(value):
+        try:
+            return fn(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = fn.__name__
+    return parse
+
+
+def _broker_id(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError("a broker id is an integer >= 0, got %r" % (text,)) from None
+    if value < 0:
+        raise ValueError("a broker id is an integer >= 0, got %r" % (text,))
+    return value
+
+
+def _host_port(text):
+    try:
+        host, port = parse_host_port(text, "HOST:PORT")
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return host, port
+
+
+def _bootstrap(text):
+    host, port = _host_port(text)
+    if port == 0:
+        raise ValueError("a bootstrap server needs a port, got %r" % (text,))
+    return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
+
+
+def _choice(choices, what):
+    def parse(text):
+        value = str(text).strip().upper()
+        if value not in choices:
+            raise ValueError("%s must be one of %s, got %r" % (what, ", ".join(choices), text))
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What the agent runs with, checked. The password is kept out of repr."""
+
+    bootstrap_servers: tuple
+    broker_id: int
+    log_dirs: tuple
+    soft: object  # policy.storage.Limit
+    hard: object
+    interval: float = DEFAULT_INTERVAL
+    once: bool = False
+    topic: str = DEFAULT_TOPIC
+    metrics_listen: tuple = None  # (host, port) or None
+    timeout: float = DEFAULT_TIMEOUT
+    security_protocol: str = "PLAINTEXT"
+    ssl_ca: str = None
+    ssl_cert: str = None
+    ssl_key: str = None
+    sasl_mechanism: str = None
+    sasl_username: str = None
+    sasl_password: str = dataclasses.field(default=None, repr=False)
+    log_level: str = "INFO"
+
+    def client_config(self):
+        """kafka-python's connection and security settings (admin and producer)."""
+        timeout_ms = int(self.timeout * 1000)
+        config = {"bootstrap_servers": list(self.bootstrap_servers),
+                  "client_id": "kthrottle-volume-agent-%d" % self.broker_id,
+                  "security_protocol": self.security_protocol,
+                  "request_timeout_ms": timeout_ms,
+                  "bootstrap_timeout_ms": timeout_ms,
+                  "reconnect_backoff_max_ms": 1000}
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            config.update(ssl_cafile=self.ssl_ca, ssl_certfile=self.ssl_cert,
+                          ssl_keyfile=self.ssl_key)
+        if self.security_protocol.startswith("SASL_"):
+            config.update(sasl_mechanism=self.sasl_mechanism,
+                          sasl_plain_username=self.sasl_username,
+                          sasl_plain_password=self.sasl_password)
+        return config
+
+    def describe(self):
+        """One line for the log: where and as whom, never the password."""
+        text = "%s over %s" % (",".join(self.bootstrap_servers), self.security_protocol)
+        if self.security_protocol.startswith("SASL_"):
+            text += " as %r with %s" % (self.sasl_username, self.sasl_mechanism)
+        if self.ssl_cert:
+            text += " with client certificate %s" % self.ssl_cert
+        return text
+
+
+def _read_password(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().rstrip("\r\n")
+    except OSError as exc:
+        raise ValueError("cannot read --sasl-password-file %s: %s"
+                         % (path, exc.strerror or exc)) from None
+
+
+def _limits_in_order(soft, hard):
+    """ValueError when both limits are of one type and the hard one comes
+    before the soft one (a volume would pause before it is ever throttled)."""
+    if soft.type != hard.type:
+        return
+    inverted = hard.level < soft.level if soft.type == "ConsumedSpace" else hard.level > soft.level
+    if inverted:
+        raise ValueError("--hard-limit %s is stricter than --soft-limit %s: producers would "
+                         "be paused before they are throttled" % (hard, soft))
+
+
+def settings_from_args(args, environ=None, read_password=_read_password):
+    """Settings from the parsed flags; ValueError with the message for the
+    user when they do not fit together. The SASL password comes from
+    --sasl-password-file or the KTHROTTLE_AGENT_SASL_PASSWORD variable."""
+    environ = os.environ if environ is None else environ
+    if not args.bootstrap_servers:
+        raise ValueError("--bootstrap-server is required")
+    if not args.log_dirs:
+        raise ValueError("--log-dir is required (repeat it for each of the broker's log.dirs)")
+    _limits_in_order(args.soft_limit, args.hard_limit)
+    log_dirs = []
+    for d in args.log_dirs:
+        d = os.path.abspath(d)
+        if d not in log_dirs:
+            log_dirs.append(d)
+    if not args.topic or len(args.topic) > 249 or not re.match(r"^[A-Za-z0-9._-]+$", args.topic) \
+            or args.topic in (".", ".."):
+        raise ValueError("--topic must be a Kafka topic name ([A-Za-z0-9._-], up to 249 "
+                         "characters), got %r" % (args.topic,))
+    protocol = args.security_protocol or "PLAINTEXT"
+    tls = protocol in ("SSL", "SASL_SSL")
+    sasl = protocol.startswith("SASL_")
+    for flag, value in (("--ssl-ca", args.ssl_ca), ("--ssl-cert", args.ssl_cert),
+                        ("--ssl-key", args.ssl_key)):
+        if value is None:
+            continue
+        if not tls:
+            raise ValueError("%s is for TLS: give --security-protocol SSL or SASL_SSL "
+                             "(it is %s)" % (flag, protocol))
+        if not os.path.isfile(value) or not os.access(value, os.R_OK):
+            raise ValueError("%s %s: no such readable file" % (flag, value))
+    if bool(args.ssl_cert) != bool(args.ssl_key):
+        raise ValueError("--ssl-cert and --ssl-key go together (the client certificate and "
+                         "its private key)")
+    password = None
+    if sasl:
+        if not args.sasl_username:
+            raise ValueError("--security-protocol %s needs --sasl-username" % protocol)
+        if args.sasl_password_file:
+            password = read_password(args.sasl_password_file)
+        else:
+            password = environ.get(PASSWORD_ENV)
+        if not password:
+            raise ValueError("--security-protocol %s needs the password: --sasl-password-file "
+                             "PATH or the environment variable %s" % (protocol, PASSWORD_ENV))
+    else:
+        given = [flag for flag, value in (("--sasl-mechanism", args.sasl_mechanism),
+                                          ("--sasl-username", args.sasl_username),
+                                          ("--sasl-password-file", args.sasl_password_file))
+                 if value]
+        if given:
+            raise ValueError("%s is for SASL: give --security-protocol SASL_PLAINTEXT or "
+                             "SASL_SSL (it is %s)" % (", ".join(given), protocol))
+    return Settings(
+        bootstrap_servers=tuple(args.bootstrap_servers), broker_id=args.broker_id,
+        log_dirs=tuple(log_dirs), soft=args.soft_limit, hard=args.hard_limit,
+        interval=args.interval if args.interval is not None else DEFAULT_INTERVAL,
+        once=bool(args.once), topic=args.topic, metrics_listen=args.metrics_listen,
+        timeout=args.timeout, security_protocol=protocol,
+        ssl_ca=args.ssl_ca, ssl_cert=args.ssl_cert, ssl_key=args.ssl_key,
+        sasl_mechanism=(args.sasl_mechanism or "SCRAM-SHA-512") if sasl else None,
+        sasl_username=args.sasl_username if sasl else None, sasl_password=password,
+        log_level=args.log_level)
+
+
+# volumes and partitions (pure, the file system passed in) ------------------------
+
+def _unescape_mountinfo(field):
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_mountinfo(text):
+    """{mount point: source} from /proc/self/mountinfo's text; where several
+    mounts are stacked on one point the last (the visible one) wins."""
+    mounts = {}
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or len(tail) < 2:
+            continue
+        mounts[_unescape_mountinfo(fields[4])] = _unescape_mountinfo(tail[1])
+    return mounts
+
+
+def mount_point(path, ismount=os.path.ismount):
+    """The mount point of the file system ``path`` lives on."""
+    path = os.path.realpath(path)
+    while not ismount(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def volume_name(path, mounts, ismount=os.path.ismount):
+    """VolumeName of the file system ``path`` is on: its device (``/dev/sda1``,
+    as in the Strimzi proposal) when it is mounted from one, else its mount
+    point (tmpfs, overlay, NFS, ZFS datasets...), unique on the host."""
+    point = mount_point(path, ismount)
+    source = (mounts or {}).get(point, "")
+    return source if source.startswith("/dev/") else point
+
+
+def read_mounts():
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            return parse_mountinfo(f.read())
+    except OSError:
+        return {}  # not Linux: mount points name the volumes
+
+
+class LocalVolumes:
+    """Names the volume a path lives on, the same name for every path with
+    the same st_dev (bind mounts included). ``volume_of(path) -> name``."""
+
+    def __init__(self, mounts=None, stat=os.stat, ismount=os.path.ismount):
+        self.mounts = read_mounts() if mounts is None else mounts
+        self.stat, self.ismount = stat, ismount
+        self._by_dev = {}
+
+    def __call__(self, path):
+        dev = self.stat(path).st_dev
+        name = self._by_dev.get(dev)
+        if name is None:
+            name = self._by_dev[dev] = volume_name(path, self.mounts, self.ismount)
+        return name
+
+
+def list_partitions(log_dir):
+    """(topic, partition) of the sub-directories of ``log_dir`` named
+    ``<topic>-<partition>``; anything else (files, ``*-delete``, ``*-future``,
+    ``*-stray``) is skipped. OSError if the directory cannot be read."""
+    out = []
+    with os.scandir(log_dir) as entries:
+        for entry in entries:
+            tp = split_partition_dir(entry.name)
+            if tp is None:
+                continue
+            try:
+                if entry.is_dir():
+                    out.append(tp)
+            except OSError:
+                continue
+    return out
+
+
+def _why(exc):
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
+def collect_report(broker_id, log_dirs, soft, hard, now, statvfs=os.statvfs,
+                   volume_of=None, partitions_of=list_partitions):
+    """(BrokerReport, problems) for the broker's ``log_dirs`` at ``now``
+    (epoch seconds). Each volume's Capacity is f_blocks*f_frsize and its
+    Consumed (f_blocks-f_bfree)*f_frsize, as ``statvfs`` reports them; log
+    dirs on one volume are one volume, their partitions merged. A log dir
+    whose volume cannot be measured is left out; one whose entries cannot be
+    listed still reports its volume (without its partitions). ``problems``
+    says, one line each, what was left out and why."""
+    volume_of = LocalVolumes() if volume_of is None else volume_of
+    volumes = {}  # name -> {"st": statvfs result, "dirs": [...], "partitions": set()}
+    problems = []
+    for log_dir in log_dirs:
+        try:
+            st = statvfs(log_dir)
+            name = volume_of(log_dir)
+        except OSError as exc:
+            problems.append("log dir %s: cannot measure its volume: %s" % (log_dir, _why(exc)))
+            continue
+        volume = volumes.setdefault(name, {"st": st, "dirs": [], "partitions": set()})
+        volume["dirs"].append(log_dir)
+        try:
+            volume["partitions"].update(partitions_of(log_dir))
+        except OSError as exc:
+            problems.append("log dir %s: cannot list its partitions: %s" % (log_dir, _why(exc)))
+    reports = []
+    for name in sorted(volumes):
+        v = volumes[name]
+        st = v["st"]
+        reports.append(VolumeReport(
+            name=name, capacity=st.f_blocks * st.f_frsize,
+            consumed=(st.f_blocks - st.f_bfree) * st.f_frsize,
+            log_dir=",".join(v["dirs"]), partitions=tuple(sorted(v["partitions"]))))
+    return BrokerReport(broker_id, now, soft, hard, tuple(reports)), problems
+
+
+def summary(report):
+    parts = []
+    for v in report.volumes:
+        used = 100.0 * v.consumed / v.capacity if v.capacity else 0.0
+        parts.append("%s %.1f%% used of %d bytes, %d partition(s)"
+                     % (v.name, used, v.capacity, len(v.partitions)))
+    return "; ".join(parts)
+
+
+# metrics ---------------------------------------------------------------------
+
+class AgentMetrics:
+    """The agent's Prometheus metrics, on a registry of its own."""
+
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.connected = Gauge("kthrottle_volume_agent_connected",
+                               "1 if the last publication reached the cluster, else 0",
+                               registry=r)
+        self.errors = Counter("kthrottle_volume_agent_publication_errors",
+                              "Publications that failed (cluster unreachable, refused, "
+                              "or nothing could be measured)", registry=r)
+        self.publications = Counter("kthrottle_volume_agent_publications",
+                                    "Reports the cluster acknowledged", registry=r)
+        self.last = Gauge("kthrottle_volume_agent_last_publication_timestamp_seconds",
+                          "When the last acknowledged report was taken (epoch seconds)",
+                          registry=r)
+        self.log_dir_errors = Counter("kthrottle_volume_agent_log_dir_errors",
+                                      "Log dirs that could not be measured or listed",
+                                      registry=r)
+        self.capacity = Gauge("kthrottle_volume_capacity_bytes", "Size of the volume",
+                              ["volume"], registry=r)
+        self.consumed = Gauge("kthrottle_volume_consumed_bytes", "Bytes used on the volume",
+                              ["volume"], registry=r)
+        self._volumes = set()
+
+    def observe(self, report, problems):
+        self.log_dir_errors.inc(len(problems))
+        names = set()
+        for v in report.volumes:
+            names.add(v.name)
+            self.capacity.labels(v.name).set(v.capacity)
+            self.consumed.labels(v.name).set(v.consumed)
+        for gone in self._volumes - names:
+            self.capacity.remove(gone)
+            self.consumed.remove(gone)
+        self._volumes = names
+
+    def published(self, snapshot_at):
+        self.connected.set(1)
+        self.publications.inc()
+        self.last.set(snapshot_at)
+
+    def failed(self, unreachable=True):
+        """A publication that did not happen; ``unreachable`` when it was
+        the cluster that failed (not the measurement)."""
+        self.errors.inc()
+        if unreachable:
+            self.connected.set(0)
+
+    def serve(self, host, port):
+        from prometheus_client import start_http_server
+
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return server
+
+
+# publishing (kafka-python) -------------------------------------------------------
+
+class PublishError(Exception):
+    pass
+
+
+class _LastKafkaError(logging.Handler):
+    """Keeps the last connection error kafka-python logged: it retries a
+    refused connection or a failed authentication until its timeout, then
+    says only "Unable to bootstrap", so the agent tells why itself."""
+
+    _AFTER = re.compile(r"(?:Connection lost|failed): (.*?)(?: \(backoff [0-9.]+ secs\))?$")
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.last = None
+
+    def emit(self, record):
+        try:
+            m = self._AFTER.search(record.getMessage())
+        except Exception:
+            return
+        if m and "KafkaTimeoutError" not in m.group(1):  # the timeout itself: no news
+            # kafka-python repeats the class name: "X: X: details"
+            self.last = re.sub(r"(\w+Error): \1: ", r"\1: ", m.group(1))
+
+    def take(self):
+        last, self.last = self.last, None
+        return last
+
+
+KAFKA_ERRORS = _LastKafkaError()
+
+
+class Publisher:
+    """Sends reports with kafka-python; creates the topic (compacted) the first
+    time it reaches the cluster. After a failure the producer is dropped and
+    the next publication connects afresh. Each publication is bounded by
+    ``settings.timeout`` in all (connecting, creating the topic, the ack)."""
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.producer = None
+        self.topic_ready = False
+
+    def _scrub(self, text):
+        password = self.settings.sasl_password
+        text = str(text)
+        return text.replace(password, "***") if password else text
+
+    def _error(self, what, exc):
+        name = type(exc).__name__
+        detail = self._scrub(exc) or name
+        if name not in detail:
+            detail = "%s: %s" % (name, detail)
+        cause = KAFKA_ERRORS.take()
+        if cause and cause not in detail:
+            detail += "; last connection error: %s" % self._scrub(cause)
+        return PublishError("%s (%s): %s" % (what, self.settings.describe(), detail))
+
+    def _remaining_ms(self, deadline):
+        return max(100, int((deadline - time.monotonic()) * 1000))
+
+    def publish(self, report):
+        """Send ``report``; the RecordMetadata once acknowledged, else PublishError."""
+        from kafka import errors as Errors
+
+        s = self.settings
+        deadline = time.monotonic() + s.timeout
+        KAFKA_ERRORS.take()
+        try:
+            if self.producer is None:
+                self.producer = self._producer(deadline)
+            if not self.topic_ready:
+                self._ensure_topic(deadline)
+            future = self.producer.send(s.topic, key=str(s.broker_id).encode("utf-8"),
+                                        value=report.to_json().encode("utf-8"))
+            return future.get(timeout=self._remaining_ms(deadline) / 1000.0)
+        except PublishError:
+            self.reset()
+            raise
+        except Errors.KafkaTimeoutError as exc:
+            self.reset()
+            raise self._error("not published within %gs" % s.timeout, exc) from None
+        except Exception as exc:  # kafka-python raises a variety, OSError included
+            self.reset()
+            raise self._error("publication failed", exc) from None
+
+    def _producer(self, deadline):
+        from kafka import KafkaProducer
+
+        ms = self._remaining_ms(deadline)
+        config = self.settings.client_config()
+        config.update(bootstrap_timeout_ms=ms, acks="all", enable_idempotence=False,
+                      linger_ms=0, max_block_ms=int(self.settings.timeout * 1000),
+                      delivery_timeout_ms=int(self.settings.timeout * 1000),
+                      retry_backoff_ms=200)
+        return KafkaProducer(**config)
+
+    def _ensure_topic(self, deadline):
+        """Create the topic if it is missing: compacted, 1 partition, the
+        cluster's default replication factor. A cluster that refuses the
+        config gets the topic without it; one that refuses to create topics
+        at all (ACLs) is logged and the produce decides."""
+        from kafka import KafkaAdminClient
+        from kafka import errors as Errors
+
+        s = self.settings
+        config = s.client_config()
+        config["bootstrap_timeout_ms"] = self._remaining_ms(deadline)
+        admin = KafkaAdminClient(**config)
+        try:
+            if s.topic in admin.list_topics():
+                self.topic_ready = True
+                return
+            spec = {"num_partitions": 1, "replication_factor": -1}
+            timeout_ms = self._remaining_ms(deadline)
+            try:
+                admin.create_topics({s.topic: dict(spec, configs=dict(TOPIC_CONFIGS))},
+                                    timeout_ms=timeout_ms)
+                log.info("created topic %s (cleanup.policy=compact)", s.topic)
+            except Errors.TopicAlreadyExistsError:
+                pass
+            except Errors.AuthorizationError as exc:
+                log.warning("not allowed to create topic %s (%s): publishing anyway; create it "
+                            "compacted (cleanup.policy=compact)", s.topic, type(exc).__name__)
+            except Errors.KafkaTimeoutError:
+                raise
+            except Errors.KafkaError as exc:
+                log.warning("the cluster refused to create topic %s with cleanup.policy=compact "
+                            "(%s): creating it without configs; make it compacted with "
+                            "kafka-configs --alter --add-config cleanup.policy=compact",
+                            s.topic, self._scrub(exc))
+                try:
+                    admin.create_topics({s.topic: spec}, timeout_ms=timeout_ms)
+                    log.info("created topic %s (without cleanup.policy=compact)", s.topic)
+                except Errors.TopicAlreadyExistsError:
+                    pass
+            self.topic_ready = True
+        finally:
+            try:
+                admin.close()
+            except Exception:
+                pass
+
+    def reset(self):
+        """Drop the producer (and what it still holds); the next publication
+        reconnects and checks the topic again."""
+        producer, self.producer = self.producer, None
+        self.topic_ready = False
+        if producer is not None:
+            try:
+                producer.close(timeout=0)
+            except Exception:
+                pass
+
+    close = reset
+
+
+# the agent -----------------------------------------------------------------------
+
+class Agent:
+    """One publication per ``cycle()``: measure, publish, count."""
+
+    def __init__(self, settings, metrics=None, publisher=None, clock=time.time):
+        self.settings = settings
+        self.metrics = metrics or AgentMetrics()
+        self.publisher = publisher or Publisher(settings)
+        self.clock = clock
+        self.volumes = LocalVolumes()
+        self.failing = False
+        self.last_error = None
+
+    def cycle(self):
+        """True if a report reached the cluster."""
+        s = self.settings
+        self.volumes.mounts = read_mounts()
+        report, problems = collect_report(s.broker_id, s.log_dirs, s.soft, s.hard,
+                                          self.clock(), volume_of=self.volumes)
+        for problem in problems:
+            log.error("%s", problem)
+        self.metrics.observe(report, problems)
+        if not report.volumes:
+            self.metrics.failed(unreachable=False)
+            log.error("nothing to publish: none of the log dirs (%s) could be measured",
+                      ", ".join(s.log_dirs))
+            self.last_error = "none of the log dirs could be measured"
+            return False
+        try:
+            meta = self.publisher.publish(report)
+        except PublishError as exc:
+            self.metrics.failed()
+            log.error("%s", exc)
+            self.last_error = str(exc)
+            self.failing = True
+            return False
+        if self.failing:
+            log.info("the cluster is reachable again")
+        self.failing = False
+        self.metrics.published(report.snapshot_at)
+        log.info("published the report of broker %d to %s-%d at offset %d: %s",
+                 s.broker_id, meta.topic, meta.partition, meta.offset, summary(report))
+        return True
+
+    def close(self):
+        self.publisher.close()
+
+
+class _Stopped(BaseException):
+    """Raised by the SIGTERM/SIGINT handler, to leave even a blocking send."""
+
+
+def _configure_logging(level):
+    logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    # kafka-python logs every refused reconnection at ERROR: the agent says
+    # once per publication what went wrong instead (with kafka-python's last
+    # connection error, which KAFKA_ERRORS keeps); DEBUG shows them all
+    kafka_log = logging.getLogger("kafka")
+    kafka_log.setLevel(logging.WARNING)
+    if KAFKA_ERRORS not in kafka_log.handlers:
+        kafka_log.addHandler(KAFKA_ERRORS)
+    kafka_log.propagate = str(level).upper() == "DEBUG"
+
+
+def run(args):
+    parser = getattr(args, "volume_agent_parser", None)
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        if parser is None:
+            print("kthrottle volume-agent: error: %s" % exc, file=sys.stderr)
+            return 2
+        parser.error(str(exc))
+    _configure_logging(settings.log_level)
+    if settings.security_protocol == "SASL_PLAINTEXT" and settings.sasl_mechanism == "PLAIN":
+        log.warning("SASL PLAIN over SASL_PLAINTEXT sends the password in the clear")
+    metrics = AgentMetrics()
+    agent = Agent(settings, metrics)
+
+    stopping = []
+
+    def on_signal(signum, _frame):
+        if stopping:
+            return
+        stopping.append(signum)
+        raise _Stopped()
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    server = None
+    try:
+        if settings.metrics_listen:
+            host, port = settings.metrics_listen
+            try:
+                server = metrics.serve(host, port)
+            except OSError as exc:
+                log.error("cannot serve metrics on %s:%d: %s", host, port, _why(exc))
+                return 1
+            log.info("metrics on http://%s:%d/metrics", host, server.server_port)
+        log.info("broker %d: publishing the usage of %s to topic %s on %s, %s",
+                 settings.broker_id, ", ".join(settings.log_dirs), settings.topic,
+                 settings.describe(),
+                 "once" if settings.once else "every %gs" % settings.interval)
+        if settings.once:
+            if agent.cycle():
+                return 0
+            print("kthrottle volume-agent: error: %s" % agent.last_error, file=sys.stderr)
+            return 1
+        start = time.monotonic()
+        slot = 0
+        while True:
+            agent.cycle()
+            slot += 1
+            now = time.monotonic()
+            next_at = start + slot * settings.interval
+            if next_at <= now:  # the cycle overran: skip the slots it missed
+                slot = int((now - start) // settings.interval) + 1
+                next_at = start + slot * settings.interval
+            time.sleep(next_at - now)
+    except _Stopped:
+        log.info("stopping (%s)", signal.Signals(stopping[0]).name)
+        return 1 if settings.once else 0
+    finally:
+        try:
+            agent.close()
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+        except _Stopped:
+            pass
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+# the command line -----------------------------------------------------------------
+
+def _fill(text, indent=""):
+    import shutil
+    import textwrap
+
+    width = max(min(shutil.get_terminal_size().columns, 100) - 2, 40)
+    return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent)
+
+
+def parse_settings(argv, environ=None):
+    """Settings from ``volume-agent``'s arguments (without the command name);
+    exits 2 with argparse's message when they are wrong."""
+    parser = argparse.ArgumentParser(prog="kthrottle")
+    p = add_parser(parser.add_subparsers())
+    args = p.parse_args(argv)
+    try:
+        return settings_from_args(args, environ)
+    except ValueError as exc:
+        p.error(str(exc))
+
+
+def add_parser(sub):
+    p = sub.add_parser(
+        "volume-agent", help="publish this broker's volume usage (run next to each broker)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_fill("Run next to a Kafka broker: measure the volumes holding its log dirs "
+        "(capacity and bytes consumed, from statvfs) and the partitions stored on each, and "
+        "publish them as one JSON record keyed by the broker id to a compacted topic, at "
+        "start and every --interval. kthrottle spark-sync turns the latest report of every "
+        "broker into the cluster state the proxies throttle by (OPEN below the soft limit, "
+        "THROTTLE between the limits, PAUSE at the hard limit)."),
+        epilog=EXAMPLE)
+    p.set_defaults(command="volume-agent", volume_agent_parser=p)
+    what = p.add_argument_group("what to report")
+    what.add_argument("--broker-id", type=_argtype(_broker_id), required=True, metavar="N",
+                      help="this broker's node.id / broker.id (the record's key)")
+    what.add_argument("--log-dir", dest="log_dirs", action="append", required=True,
+                      metavar="PATH",
+                      help="one of the broker's log.dirs; repeat for each. Log dirs on one "
+                      "volume are reported as one volume; a log dir that cannot be read is "
+                      "logged and left out of that report")
+    limit_help = ("TYPE:LEVEL, TYPE one of ConsumedSpace (bytes used), MinFreeBytes (bytes that "
+                  "must stay free) or MinFreePercentage (percent 0-100 that must stay free); "
+                  "bytes take KB/MB/GB (powers of 1000) or KiB/MiB/GiB (powers of 1024)")
+    what.add_argument("--soft-limit", type=_argtype(parse_limit), required=True,
+                      metavar="TYPE:LEVEL",
+                      help="where producers start to be throttled: " + limit_help
+                      + ", e.g. MinFreePercentage:20")
+    what.add_argument("--hard-limit", type=_argtype(parse_limit), required=True,
+                      metavar="TYPE:LEVEL",
+                      help="where producers are paused, e.g. MinFreeBytes:10GiB")
+
+    where = p.add_argument_group("where to publish")
+    where.add_argument("--bootstrap-server", dest="bootstrap_servers", action="append",
+                       required=True, type=_argtype(_bootstrap), metavar="HOST:PORT",
+                       help="a broker of the cluster to publish to; repeat for several "
+                       "(a listener the agent can reach, e.g. the control-plane one)")
+    where.add_argument("--topic", default=DEFAULT_TOPIC, metavar="NAME",
+                       help="topic of the reports (default %(default)s); created if missing, "
+                       "with cleanup.policy=compact, 1 partition and the cluster's default "
+                       "replication factor")
+    where.add_argument("--timeout", type=_argtype(parse_duration), default=DEFAULT_TIMEOUT,
+                       metavar="DURATION",
+                       help="how long one publication may take in all: connecting, creating "
+                       "the topic, the acknowledgement (default 10s)")
+
+    when = p.add_argument_group("schedule and metrics")
+    once = when.add_mutually_exclusive_group()
+    once.add_argument("--interval", type=_argtype(parse_duration), metavar="DURATION",
+                      help="publish at start and then every DURATION: 30s (default), 5m, "
+                      "500ms or plain seconds. An unreachable cluster is counted, logged and "
+                      "retried at the next one; SIGTERM or Ctrl-C stop the agent")
+    once.add_argument("--once", action="store_true",
+                      help="publish one report and exit: 0 if the cluster acknowledged it, "
+                      "1 (with the reason) if not")
+    when.add_argument("--metrics-listen", type=_argtype(_host_port), metavar="HOST:PORT",
+                      help="serve Prometheus metrics on http://HOST:PORT/metrics: "
+                      "kthrottle_volume_agent_connected, _publications_total, "
+                      "_publication_errors_total, _last_publication_timestamp_seconds, "
+                      "kthrottle_volume_capacity_bytes{volume}, "
+                      "kthrottle_volume_consumed_bytes{volume}")
+    when.add_argument("--log-level", default="INFO", metavar="LEVEL",
+                      help="DEBUG, INFO (default), WARNING")
+
+    sec = p.add_argument_group(
+        "security (towards the cluster)",
+        _fill("The password is never a flag: --sasl-password-file, else the environment variable "
+        "%s. It does not appear in the logs." % PASSWORD_ENV))
+    sec.add_argument("--security-protocol", type=_argtype(_choice(SECURITY_PROTOCOLS,
+                                                                   "--security-protocol")),
+                     default="PLAINTEXT", metavar="P",
+                     help="PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL")
+    sec.add_argument("--ssl-ca", metavar="PEM",
+                     help="CA bundle the brokers' certificates are checked against (default: "
+                     "the system's); host names are checked")
+    sec.add_argument("--ssl-cert", metavar="PEM",
+                     help="the agent's client certificate (mTLS), with --ssl-key")
+    sec.add_argument("--ssl-key", metavar="PEM", help="its private key (unencrypted PEM)")
+    sec.add_argument("--sasl-mechanism", type=_argtype(_choice(SASL_MECHANISMS,
+                                                                "--sasl-mechanism")),
+                     metavar="M", help="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (default)")
+    sec.add_argument("--sasl-username", metavar="USER", help="the agent's SASL user")
+    sec.add_argument("--sasl-password-file", metavar="PATH",
+                     help="file holding the agent's SASL password (one line); else the "
+                     "environment variable " + PASSWORD_ENV)
+    return p
