@@ -63,22 +63,16 @@ class _AuthenticationFailed(Exception):
     pass
 
 
-class SaslTerminate(Filter):
-    """Verifies clients' SASL credentials in the proxy (terminate mode)."""
+class _ClientSasl(Filter):
+    """What both modes share: the enabled mechanisms, the SASL APIs gathered
+    whole, every request seen (HEAD) while the connection authenticates."""
 
-    name = "sasl-terminate"
-
-    def __init__(self, mechanisms, credentials,
-                 failed_delay_ms=DEFAULT_FAILED_AUTHENTICATION_DELAY_MS):
-        """``credentials()`` returns the current credentials snapshot (an
-        object with ``scram(mechanism, user)`` and ``check_plain(user,
-        password)``; sources replace it live)."""
+    def __init__(self, mechanisms, failed_delay_ms):
         unknown = [m for m in mechanisms if m not in MECHANISMS]
         if unknown or not mechanisms:
             raise ValueError("SASL mechanisms must be among %s, got %s"
                              % (", ".join(MECHANISMS), ", ".join(mechanisms) or "none"))
         self.mechanisms = tuple(mechanisms)
-        self.credentials = credentials
         self.failed_delay_ms = failed_delay_ms
 
     def request_need(self, api_key, api_version):
@@ -90,7 +84,22 @@ class SaslTerminate(Filter):
 
     def on_connect(self, conn):
         conn.phase = Phase.AUTHENTICATING
-        conn.auth = _State()
+        conn.auth = self._state()
+
+
+class SaslTerminate(_ClientSasl):
+    """Verifies clients' SASL credentials in the proxy (terminate mode)."""
+
+    name = "sasl-terminate"
+    _state = _State
+
+    def __init__(self, mechanisms, credentials,
+                 failed_delay_ms=DEFAULT_FAILED_AUTHENTICATION_DELAY_MS):
+        """``credentials()`` returns the current credentials snapshot (an
+        object with ``scram(mechanism, user)`` and ``check_plain(user,
+        password)``; sources replace it live)."""
+        super().__init__(mechanisms, failed_delay_ms)
+        self.credentials = credentials
 
     def on_request(self, conn, head, inflight):
         api_key = head.api_key
@@ -295,7 +304,7 @@ class _Relayed:
         self.failed = False
 
 
-class SaslPassthrough(Filter):
+class SaslPassthrough(_ClientSasl):
     """Relays clients' SASL exchanges to the broker untouched (passthrough
     mode): the broker verifies the client. The proxy reads the user name
     from the first token and binds it as the connection's principal only
@@ -309,27 +318,13 @@ class SaslPassthrough(Filter):
     only: the principal is fixed for the connection's life."""
 
     name = "sasl-passthrough"
+    _state = _Relayed
 
     def __init__(self, mechanisms, failed_delay_ms=DEFAULT_FAILED_AUTHENTICATION_DELAY_MS):
-        unknown = [m for m in mechanisms if m not in MECHANISMS]
-        if unknown or not mechanisms:
-            raise ValueError("SASL mechanisms must be among %s, got %s"
-                             % (", ".join(MECHANISMS), ", ".join(mechanisms) or "none"))
-        self.mechanisms = tuple(mechanisms)
-        self.failed_delay_ms = failed_delay_ms
-
-    def request_need(self, api_key, api_version):
-        return GATHER if api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE) else NOTHING
-
-    def authenticating_need(self, api_key, api_version):
-        return GATHER if api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE) else HEAD
+        super().__init__(mechanisms, failed_delay_ms)
 
     def response_need(self, api_key, api_version):
         return GATHER if api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE) else NOTHING
-
-    def on_connect(self, conn):
-        conn.phase = Phase.AUTHENTICATING
-        conn.auth = _Relayed()
 
     def on_request(self, conn, head, inflight):
         api_key = head.api_key
