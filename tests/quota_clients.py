@@ -100,3 +100,59 @@ def wait_until(predicate, timeout, interval=0.05):
             return value
         time.sleep(interval)
     return predicate()
+
+
+def roundtrip_aiokafka(proxy, broker, **auth):
+    """Ten records produced (client-id shared-app) and read back through
+    ``proxy`` (which has an admin endpoint) with aiokafka; returns the
+    proxy's /quotas connections as seen while the producer was connected."""
+    import uuid
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    topic = "rt-%s" % uuid.uuid4().hex[:8]
+    broker.create_topic(topic, partitions=1)
+
+    async def run():
+        producer = AIOKafkaProducer(bootstrap_servers=proxy.bootstrap, client_id="shared-app",
+                                    **auth)
+        await producer.start()
+        try:
+            for i in range(10):
+                await producer.send_and_wait(topic, b"v%d" % i, partition=0)
+            view = admin_get(proxy.admin, "/quotas")["connections"]
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(bootstrap_servers=proxy.bootstrap,
+                                    auto_offset_reset="earliest", **auth)
+        await consumer.start()
+        try:
+            consumer.assign([TopicPartition(topic, 0)])
+            got = []
+            while len(got) < 10:
+                batch = await asyncio.wait_for(consumer.getmany(timeout_ms=1000), 30)
+                for records in batch.values():
+                    got += [r.value for r in records]
+        finally:
+            await consumer.stop()
+        return got, view
+
+    got, view = asyncio.run(run())
+    assert got == [b"v%d" % i for i in range(10)]
+    return view
+
+
+def principals_of_roundtrip(proxy, broker, **auth):
+    return [c["principal"] for c in roundtrip_aiokafka(proxy, broker, **auth)]
+
+
+def scram_credentials_file(path, users, mechanisms=("SCRAM-SHA-256", "SCRAM-SHA-512")):
+    """Write ``users`` ({user: password}) to a credentials file with
+    ``kthrottle quotas alter``, salted; returns the path."""
+    for user, password in users.items():
+        for mechanism in mechanisms:
+            done = kthrottle_quotas("alter", "--credentials-file", str(path),
+                                    "--entity-type", "users", "--entity-name", user,
+                                    "--add-config", "%s=[password=%s]" % (mechanism, password))
+            assert done.returncode == 0, done.stderr
+    return path

@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from conftest import ProxyProcess
-from quota_clients import kthrottle_quotas
+from quota_clients import kthrottle_quotas, scram_credentials_file
 
 USERS = {"alice": "alice-secret", "bob": "bob-secret"}
 MECHANISMS = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -17,13 +17,7 @@ MECHANISMS = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 @pytest.fixture(scope="module")
 def sasl_proxy(broker, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sasl")
-    creds = tmp / "credentials.toml"
-    for user, password in USERS.items():
-        for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
-            done = kthrottle_quotas("alter", "--credentials-file", str(creds),
-                                    "--entity-type", "users", "--entity-name", user,
-                                    "--add-config", "%s=[password=%s]" % (mechanism, password))
-            assert done.returncode == 0, done.stderr
+    creds = scram_credentials_file(tmp / "credentials.toml", USERS)
     text = creds.read_text()
     assert "alice-secret" not in text and "SCRAM-SHA-512" in text
     p = ProxyProcess(broker.bootstrap, tmp / "proxy.log",

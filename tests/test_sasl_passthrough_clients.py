@@ -3,7 +3,6 @@ terminating kthrottle (standing for a SASL broker; Tansu speaks no SASL) in
 front of a real Tansu broker. The outer proxy never sees a password it
 could check: it binds the user the broker accepted, and its quotas resolve
 against that user."""
-import asyncio
 import time
 import uuid
 
@@ -11,7 +10,7 @@ import pytest
 
 from conftest import ProxyProcess
 from kthrottle.embedded import free_port
-from quota_clients import admin_get, kthrottle_quotas
+from quota_clients import roundtrip_aiokafka, scram_credentials_file
 
 USERS = {"alice": "alice-secret", "bob": "bob-secret"}
 
@@ -19,13 +18,7 @@ USERS = {"alice": "alice-secret", "bob": "bob-secret"}
 @pytest.fixture(scope="module")
 def chain(broker, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("passthrough")
-    creds = tmp / "credentials.toml"
-    for user, password in USERS.items():
-        for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
-            done = kthrottle_quotas("alter", "--credentials-file", str(creds),
-                                    "--entity-type", "users", "--entity-name", user,
-                                    "--add-config", "%s=[password=%s]" % (mechanism, password))
-            assert done.returncode == 0, done.stderr
+    creds = scram_credentials_file(tmp / "credentials.toml", USERS)
     quotas = tmp / "quotas.toml"
     # alice is slow at the outer proxy; bob has no quota there
     quotas.write_text('[users.alice]\nproducer_byte_rate = 20000\n')
@@ -56,38 +49,8 @@ def _auth(mechanism, user, password):
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
 def test_aiokafka_through_passthrough_binds_the_user_and_its_quota(chain, broker, mechanism):
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-
     inner, outer = chain
-    topic = _topic(broker)
-    auth = _auth(mechanism, "alice", "alice-secret")
-
-    async def run():
-        producer = AIOKafkaProducer(bootstrap_servers=outer.bootstrap, client_id="shared-app",
-                                    **auth)
-        await producer.start()
-        try:
-            for i in range(10):
-                await producer.send_and_wait(topic, b"v%d" % i, partition=0)
-            view = admin_get(outer.admin, "/quotas")["connections"]
-        finally:
-            await producer.stop()
-        consumer = AIOKafkaConsumer(bootstrap_servers=outer.bootstrap,
-                                    auto_offset_reset="earliest", **auth)
-        await consumer.start()
-        try:
-            consumer.assign([TopicPartition(topic, 0)])
-            got = []
-            while len(got) < 10:
-                batch = await asyncio.wait_for(consumer.getmany(timeout_ms=1000), 30)
-                for records in batch.values():
-                    got += [r.value for r in records]
-        finally:
-            await consumer.stop()
-        return got, view
-
-    got, view = asyncio.run(run())
-    assert got == [b"v%d" % i for i in range(10)]
+    view = roundtrip_aiokafka(outer, broker, **_auth(mechanism, "alice", "alice-secret"))
     assert view and {c["principal"] for c in view} == {"alice"}
     entities = {client["produce"].get("entity") for c in view for client in c["clients"]}
     assert entities == {"users/alice"}  # the user's quota, whatever the client-id

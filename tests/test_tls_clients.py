@@ -1,6 +1,5 @@
 """TLS listeners (SSL, SASL_SSL) with certificates made here (trustme), real
 clients, a kthrottle process and a real Tansu broker behind it."""
-import asyncio
 import datetime
 import ssl
 import uuid
@@ -10,7 +9,7 @@ import trustme
 
 from conftest import ProxyProcess
 from kthrottle.embedded import free_port
-from quota_clients import admin_get, kthrottle_quotas
+from quota_clients import kthrottle_quotas, principals_of_roundtrip
 
 
 @pytest.fixture(scope="module")
@@ -52,41 +51,6 @@ def _proxy(broker, tmp, pki, protocol, *extra):
     return p
 
 
-def _roundtrip_aiokafka(proxy, broker, **auth):
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-
-    topic = "tls-%s" % uuid.uuid4().hex[:8]
-    broker.create_topic(topic, partitions=1)
-
-    async def run():
-        producer = AIOKafkaProducer(bootstrap_servers=proxy.bootstrap, client_id="shared-app",
-                                    **auth)
-        await producer.start()
-        try:
-            for i in range(10):
-                await producer.send_and_wait(topic, b"v%d" % i, partition=0)
-            principals = [c["principal"] for c in admin_get(proxy.admin, "/quotas")["connections"]]
-        finally:
-            await producer.stop()
-        consumer = AIOKafkaConsumer(bootstrap_servers=proxy.bootstrap,
-                                    auto_offset_reset="earliest", **auth)
-        await consumer.start()
-        try:
-            consumer.assign([TopicPartition(topic, 0)])
-            got = []
-            while len(got) < 10:
-                batch = await asyncio.wait_for(consumer.getmany(timeout_ms=1000), 30)
-                for records in batch.values():
-                    got += [r.value for r in records]
-        finally:
-            await consumer.stop()
-        return got, principals
-
-    got, principals = asyncio.run(run())
-    assert got == [b"v%d" % i for i in range(10)]
-    return principals
-
-
 def test_mtls_principal_is_the_mapped_subject_and_all_clients_connect(broker, tmp_path, pki):
     from aiokafka.helpers import create_ssl_context
 
@@ -96,7 +60,7 @@ def test_mtls_principal_is_the_mapped_subject_and_all_clients_connect(broker, tm
     try:
         cert, key = pki["alice"]
         context = create_ssl_context(cafile=pki["ca"], certfile=cert, keyfile=key)
-        principals = _roundtrip_aiokafka(p, broker, security_protocol="SSL", ssl_context=context)
+        principals = principals_of_roundtrip(p, broker, security_protocol="SSL", ssl_context=context)
         assert principals and set(principals) == {"alice"}
 
         import confluent_kafka
@@ -156,7 +120,7 @@ def test_sasl_over_tls_binds_the_sasl_user(broker, tmp_path, pki):
     assert done.returncode == 0, done.stderr
     p = _proxy(broker, tmp_path, pki, "SASL_SSL", "--credentials-file", str(creds)).start()
     try:
-        principals = _roundtrip_aiokafka(
+        principals = principals_of_roundtrip(
             p, broker, security_protocol="SASL_SSL",
             ssl_context=create_ssl_context(cafile=pki["ca"]), sasl_mechanism="SCRAM-SHA-256",
             sasl_plain_username="bob", sasl_plain_password="bob-secret")
@@ -202,7 +166,7 @@ def test_upstream_sasl_ssl_with_the_proxys_own_credentials(broker, tmp_path, pki
     outer.extra_args += ["--admin-listen", "127.0.0.1:%d" % outer.admin]
     outer.start()
     try:
-        _roundtrip_aiokafka(outer, broker)
+        principals_of_roundtrip(outer, broker)
         inner.wait_for_log("client authenticated as 'edge-proxy' with SCRAM-SHA-512")
         assert "edge-secret" not in outer.log() + inner.log()
     finally:
@@ -235,11 +199,11 @@ def test_requested_client_certificates_are_optional(broker, tmp_path, pki):
                "--ssl-client-auth", "requested").start()
     try:
         cert, key = pki["alice"]
-        with_cert = _roundtrip_aiokafka(p, broker, security_protocol="SSL", ssl_context=
+        with_cert = principals_of_roundtrip(p, broker, security_protocol="SSL", ssl_context=
                                         create_ssl_context(cafile=pki["ca"], certfile=cert,
                                                            keyfile=key))
         assert set(with_cert) == {"CN=Alice,OU=team,O=org"}
-        without = _roundtrip_aiokafka(p, broker, security_protocol="SSL",
+        without = principals_of_roundtrip(p, broker, security_protocol="SSL",
                                       ssl_context=create_ssl_context(cafile=pki["ca"]))
         assert set(without) == {"ANONYMOUS"}
     finally:
