@@ -189,3 +189,20 @@ def test_a_malformed_snapshot_is_rejected_with_the_reason(mutate, message):
     mutate(snap)
     with pytest.raises(ValueError, match=message):
         ClusterState.from_json(json.dumps(snap))
+
+
+def test_a_large_snapshot_is_stored_compressed_and_read_back():
+    from kthrottle.policy.storage import COMPRESS_ABOVE, decode_snapshot, encode_snapshot
+
+    reports = {b: report(b, [vol("v%d" % i, 85 if i == 0 else 10, [("t%d" % b, i)])
+                             for i in range(10)]) for b in range(1, 400)}
+    replicas = {("t%d" % b, i): [b] for b in range(1, 400) for i in range(10)}
+    snap = cluster_snapshot(reports, list(reports), replicas, NOW, 60)
+    data = encode_snapshot(snap)
+    assert len(json.dumps(snap)) > COMPRESS_ABOVE and data[:2] == b"\x1f\x8b"
+    assert len(data) < len(json.dumps(snap)) / 5
+    state = ClusterState.from_json(data)
+    assert state.cluster == State(PAUSE, 0.0) and state.partitions[("t7", 0)].state == PAUSE
+    assert decode_snapshot(encode_snapshot({"small": 1})) == {"small": 1}  # plain JSON
+    with pytest.raises(ValueError, match="compressed snapshot is corrupt"):
+        ClusterState.from_json(data[:100])

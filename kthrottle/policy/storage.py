@@ -37,6 +37,9 @@ LIMIT_TYPES = ("ConsumedSpace", "MinFreeBytes", "MinFreePercentage")
 
 SNAPSHOT_FORMAT = "kthrottle-cluster-state"
 SNAPSHOT_VERSION = 1
+# A snapshot larger than this is stored gzip-compressed (a znode holds 1 MiB
+# by default, ZooKeeper's jute.maxbuffer); readers tell by gzip's magic bytes.
+COMPRESS_ABOVE = 256 * 1024
 
 
 # limits ---------------------------------------------------------------------
@@ -341,6 +344,35 @@ def cluster_snapshot(reports, brokers, replicas, now, freshness, generated_by="k
     }
 
 
+def encode_snapshot(snapshot):
+    """The bytes a snapshot is stored as: compact JSON, gzip-compressed when
+    larger than COMPRESS_ABOVE (with thousands of brokers the volumes alone
+    pass a megabyte; the JSON compresses about tenfold)."""
+    data = json.dumps(snapshot, separators=(",", ":")).encode("utf-8")
+    if len(data) > COMPRESS_ABOVE:
+        import gzip
+
+        data = gzip.compress(data, compresslevel=6, mtime=0)
+    return data
+
+
+def decode_snapshot(data):
+    """JSON text or object from stored bytes (gzip or not)."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        data = bytes(data)
+        if data[:2] == b"\x1f\x8b":
+            import gzip
+
+            try:
+                data = gzip.decompress(data)
+            except (OSError, EOFError) as exc:
+                raise ValueError("the compressed snapshot is corrupt: %s" % exc) from None
+        data = data.decode("utf-8")
+    if isinstance(data, str):
+        data = json.loads(data)
+    return data
+
+
 class ClusterState:
     """A snapshot as a proxy reads it back: validated, with the per-partition
     states in a dict (only partitions that are not OPEN are listed)."""
@@ -357,10 +389,7 @@ class ClusterState:
     @classmethod
     def from_json(cls, data):
         """ValueError says what is wrong (the reader keeps its last state)."""
-        if isinstance(data, (bytes, bytearray, memoryview)):
-            data = bytes(data).decode("utf-8")
-        if isinstance(data, str):
-            data = json.loads(data)
+        data = decode_snapshot(data)
         if not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT:
             raise ValueError("not a %s snapshot" % SNAPSHOT_FORMAT)
         if data.get("version") != SNAPSHOT_VERSION:

@@ -104,7 +104,8 @@ def _storage_metrics(storage, source):
             state.add_metric(["broker", str(broker), ""],
                              _STATE_VALUE.get(entry.get("state"), 3))
             for volume in entry.get("volumes") or ():
-                if isinstance(volume, dict):
+                # volumes past their soft limit only: a fleet has thousands
+                if isinstance(volume, dict) and volume.get("state") != "OPEN":
                     tags = ["volume", str(broker), str(volume.get("name"))]
                     state.add_metric(tags, _STATE_VALUE.get(volume.get("state"), 3))
                     factor.add_metric(tags, float(volume.get("factor", 1.0)))

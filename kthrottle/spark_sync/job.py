@@ -19,7 +19,6 @@ A cycle that fails changes nothing in ZooKeeper; the next one tries again.
 One SparkSession and one ZooKeeper client serve every cycle.
 """
 import argparse
-import json
 import logging
 import os
 import re
@@ -28,7 +27,7 @@ import sys
 import time
 
 from ..config import ConfigError, parse_host_port, parse_zookeeper
-from ..policy.storage import OPEN, cluster_snapshot, parse_report
+from ..policy.storage import OPEN, cluster_snapshot, encode_snapshot, parse_report
 log = logging.getLogger("kthrottle.spark_sync")
 
 # as in kafka_source, which is not imported before it is needed: it imports
@@ -505,7 +504,7 @@ class SparkSync:
             snap, counts = self.snapshot(now)
             snap["cycle"] = cycle
             snap["cycle_seconds"] = round(time.monotonic() - started, 3)
-            self.writer.write(json.dumps(snap, separators=(",", ":")).encode("utf-8"))
+            self.writer.write(encode_snapshot(snap))
         except CycleError:
             raise
         except Exception as exc:

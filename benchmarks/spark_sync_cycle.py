@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""How long does one ``kthrottle spark-sync`` cycle take as the cluster grows?
+
+Synthetic clusters of ``--sizes`` brokers (10 volumes each) and 100 partitions per broker
+(replication factor 3, at most 100,000 partitions): each broker's volume report (the volume
+agent's JSON, listing the replicas on each volume, some volumes past their soft or hard limit)
+is published to a fresh report topic of 3 partitions on a local Tansu broker. One SparkSession
+in local mode (``--master``) serves every size, as in ``--interval`` mode; the cluster's
+Metadata (brokers, partition replicas) is the synthetic cluster's, since a Tansu broker is one
+node. Each size runs a warm-up cycle and ``--cycles`` measured ones, each:
+
+  read the reports (Spark, the Python data source) -> the latest per broker -> the snapshot
+  (partition states) -> JSON -> written to a real ZooKeeper znode.
+
+Reported: median cycle seconds, split into the Spark read, the snapshot computation and the
+ZooKeeper write, and the snapshot's size. Writes ``spark_sync_cycle.md`` and a plot
+``spark_sync_cycle.png`` into ``--output-dir``.
+
+Example (about 2 minutes)::
+
+    python benchmarks/spark_sync_cycle.py
+"""
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from kthrottle.embedded import TansuBroker  # noqa: E402
+from kthrottle.policy.storage import (  # noqa: E402
+    BrokerReport,
+    VolumeReport,
+    cluster_snapshot,
+    encode_snapshot,
+    parse_limit,
+)
+from kthrottle.spark_sync import job as job_module  # noqa: E402
+
+DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results"
+GB = 10 ** 9
+
+
+def synthetic_cluster(brokers, partitions_per_broker=100, volumes=10, rf=3, seed=1):
+    """(reports {id: BrokerReport}, replicas {(topic, p): [ids]})."""
+    rng = random.Random(seed)
+    ids = list(range(1, brokers + 1))
+    total = min(brokers * partitions_per_broker, 100_000)
+    replicas = {}
+    on_volume = {(b, v): [] for b in ids for v in range(volumes)}
+    for n in range(total):
+        tp = ("topic-%d" % (n // 50), n % 50)
+        holders = rng.sample(ids, min(rf, brokers))
+        replicas[tp] = holders
+        for b in holders:
+            on_volume[b, rng.randrange(volumes)].append(tp)
+    now = time.time()
+    soft, hard = parse_limit("MinFreePercentage:20"), parse_limit("MinFreePercentage:10")
+    reports = {}
+    for b in ids:
+        vols = []
+        for v in range(volumes):
+            used = rng.choice((30, 50, 70, 85, 95)) if rng.random() < 0.05 else rng.randint(5, 60)
+            vols.append(VolumeReport("/dev/vd%s" % chr(97 + v), 4000 * GB, used * 40 * GB,
+                                     "/var/kafka/data-%d" % v, tuple(on_volume[b, v])))
+        reports[b] = BrokerReport(b, now, soft, hard, tuple(vols))
+    return reports, replicas
+
+
+def publish(bootstrap, topic, reports):
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=5,
+                             max_request_size=8 * 1024 * 1024)
+    try:
+        for b, report in reports.items():
+            producer.send(topic, key=str(b).encode(), value=report.to_json().encode())
+        producer.flush(60)
+    finally:
+        producer.close()
+
+
+def measure(sync, replicas_by_size, size, cycles):
+    """[(total, read, compute, write, snapshot bytes)] for ``cycles`` cycles."""
+    brokers, replicas = replicas_by_size[size]
+    job_module.read_metadata = lambda settings, timeout_ms: (brokers, replicas)
+    out = []
+    for _ in range(cycles):
+        t0 = time.perf_counter()
+        offsets = sync.source.list_offsets(sync.settings, sync.topic, sync.timeout_ms)
+        rows, _ = job_module.latest_reports(sync.session(), sync.settings, sync.topic, offsets,
+                                            sync.timeout_ms)
+        reports = job_module.parse_reports(rows)
+        t1 = time.perf_counter()
+        snap = cluster_snapshot(reports, brokers, replicas, time.time(), sync.freshness)
+        data = encode_snapshot(snap)
+        t2 = time.perf_counter()
+        sync.writer.ensure_connected()
+        sync.writer.write(data)
+        t3 = time.perf_counter()
+        assert len(reports) == len(brokers), (len(reports), len(brokers))
+        out.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2, len(data)))
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="10,100,1000", help="broker counts")
+    p.add_argument("--cycles", type=int, default=3, help="measured cycles per size")
+    p.add_argument("--master", default="local[2]")
+    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT)
+    args = p.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+
+    from zookeeper import ZooKeeperServer, available
+
+    if not available():
+        raise SystemExit("ZooKeeper is not installed: scripts/test installs it")
+    work = Path(tempfile.mkdtemp(prefix="spark_sync_cycle-"))
+    zk = ZooKeeperServer(work / "zk")
+    broker = TansuBroker(log_path=str(work / "tansu.log"))
+    sync = None
+    results = {}
+    try:
+        zk.start()
+        broker.start()
+        started = time.perf_counter()
+        spark = job_module.spark_session(args.master)
+        session_seconds = time.perf_counter() - started
+        print("SparkSession (%s) started in %.1f s" % (args.master, session_seconds), flush=True)
+        for size in sizes:
+            topic = "usage-%d-%s" % (size, uuid.uuid4().hex[:6])
+            broker.create_topic(topic, partitions=3)
+            reports, replicas = synthetic_cluster(size)
+            publish(broker.bootstrap, topic, reports)
+            sync = job_module.SparkSync(broker.bootstrap, zk.hosts, topic=topic, spark=spark,
+                                        freshness=3600)
+            by_size = {size: (sorted(reports), replicas)}
+            measure(sync, by_size, size, 1)  # warm-up
+            runs = measure(sync, by_size, size, args.cycles)
+            sync.writer.close()
+            results[size] = (len(replicas), runs)
+            med = [statistics.median(r[i] for r in runs) for i in range(5)]
+            print("  %5d brokers, %6d partitions: cycle %.2f s (read %.2f, snapshot %.2f, "
+                  "write %.3f), snapshot %d kB" % (size, len(replicas), med[0], med[1], med[2],
+                                                   med[3], med[4] // 1000), flush=True)
+        spark.stop()
+    finally:
+        broker.stop()
+        zk.stop()
+
+    lines = ["# One spark-sync cycle against the cluster's size", "",
+             "`python benchmarks/spark_sync_cycle.py %s`; SparkSession (%s) start: %.1f s, once "
+             "per run. Median of %d cycles after a warm-up one; 10 volumes per broker, 100 "
+             "partitions per broker (replication factor 3)."
+             % (" ".join(sys.argv[1:]), args.master, session_seconds, args.cycles), "",
+             "| brokers | volumes | partitions | cycle s | Spark read s | snapshot s | ZooKeeper "
+             "write s | snapshot kB |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for size, (partitions, runs) in results.items():
+        med = [statistics.median(r[i] for r in runs) for i in range(5)]
+        lines.append("| %d | %d | %d | %.2f | %.2f | %.2f | %.3f | %d |" % (
+            size, size * 10, partitions, med[0], med[1], med[2], med[3], med[4] // 1000))
+    text = "\n".join(lines) + "\n"
+    print(text)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / "spark_sync_cycle.md").write_text(text)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        xs = list(results)
+        for i, label in ((1, "Spark read"), (2, "snapshot"), (0, "whole cycle")):
+            ax.plot(xs, [statistics.median(r[i] for r in results[x][1]) for x in xs],
+                    marker="o", label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("brokers (10 volumes, 100 partitions each)")
+        ax.set_ylabel("seconds")
+        ax.set_title("kthrottle spark-sync cycle, %s" % args.master)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.output_dir / "spark_sync_cycle.png", dpi=110)
+    except ImportError:
+        print("matplotlib is not installed (the bench extra): no plot")
+
+
+if __name__ == "__main__":
+    main()
