@@ -16,7 +16,8 @@
      up (the requests write to OPEN partitions, so nobody is delayed).
 
    Mean over a timed loop (``time.perf_counter_ns``, garbage collector off), median of
-   ``--repeats`` runs; "added" is the difference from ``no storage``.
+   ``--repeats`` runs, the configurations taking turns; "added" is the difference from
+   ``no storage``.
 
 2. Snapshot to proxy: a real ZooKeeper (Debian's package), a Tansu broker and a ``kthrottle
    proxy --zookeeper ... --admin-listen ...`` process. ``--writes`` times, the cluster state
@@ -149,10 +150,14 @@ CONFIGS = ("no storage", "cluster, OPEN", "cluster, THROTTLE", "partition, none 
 
 
 def request_costs(args):
-    out = {}
+    """Median per configuration; the configurations take turns in each
+    repeat, so that a slow spell of the machine touches them all alike."""
+    runs = {config: [] for config in CONFIGS}
+    for _ in range(args.repeats):
+        for config in CONFIGS:
+            runs[config].append(time_requests(config, args))
+    out = {config: statistics.median(r) for config, r in runs.items()}
     for config in CONFIGS:
-        runs = [time_requests(config, args) for _ in range(args.repeats)]
-        out[config] = statistics.median(runs)
         print("  %-24s %8.0f ns per request" % (config, out[config]), flush=True)
     return out
 
@@ -233,7 +238,7 @@ def main():
                    help="record batch bytes per partition")
     p.add_argument("--listed", type=int, default=1000,
                    help="partitions the snapshot lists (partition, watching)")
-    p.add_argument("--repeats", type=int, default=5, help="runs per configuration (median)")
+    p.add_argument("--repeats", type=int, default=9, help="runs per configuration (median)")
     p.add_argument("--writes", type=int, default=40, help="snapshot writes to follow")
     p.add_argument("--poll-ms", type=float, default=2.0, help="/metrics polling interval")
     p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT)

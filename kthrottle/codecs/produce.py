@@ -17,7 +17,18 @@ import uuid
 
 from ._kafka import ProduceRequest
 from .errors import ProtocolError
-from .wire import INT16, INT32
+from struct import Struct, error as StructError
+
+from .wire import (
+    INT16,
+    INT32,
+    read_array_length,
+    read_string,
+    read_uvarint,
+    skip_tagged_fields,
+)
+
+_INT16_INT16 = Struct(">hh")
 
 PRODUCE = 0
 MAX_VERSION = ProduceRequest.max_version
@@ -57,7 +68,7 @@ class ProducePartitions:
     ProtocolError, after which the reader must not be fed again.
     """
 
-    __slots__ = ("partitions", "done", "_walk", "_req", "_want", "_pos", "_end",
+    __slots__ = ("partitions", "done", "api_version", "_walk", "_req", "_want", "_pos", "_end",
                  "_size", "_varint", "_shift", "_buf")
 
     def __init__(self, api_version):
@@ -66,8 +77,9 @@ class ProducePartitions:
                                 % (api_version, MAX_VERSION))
         self.partitions = []
         self.done = False
-        self._walk = _walk_produce(api_version, self.partitions)
-        self._req = next(self._walk)  # what the walker waits for
+        self.api_version = api_version
+        self._walk = None  # made on the first chunk that is not a whole frame
+        self._req = None  # what the walker waits for
         self._want = 0  # the byte count of a _TEXT read
         self._pos = 0  # bytes of the frame fed so far
         self._end = None  # the frame's length, size prefix included, once known
@@ -89,6 +101,18 @@ class ProducePartitions:
         if self.done:
             raise ValueError("the frame is already complete")
         base = self._pos  # frame offset of chunk[0]
+        if not base and n >= 4 and INT32.unpack_from(chunk, 0)[0] + 4 == n:
+            # the whole frame in one chunk (the common case): read it straight
+            partitions = _whole(chunk, self.api_version)
+            if partitions is not None:
+                self.partitions.extend(partitions)
+                self._pos = n
+                self.done = True
+                out.append(chunk)
+                return
+        if self._walk is None:
+            self._walk = _walk_produce(self.api_version, self.partitions)
+            self._req = next(self._walk)
         end = self._end
         i = 0  # where the walk resumes in this chunk
         if end is None:  # the size prefix
@@ -226,6 +250,74 @@ def produce_partitions(frame, api_version):
     if not reader.done:
         raise ProtocolError("truncated request: the frame is shorter than its size prefix")
     return reader.partitions
+
+
+def _whole(buf, version):
+    """The partitions of a whole, well-formed frame read straight from the
+    buffer (several times faster than the walker); None when anything is
+    amiss, for the walker to say what."""
+    flexible = version >= FLEXIBLE_FROM
+    try:
+        api_key, api_version = _INT16_INT16.unpack_from(buf, 4)
+        if api_key != PRODUCE or api_version != version:
+            return None
+        size = INT16.unpack_from(buf, 12)[0]
+        if size < -1:
+            return None
+        pos = 14 + (size if size > 0 else 0)
+        if flexible:
+            pos = skip_tagged_fields(buf, pos)
+        if version >= TRANSACTIONAL_ID_FROM:
+            if flexible:
+                size, pos = read_uvarint(buf, pos)
+                size -= 1
+            else:
+                size = INT16.unpack_from(buf, pos)[0]
+                pos += 2
+            if size < -1:
+                return None
+            if size > 0:
+                pos += size
+        pos += 6  # acks, timeout_ms
+        topics, pos = read_array_length(buf, pos, flexible)
+        if topics < -1:
+            return None
+        out = []
+        for _ in range(max(topics, 0)):
+            if version >= TOPIC_ID_FROM:
+                topic = uuid.UUID(bytes=bytes(buf[pos:pos + 16]))
+                pos += 16
+            else:
+                topic, pos = read_string(buf, pos, flexible)
+                if topic is None:
+                    return None
+            count, pos = read_array_length(buf, pos, flexible)
+            if count < -1:
+                return None
+            for _ in range(max(count, 0)):
+                out.append((topic, INT32.unpack_from(buf, pos)[0]))
+                pos += 4
+                if flexible:
+                    n, pos = read_uvarint(buf, pos)
+                    length = n - 1
+                else:
+                    length = INT32.unpack_from(buf, pos)[0]
+                    pos += 4
+                if length < -1:
+                    return None
+                if length > 0:
+                    pos += length
+                    if pos > len(buf):
+                        return None
+                if flexible:
+                    pos = skip_tagged_fields(buf, pos)
+            if flexible:
+                pos = skip_tagged_fields(buf, pos)
+        if flexible:
+            pos = skip_tagged_fields(buf, pos)
+    except (ProtocolError, StructError, ValueError, IndexError):
+        return None
+    return out if pos == len(buf) else None
 
 
 def _tags(skip):

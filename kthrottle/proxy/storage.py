@@ -168,7 +168,8 @@ class StorageThrottle(Filter):
             if bucket is not None and bucket.limit:
                 base = bucket.limit
         limit = base * state.factor
-        delay = to_ms(throttle_seconds(rate.measure(now), limit, rate.window_seconds(now)))
+        total, window = rate.scan(now)
+        delay = to_ms(throttle_seconds(total / window, limit, window))
         if delay <= 0:
             return None
         self.throttled += 1
