@@ -1,0 +1,496 @@
+"""Fleet-wide quotas without I/O: usage reports, each proxy's share of a
+bucket, the prior for buckets without history, and the shares documents the
+Spark job writes for the proxies."""
+import gzip
+import json
+import math
+import random
+import time
+
+import pytest
+
+from kthrottle.policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE
+from kthrottle.policy.fleet import (
+    BucketUsage,
+    ProxyShares,
+    Share,
+    UsageReport,
+    compute_shares,
+    encode_shares_document,
+    estimate_demand,
+    fleet_shares,
+    parse_shares_document,
+    parse_usage_report,
+    prior_fractions,
+    shares_document,
+)
+from kthrottle.policy.storage import COMPRESS_ABOVE
+
+Q = 1_048_576.0
+NOW = 1_795_440_000.0
+
+
+def total(shares):
+    return math.fsum(shares.values())
+
+
+# compute_shares -----------------------------------------------------------------------
+
+def test_one_proxy_gets_the_whole_quota():
+    assert compute_shares(Q, {"a": 5.0}) == {"a": Q}
+    assert compute_shares(Q, {"a": 0.0}) == {"a": Q}
+    assert compute_shares(Q, {"a": 10 * Q}) == {"a": Q}
+
+
+def test_no_proxy_no_share():
+    assert compute_shares(Q, {}) == {}
+
+
+def test_two_equal_demands_split_in_half():
+    shares = compute_shares(Q, {"a": 2 * Q, "b": 2 * Q})
+    assert shares == pytest.approx({"a": Q / 2, "b": Q / 2}, rel=1e-12)
+    assert total(shares) == pytest.approx(Q, rel=1e-12)
+
+
+def test_unequal_demands_proportional_above_the_floor():
+    # both want more than the quota: floor each, the rest 3:1
+    shares = compute_shares(1000.0, {"a": 3000.0, "b": 1000.0}, floor_fraction=0.1)
+    floor = 0.1 * 1000.0 / 2
+    assert shares["a"] == pytest.approx(floor + 900.0 * 3 / 4)
+    assert shares["b"] == pytest.approx(floor + 900.0 * 1 / 4)
+    assert total(shares) == pytest.approx(1000.0, rel=1e-12)
+    # without a floor: exactly proportional
+    shares = compute_shares(1000.0, {"a": 3000.0, "b": 1000.0}, floor_fraction=0.0)
+    assert shares == pytest.approx({"a": 750.0, "b": 250.0})
+
+
+def test_a_proxy_without_demand_gets_the_floor():
+    shares = compute_shares(1000.0, {"a": 0.0, "b": 5000.0}, floor_fraction=0.1)
+    assert shares == pytest.approx({"a": 50.0, "b": 950.0})
+    assert list(shares) == ["a", "b"]
+
+
+def test_water_filling_gives_unused_share_to_the_others():
+    # c wants 120 (100 x 1.2); proportionally it would get 50 + 900 x 100/2100
+    shares = compute_shares(1000.0, {"a": 1000.0, "b": 1000.0, "c": 100.0},
+                            floor_fraction=0.3, headroom=1.2)
+    floor = 100.0
+    assert shares["c"] == pytest.approx(120.0)  # its want, no more
+    # the rest (880) goes to a and b in proportion to demand (1:1)
+    assert shares["a"] == pytest.approx(440.0)
+    assert shares["b"] == pytest.approx(440.0)
+    assert total(shares) == pytest.approx(1000.0, rel=1e-12)
+    # a and b by demand 3:1: 680 left above their floors (700 - c's 20), split 3:1
+    shares = compute_shares(1000.0, {"a": 1500.0, "b": 500.0, "c": 100.0},
+                            floor_fraction=0.3, headroom=1.2)
+    assert shares["c"] == pytest.approx(120.0)
+    assert shares["a"] == pytest.approx(floor + 680.0 * 3 / 4)
+    assert shares["b"] == pytest.approx(floor + 680.0 * 1 / 4)
+    # a demand too large for c's proportional part to reach its want: no cap
+    shares = compute_shares(1000.0, {"a": 3000.0, "b": 1000.0, "c": 100.0},
+                            floor_fraction=0.3, headroom=1.2)
+    assert shares["c"] == pytest.approx(floor + 700.0 * 100 / 4100)
+
+
+def test_water_filling_cascades():
+    # floor 200 each, 400 to split by demand (2365 in all: 0.1691 per unit).
+    # c wants 204 (4 above its floor): capped. Its unused part raises the
+    # level to 396 / 2195 = 0.1804, which takes b past its want, 234 (34 above
+    # its floor, 0.1744 per unit): capped too; a gets all the rest.
+    demands = {"a": 2000.0, "b": 195.0, "c": 170.0}
+    shares = compute_shares(1000.0, demands, floor_fraction=0.6, headroom=1.2)
+    assert shares["c"] == pytest.approx(204.0)
+    assert shares["b"] == pytest.approx(234.0)
+    assert shares["a"] == pytest.approx(562.0)
+    assert total(shares) == pytest.approx(1000.0, rel=1e-12)
+
+
+def test_all_wants_met_still_sums_to_the_quota():
+    shares = compute_shares(1000.0, {"a": 100.0, "b": 300.0}, floor_fraction=0.1, headroom=1.2)
+    # wants: 120 and 360, 520 in all; spread 1000 in proportion to them
+    assert shares["a"] == pytest.approx(1000.0 * 120 / 480)
+    assert shares["b"] == pytest.approx(1000.0 * 360 / 480)
+    assert total(shares) == pytest.approx(1000.0, rel=1e-12)
+    # a tiny demand: the floor is the want
+    shares = compute_shares(1000.0, {"a": 1.0, "b": 100.0}, floor_fraction=0.1, headroom=1.2)
+    assert shares["a"] == pytest.approx(1000.0 * 50 / 170)
+    assert total(shares) == pytest.approx(1000.0, rel=1e-12)
+
+
+def test_all_demands_zero_split_equally():
+    shares = compute_shares(1000.0, {"c": 0.0, "a": 0.0, "b": 0})
+    assert list(shares) == ["a", "b", "c"]
+    assert shares == pytest.approx({"a": 1000 / 3, "b": 1000 / 3, "c": 1000 / 3})
+    assert total(shares) == pytest.approx(1000.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_many_proxies(seed):
+    rng = random.Random(seed)
+    demands = {"p%02d" % i: rng.choice([0.0, rng.uniform(0, 2 * Q), rng.uniform(0, Q / 20)])
+               for i in range(10)}
+    floor = 0.1 * Q / 10
+    shares = compute_shares(Q, demands)
+    assert list(shares) == sorted(demands)
+    assert total(shares) == pytest.approx(Q, rel=1e-12)
+    assert all(s >= floor * (1 - 1e-12) for s in shares.values())
+    by_demand = sorted(demands, key=lambda p: (demands[p], shares[p]))
+    for low, high in zip(by_demand, by_demand[1:]):
+        assert shares[low] <= shares[high] * (1 + 1e-12)
+    # no proxy above its want while some other is short of its own
+    wants = {p: max(floor, d * 1.2) for p, d in demands.items()}
+    if sum(wants.values()) > Q:
+        assert all(shares[p] <= wants[p] * (1 + 1e-9) for p in demands)
+
+
+def test_deterministic_whatever_the_order():
+    demands = {"b": 10.0, "a": 30.0, "c": 5.0}
+    again = dict(reversed(list(demands.items())))
+    assert compute_shares(Q, demands) == compute_shares(Q, again)
+
+
+@pytest.mark.parametrize("args,message", [
+    ((0.0, {"a": 1.0}), "quota must be"),
+    ((-5.0, {"a": 1.0}), "quota must be"),
+    ((float("inf"), {"a": 1.0}), "quota must be"),
+    ((Q, {"a": -1.0, "b": 1.0}), "demand of a"),
+    ((Q, {"a": float("nan"), "b": 1.0}), "demand of a"),
+    ((Q, {"a": "1", "b": 1.0}), "demand of a"),
+    ((Q, {"a": 1.0}, 1.0), "floor_fraction"),
+    ((Q, {"a": 1.0}, -0.1), "floor_fraction"),
+    ((Q, {"a": 1.0}, 0.1, 0.0), "headroom"),
+])
+def test_compute_shares_rejects(args, message):
+    with pytest.raises(ValueError, match=message):
+        compute_shares(*args)
+
+
+# estimate_demand ------------------------------------------------------------------------
+
+def test_estimate_demand():
+    assert estimate_demand(1000.0, 0, 5.0) == 1000.0
+    assert estimate_demand(1000.0, 2500, 5.0) == pytest.approx(2000.0)  # half throttled
+    assert estimate_demand(1000.0, 4500, 5.0) == pytest.approx(10_000.0)  # the cap
+    # delays of several connections summing past the interval: still the cap
+    assert estimate_demand(1000.0, 60_000, 5.0) == pytest.approx(10_000.0)
+    assert estimate_demand(0.0, 5000, 5.0) == 0.0
+    assert estimate_demand(0, 0, 1) == 0.0
+    for args in ((1.0, 0, 0.0), (1.0, 0, -1.0), (-1.0, 0, 5.0), (1.0, -1, 5.0),
+                 (float("nan"), 0, 5.0)):
+        with pytest.raises(ValueError):
+            estimate_demand(*args)
+
+
+# prior_fractions --------------------------------------------------------------------------
+
+LEADERS = {("t", 0): 1, ("t", 1): 1, ("t", 2): 2, ("t", 3): 3}
+
+
+def test_prior_follows_the_leaders_a_proxy_fronts():
+    prior = prior_fractions({"a": {1}, "b": {2, 3}}, LEADERS)
+    assert prior == pytest.approx({"a": 0.5, "b": 0.5})
+    prior = prior_fractions({"a": {1}, "b": {2}, "c": {3}}, LEADERS)
+    assert prior == pytest.approx({"a": 0.5, "b": 0.25, "c": 0.25})
+    # a partition whose leader two proxies front counts for both
+    prior = prior_fractions({"a": {1, 2}, "b": {2, 3}}, LEADERS)
+    assert prior == pytest.approx({"a": 0.6, "b": 0.4})
+    assert math.fsum(prior.values()) == pytest.approx(1.0)
+
+
+def test_prior_equal_when_every_proxy_fronts_everything_or_nothing_is_known():
+    everything = {1, 2, 3}
+    assert prior_fractions({"a": everything, "b": everything, "c": everything}, LEADERS) \
+        == pytest.approx({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})
+    assert prior_fractions({"a": {1}, "b": {2}}, None) == {"a": 0.5, "b": 0.5}
+    assert prior_fractions({"a": {1}, "b": {2}}, {}) == {"a": 0.5, "b": 0.5}
+    assert prior_fractions({"a": set(), "b": ()}, LEADERS) == {"a": 0.5, "b": 0.5}
+    assert prior_fractions({"a": {7}, "b": {8}}, LEADERS) == {"a": 0.5, "b": 0.5}
+    assert prior_fractions({}, LEADERS) == {}
+
+
+def test_prior_floor_keeps_a_proxy_fronting_no_leader_above_zero():
+    assert prior_fractions({"a": {1, 2, 3}, "b": {9}}, LEADERS) == {"a": 1.0, "b": 0.0}
+    prior = prior_fractions({"a": {1, 2, 3}, "b": {9}}, LEADERS, floor_fraction=0.1)
+    assert prior == pytest.approx({"a": 0.95, "b": 0.05})
+
+
+# fleet_shares -------------------------------------------------------------------------------
+
+def bucket(key=PRODUCER_BYTE_RATE, user="", client="app-1", quota=Q, rate=0.0, demand=0.0):
+    entity = "clients/%s" % client if not user else "users/%s" % user
+    return BucketUsage(key, user, client, entity, quota, rate, demand)
+
+
+def report(proxy, buckets, at=NOW - 2, brokers=(111,), interval=5.0):
+    return UsageReport(proxy, at, interval, tuple(brokers), tuple(buckets))
+
+
+def test_fleet_shares_split_shared_buckets():
+    reports = {
+        "proxy-b": report("proxy-b", [bucket(demand=Q), bucket(REQUEST_RATE, quota=100.0,
+                                                               demand=50.0)]),
+        "proxy-a": report("proxy-a", [bucket(demand=Q), bucket(CONSUMER_BYTE_RATE, user="bob",
+                                                               client="c", quota=500.0)]),
+    }
+    out = fleet_shares(reports, NOW, 30.0)
+    assert list(out) == ["proxy-a", "proxy-b"]
+    a, b = out["proxy-a"], out["proxy-b"]
+    assert isinstance(a, ProxyShares)
+    assert a.proxy == "proxy-a" and a.proxies == ("proxy-a", "proxy-b") == b.proxies
+    assert a.prior == b.prior == 0.5
+    # the shared bucket halves; a bucket one proxy reports is wholly its own
+    assert a.shares == [(CONSUMER_BYTE_RATE, "bob", "c", 500.0, 500.0),
+                        (PRODUCER_BYTE_RATE, "", "app-1", pytest.approx(Q / 2), Q)]
+    assert b.shares == [(PRODUCER_BYTE_RATE, "", "app-1", pytest.approx(Q / 2), Q),
+                        (REQUEST_RATE, "", "app-1", 100.0, 100.0)]
+    assert a.shares[1][3] + b.shares[0][3] == pytest.approx(Q, rel=1e-12)
+
+
+def test_fleet_shares_ignore_stale_reports():
+    reports = {"a": report("a", [bucket(demand=10.0)]),
+               "b": report("b", [bucket(demand=1000.0)], at=NOW - 31),
+               "c": report("c", [bucket(demand=10.0)], at=NOW - 30)}  # just fresh
+    out = fleet_shares(reports, NOW, 30.0)
+    assert list(out) == ["a", "c"]
+    assert out["a"].proxies == ("a", "c")
+    assert out["a"].shares[0][3] == pytest.approx(Q / 2)
+    assert fleet_shares(reports, NOW + 100, 30.0) == {}
+    only_b = fleet_shares({"b": reports["b"]}, NOW, 60.0)
+    assert only_b["b"].shares == [(PRODUCER_BYTE_RATE, "", "app-1", Q, Q)]
+    assert only_b["b"].prior == 1.0
+
+
+def test_fleet_shares_latest_quota_wins():
+    reports = {"a": report("a", [bucket(quota=1000.0, demand=1.0)], at=NOW - 1),
+               "b": report("b", [bucket(quota=2000.0, demand=1.0)], at=NOW - 5)}
+    out = fleet_shares(reports, NOW, 30.0)
+    assert [s[4] for s in out["a"].shares + out["b"].shares] == [1000.0, 1000.0]
+    assert out["a"].shares[0][3] + out["b"].shares[0][3] == pytest.approx(1000.0)
+    # the latest wins whatever the order of the proxies; a tie: the greatest id
+    reports = {"a": report("a", [bucket(quota=1000.0)], at=NOW - 5),
+               "b": report("b", [bucket(quota=1000.0)], at=NOW - 1),
+               "c": report("c", [bucket(quota=3000.0)], at=NOW - 3)}
+    out = fleet_shares(reports, NOW, 30.0)
+    assert {s.shares[0][4] for s in out.values()} == {1000.0}
+    reports["d"] = report("d", [bucket(quota=4000.0)], at=NOW - 1)
+    out = fleet_shares(reports, NOW, 30.0)
+    assert {s.shares[0][4] for s in out.values()} == {4000.0}
+
+
+def test_fleet_shares_prior_from_leaders():
+    reports = {"a": report("a", [], brokers=(1,)), "b": report("b", [], brokers=(2, 3)),
+               "c": report("c", [], brokers=(9,))}
+    out = fleet_shares(reports, NOW, 30.0, floor_fraction=0.0, leaders=LEADERS)
+    assert {p: s.prior for p, s in out.items()} == pytest.approx({"a": 0.5, "b": 0.5, "c": 0.0})
+    out = fleet_shares(reports, NOW, 30.0, floor_fraction=0.3, leaders=LEADERS)
+    assert {p: s.prior for p, s in out.items()} == pytest.approx(
+        {"a": 0.1 + 0.35, "b": 0.1 + 0.35, "c": 0.1})
+    assert all(s.shares == [] for s in out.values())
+
+
+def test_fleet_shares_rejects_bad_reports():
+    reports = {"a": report("a", [bucket(quota=0.0)]), "b": report("b", [bucket(quota=0.0)])}
+    with pytest.raises(ValueError, match="quota of bucket producer_byte_rate//app-1"):
+        fleet_shares(reports, NOW, 30.0)
+    reports = {"a": report("a", [bucket(demand=-1.0)]), "b": report("b", [bucket()])}
+    with pytest.raises(ValueError, match="demand of bucket .* on a"):
+        fleet_shares(reports, NOW, 30.0)
+    with pytest.raises(ValueError, match="floor_fraction"):
+        fleet_shares({}, NOW, 30.0, floor_fraction=1.5)
+
+
+# the usage report -----------------------------------------------------------------------------
+
+SPEC_REPORT = {
+    "ProxyId": "proxy-a", "ReportedAt": "2026-11-23T14:00:00.000Z", "IntervalSeconds": 5.0,
+    "FrontedBrokers": [111],
+    "Buckets": [{"Key": "producer_byte_rate", "User": "", "ClientId": "app-1",
+                 "Entity": "clients/app-1", "Quota": 1048576.0, "Rate": 523000.0,
+                 "Demand": 1046000.0}],
+}
+
+
+def test_usage_report_as_the_spec_writes_it():
+    r = parse_usage_report(json.dumps(SPEC_REPORT).encode())
+    assert r == UsageReport("proxy-a", 1795442400.0, 5.0, (111,), (
+        BucketUsage(PRODUCER_BYTE_RATE, "", "app-1", "clients/app-1", Q, 523000.0, 1046000.0),))
+    assert r.buckets[0].sharing_key == (PRODUCER_BYTE_RATE, "", "app-1")
+    assert json.loads(r.to_json()) == SPEC_REPORT
+    assert r.to_json() == json.dumps(SPEC_REPORT, separators=(",", ":"))
+    assert parse_usage_report(r.to_json()) == r
+    assert parse_usage_report(SPEC_REPORT) == r
+
+
+def test_usage_report_round_trip():
+    r = report("p-1", [bucket(rate=1.5, demand=3.0),
+                       bucket(REQUEST_RATE, user="alice", client="x y", quota=10, rate=2)],
+               at=NOW + 0.125, brokers=(1, 2, 3), interval=2.5)
+    back = parse_usage_report(r.to_json().encode("utf-8"))
+    assert back == r
+    assert isinstance(back.buckets[1].quota, float)
+    empty = report("p-2", [], brokers=())
+    assert parse_usage_report(empty.to_json()) == empty
+
+
+def spec_report(**changes):
+    """SPEC_REPORT with top-level ``changes`` and ``bucket`` changes to its
+    bucket; a value of None removes the field."""
+    data = json.loads(json.dumps(SPEC_REPORT))
+    for k, v in changes.pop("bucket", {}).items():
+        data["Buckets"][0][k] = v
+        if v is None:
+            del data["Buckets"][0][k]
+    for k, v in changes.items():
+        data[k] = v
+        if v is None:
+            del data[k]
+    return data
+
+
+@pytest.mark.parametrize("data,message", [
+    ([], "a usage report is a JSON object"),
+    (spec_report(ProxyId=""), "ProxyId"),
+    (spec_report(ProxyId=None), "ProxyId"),
+    (spec_report(ReportedAt="yesterday"), "ReportedAt is not an ISO 8601"),
+    (spec_report(ReportedAt="2026-11-23T14:00:00"), "ReportedAt has no time zone"),
+    (spec_report(IntervalSeconds=0), "IntervalSeconds must be"),
+    (spec_report(IntervalSeconds="5"), "IntervalSeconds must be"),
+    (spec_report(FrontedBrokers=["111"]), "FrontedBrokers"),
+    (spec_report(FrontedBrokers=None), "FrontedBrokers"),
+    (spec_report(Buckets={}), "Buckets must be a list"),
+    (spec_report(Buckets=[1]), r"Buckets\[0\] must be an object"),
+    (spec_report(bucket={"Key": "fetch_byte_rate"}), r"Buckets\[0\].Key must be one of"),
+    (spec_report(bucket={"User": None}), r"Buckets\[0\].User must be a string"),
+    (spec_report(bucket={"ClientId": 7}), r"Buckets\[0\].ClientId must be a string"),
+    (spec_report(bucket={"Quota": 0}), r"Buckets\[0\].Quota must be a finite number > 0"),
+    (spec_report(bucket={"Quota": None}), r"Buckets\[0\].Quota"),
+    (spec_report(bucket={"Rate": -1}), r"Buckets\[0\].Rate must be a finite number >= 0"),
+    (spec_report(bucket={"Demand": float("nan")}), r"Buckets\[0\].Demand"),
+    (spec_report(bucket={"Demand": True}), r"Buckets\[0\].Demand"),
+    (spec_report(Buckets=SPEC_REPORT["Buckets"] * 2), "listed twice"),
+])
+def test_usage_report_rejections(data, message):
+    with pytest.raises(ValueError, match=message):
+        parse_usage_report(data)
+
+
+def test_usage_report_rejects_bad_bytes():
+    with pytest.raises(ValueError):
+        parse_usage_report(b"\xff\xfe")
+    with pytest.raises(ValueError):
+        parse_usage_report(b"{not json")
+
+
+def test_usage_report_entity_is_optional():
+    r = parse_usage_report(spec_report(bucket={"Entity": None}))
+    assert r.buckets[0].entity == ""
+
+
+# the shares document -------------------------------------------------------------------------
+
+def two_proxy_shares():
+    reports = {"proxy-a": report("proxy-a", [bucket(demand=Q), bucket(REQUEST_RATE, quota=50.0)]),
+               "proxy-b": report("proxy-b", [bucket(demand=Q)])}
+    return fleet_shares(reports, NOW, 30.0)
+
+
+def test_shares_document_as_the_spec_writes_it():
+    doc = shares_document(two_proxy_shares()["proxy-a"], 1795440000.5, 12)
+    assert doc == {
+        "format": "kthrottle-quota-shares", "version": 1, "generated_at": 1795440000.5,
+        "cycle": 12, "proxy": "proxy-a", "proxies": ["proxy-a", "proxy-b"], "prior": 0.5,
+        "shares": [["producer_byte_rate", "", "app-1", pytest.approx(524288.0), 1048576.0],
+                   ["request_rate", "", "app-1", 50.0, 50.0]]}
+
+
+def test_shares_document_round_trip():
+    doc = shares_document(two_proxy_shares()["proxy-a"], NOW, 3)
+    data = encode_shares_document(doc)
+    assert data[:1] == b"{"
+    for form in (data, data.decode(), doc, gzip.compress(data)):
+        back = parse_shares_document(form)
+        assert back.to_json() == doc
+        assert back.proxy == "proxy-a" and back.cycle == 3 and back.generated_at == NOW
+        assert back.proxies == ("proxy-a", "proxy-b") and back.prior == 0.5
+        assert back.shares[PRODUCER_BYTE_RATE, "", "app-1"] == Share(pytest.approx(Q / 2), Q)
+    # the proxy's limits: listed share, scaled if the quota changed; else prior x quota
+    assert back.limit(PRODUCER_BYTE_RATE, "", "app-1", Q) == pytest.approx(Q / 2)
+    assert back.limit(PRODUCER_BYTE_RATE, "", "app-1", 2 * Q) == pytest.approx(Q)
+    assert back.limit(CONSUMER_BYTE_RATE, "", "app-1", 1000.0) == 500.0
+
+
+def test_large_shares_document_is_gzipped():
+    buckets = [bucket(client="app-%06d" % i, demand=float(i)) for i in range(20_000)]
+    shares = fleet_shares({"a": report("a", buckets), "b": report("b", buckets)}, NOW, 30.0)
+    doc = shares_document(shares["a"], NOW, 1)
+    data = encode_shares_document(doc)
+    assert len(json.dumps(doc)) > COMPRESS_ABOVE
+    assert data[:2] == b"\x1f\x8b"
+    assert parse_shares_document(data).to_json() == doc
+
+
+def shares_doc(**changes):
+    doc = {"format": "kthrottle-quota-shares", "version": 1, "generated_at": NOW, "cycle": 1,
+           "proxy": "a", "proxies": ["a", "b"], "prior": 0.5,
+           "shares": [["producer_byte_rate", "", "app-1", 10.0, 20.0]]}
+    doc.update(changes)
+    return doc
+
+
+@pytest.mark.parametrize("data,message", [
+    (b'{"format": "kthrottle-cluster-state", "version": 1}', "not a kthrottle-quota-shares"),
+    (b"[]", "not a kthrottle-quota-shares"),
+    (shares_doc(version=2), "version 2; this proxy reads version 1"),
+    (shares_doc(generated_at="now"), "generated_at"),
+    (shares_doc(cycle=-1), "cycle"),
+    (shares_doc(cycle=1.5), "cycle"),
+    (shares_doc(proxy=""), "proxy must be"),
+    (shares_doc(proxies="a"), "proxies must be a list"),
+    (shares_doc(proxies=["b"]), "'a' is not among proxies"),
+    (shares_doc(prior=1.5), "prior must be"),
+    (shares_doc(shares={}), "shares must be a list"),
+    (shares_doc(shares=[["producer_byte_rate", "", "app-1", 10.0]]), "a share entry is"),
+    (shares_doc(shares=[["fetch", "", "app-1", 10.0, 20.0]]), "a share entry is"),
+    (shares_doc(shares=[["request_rate", None, "app-1", 10.0, 20.0]]), "a share entry is"),
+    (shares_doc(shares=[["request_rate", "", "app-1", -1.0, 20.0]]), "must be a finite number"),
+    (shares_doc(shares=[["request_rate", "", "app-1", 1.0, 0.0]]), "quota must be"),
+    (shares_doc(shares=[["request_rate", "", "app-1", 30.0, 20.0]]), "more than its quota"),
+    (shares_doc(shares=[["request_rate", "", "x", 1.0, 2.0]] * 2), "listed twice"),
+])
+def test_shares_document_rejections(data, message):
+    with pytest.raises(ValueError, match=message):
+        parse_shares_document(data)
+
+
+def test_corrupt_gzip_shares_document():
+    with pytest.raises(ValueError, match="corrupt"):
+        parse_shares_document(gzip.compress(b"{}")[:-6])
+
+
+# how long the job's driver would take ----------------------------------------------------------
+
+def test_fleet_shares_timing(capsys):
+    """1,000 proxies, 100,000 buckets each on 1-3 proxies: printed, not asserted."""
+    rng = random.Random(7)
+    proxies = ["proxy-%04d" % i for i in range(1000)]
+    per_proxy = {p: [] for p in proxies}
+    keys = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_RATE)
+    for i in range(100_000):
+        b = bucket(keys[i % 3], "", "client-%06d" % i, quota=Q)
+        for p in rng.sample(proxies, rng.randint(1, 3)):
+            per_proxy[p].append(b._replace(demand=rng.uniform(0, Q)))
+    reports = {p: report(p, bs, brokers=(i % 20,)) for i, (p, bs) in
+               enumerate(per_proxy.items())}
+    leaders = {("t%d" % (i % 50), i): i % 20 for i in range(10_000)}
+    start = time.perf_counter()
+    out = fleet_shares(reports, NOW, 30.0, leaders=leaders)
+    elapsed = time.perf_counter() - start
+    entries = sum(len(s.shares) for s in out.values())
+    start = time.perf_counter()
+    docs = [encode_shares_document(shares_document(s, NOW, 1)) for s in out.values()]
+    encode = time.perf_counter() - start
+    with capsys.disabled():
+        print("\nfleet_shares: 1,000 proxies x 100,000 buckets (%d bucket entries): %.2f s; "
+              "1,000 documents encoded: %.2f s, %d bytes in all"
+              % (entries, elapsed, encode, sum(map(len, docs))))
+    assert len(out) == 1000 and entries == sum(len(bs) for bs in per_proxy.values())
