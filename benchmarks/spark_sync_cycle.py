@@ -88,7 +88,7 @@ def publish(bootstrap, topic, reports):
 def measure(sync, replicas_by_size, size, cycles):
     """[(total, read, compute, write, snapshot bytes)] for ``cycles`` cycles."""
     brokers, replicas = replicas_by_size[size]
-    job_module.read_metadata = lambda settings, timeout_ms: (brokers, replicas)
+    job_module.read_metadata = lambda settings, timeout_ms, leaders=None: (brokers, replicas)
     out = []
     for _ in range(cycles):
         t0 = time.perf_counter()

@@ -195,6 +195,45 @@ def test_one_cycle_writes_the_cluster_state_a_proxy_reads(broker, zookeeper, spa
 
 
 @needs_zookeeper
+def test_the_same_cycle_writes_each_fleet_proxy_its_quota_shares(broker, zookeeper, spark):
+    """Usage reports of three proxies: a and b share a client-id bucket
+    (demand 3:1), b alone has another, c's report is stale."""
+    import time as _time
+
+    from kthrottle.policy.fleet import BucketUsage, UsageReport, parse_shares_document
+
+    reports, usage = _name("vol"), _name("usage")
+    broker.create_topic(reports, partitions=1)
+    broker.create_topic(usage, partitions=2)
+    _publish(broker.bootstrap, reports, [("111", _report(100), 0)])
+    now = _time.time()
+
+    def usage_report(proxy, buckets, age=0.0):
+        return UsageReport(proxy, now - age, 5.0, (TANSU_NODE_ID,), tuple(
+            BucketUsage("producer_byte_rate", "", cid, "clients/" + cid, 1000.0, rate, demand)
+            for cid, rate, demand in buckets)).to_json()
+
+    _publish(broker.bootstrap, usage, [
+        ("a", usage_report("a", [("app", 600.0, 3000.0)]), 0),
+        ("b", usage_report("b", [("app", 400.0, 1000.0), ("solo", 10.0, 10.0)]), 1),
+        ("c", usage_report("c", [("app", 900.0, 9000.0)], age=600), 1)])
+    sync = _sync(broker, zookeeper, spark, reports, "/fleet", usage_topic=usage)
+    try:
+        snap = sync.cycle()
+    finally:
+        sync.close()
+    assert snap["quota_shares"] == {"proxies": ["a", "b"], "usage_reports": 2, "buckets": 2}
+    docs = {p: parse_shares_document(_znode(zookeeper, "/fleet",
+                                            job.DEFAULT_ZNODE + "/shares/" + p))
+            for p in ("a", "b")}
+    a = docs["a"].shares["producer_byte_rate", "", "app"]
+    b = docs["b"].shares["producer_byte_rate", "", "app"]
+    assert a.share + b.share == pytest.approx(1000.0) and a.share > 2 * b.share
+    assert docs["b"].shares["producer_byte_rate", "", "solo"].share == 1000.0  # one proxy
+    assert docs["a"].proxies == ("a", "b") and docs["a"].cycle == snap["cycle"]
+
+
+@needs_zookeeper
 def test_a_stale_report_and_a_malformed_one_make_the_broker_unknown(
         broker, zookeeper, spark, caplog):
     stale_topic, bad_topic, data = _name("stale"), _name("bad"), _name("events")

@@ -98,8 +98,18 @@ def partition_cluster(broker, zookeeper, tmp_path):
     stop_cluster(*parts)
 
 
-def wait_for_state(zk, job, state, timeout=90):
-    """Until the job's snapshot says ``state`` for the cluster, every broker known."""
+def current_cycle(zk):
+    import json
+
+    if not zk.exists("/kthrottle/cluster-state"):
+        return 0
+    return json.loads(zk.get("/kthrottle/cluster-state")[0]).get("cycle", 0)
+
+
+def wait_for_state(zk, job, state, timeout=90, since_cycle=None):
+    """Until the job's snapshot says ``state`` for the cluster, every broker
+    known; with ``since_cycle``, it must take at most three cycles from
+    then (the agent's first report, then two cycles)."""
     import json
 
     deadline = time.monotonic() + timeout
@@ -107,6 +117,8 @@ def wait_for_state(zk, job, state, timeout=90):
         if zk.exists("/kthrottle/cluster-state"):
             snap = json.loads(zk.get("/kthrottle/cluster-state")[0])
             if snap["cluster"]["state"] == state and not snap["cluster"]["unknown_brokers"]:
+                if since_cycle:
+                    assert snap["cycle"] - since_cycle <= 3, (snap["cycle"], since_cycle)
                 time.sleep(0.5)  # the proxy applies it within milliseconds
                 return snap
         time.sleep(0.2)
@@ -151,9 +163,10 @@ def test_a_filling_volume_slows_then_pauses_producers_and_clearing_it_restores_t
 
     def run(soft_factor, hard_factor, expect, name):
         """Limits as MinFreeBytes, multiples of today's free space."""
+        since = current_cycle(zk)
         a = agent(broker, tmp, log_dir, "MinFreeBytes:%d" % int(free * soft_factor),
                   "MinFreeBytes:%d" % int(free * hard_factor), name)
-        return a, wait_for_state(zk, job, expect)
+        return a, wait_for_state(zk, job, expect, since_cycle=since)
 
     # OPEN: well inside both limits
     a, _ = run(0.01, 0.005, "OPEN", "agent-open")

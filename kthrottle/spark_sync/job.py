@@ -27,6 +27,13 @@ import sys
 import time
 
 from ..config import ConfigError, parse_host_port, parse_zookeeper
+from ..policy.fleet import (
+    DEFAULT_FLOOR_FRACTION,
+    encode_shares_document,
+    fleet_shares,
+    parse_usage_report,
+    shares_document,
+)
 from ..policy.storage import OPEN, cluster_snapshot, encode_snapshot, parse_report
 log = logging.getLogger("kthrottle.spark_sync")
 
@@ -37,6 +44,7 @@ SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 DEFAULT_TOPIC = "__kthrottle_volume_usage"
+DEFAULT_USAGE_TOPIC = "__kthrottle_proxy_usage"
 DEFAULT_ZNODE = "/kthrottle/cluster-state"
 DEFAULT_MASTER = "local[2]"
 PASSWORD_ENV = "KTHROTTLE_SPARK_SASL_PASSWORD"
@@ -142,7 +150,10 @@ def add_parser(sub):
         "(OPEN, THROTTLE with a factor, PAUSE; UNKNOWN for a broker without a fresh report)\n"
         "and write it as JSON to a ZooKeeper znode, once or every --interval. Each cycle\n"
         "reads the topic with PySpark (one Spark task per Kafka partition, on the\n"
-        "executors); only the latest report of each broker reaches the driver.",
+        "executors); only the latest report of each broker reaches the driver.\n"
+        "The same cycle reads the usage reports of the fleet's proxies (--usage-topic)\n"
+        "and writes each proxy its share of every quota bucket shared between proxies, in\n"
+        "proportion to demand, to <znode>/shares/<proxy-id>.",
         epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.set_defaults(command="spark-sync")
@@ -168,6 +179,18 @@ def add_parser(sub):
     p.add_argument("--freshness", type=_duration, default=90.0, metavar="DURATION",
                    help="a broker whose latest report was taken longer ago than this is UNKNOWN "
                    "(default 90s: three reports of an agent publishing every 30 s)")
+    f = p.add_argument_group("fleet-wide quotas (proxies started with --proxy-id)")
+    f.add_argument("--usage-topic", default=DEFAULT_USAGE_TOPIC,
+                   help="the compacted topic fleet proxies publish their usage reports to, "
+                   "keyed by proxy id (default %s); without it no shares are written"
+                   % DEFAULT_USAGE_TOPIC)
+    f.add_argument("--usage-freshness", type=_duration, default=30.0, metavar="DURATION",
+                   help="a proxy whose latest usage report is older than this is not counted "
+                   "(default 30s: six reports of a proxy reporting every 5 s)")
+    f.add_argument("--share-floor", type=float, default=DEFAULT_FLOOR_FRACTION, metavar="F",
+                   help="each proxy of a shared bucket gets at least this fraction of an equal "
+                   "share, so that clients just arrived are not starved (default %g)"
+                   % DEFAULT_FLOOR_FRACTION)
     p.add_argument("--znode", type=_znode, default=DEFAULT_ZNODE, metavar="PATH",
                    help="znode the snapshot is written to, under the chroot if any "
                    "(default %s)" % DEFAULT_ZNODE)
@@ -248,8 +271,9 @@ def security_options(args):
     return out
 
 
-def read_metadata(settings, timeout_ms):
-    """(live broker ids, {(topic, partition): [replica broker ids]})."""
+def read_metadata(settings, timeout_ms, leaders=None):
+    """(live broker ids, {(topic, partition): [replica broker ids]}); with a
+    ``leaders`` dict, fills it with {(topic, partition): leader id}."""
     kafka_source = _source()
     from kafka import KafkaAdminClient
 
@@ -262,6 +286,8 @@ def read_metadata(settings, timeout_ms):
         for topic in admin.describe_topics():
             for p in topic.get("partitions") or ():
                 replicas[topic["name"], p["partition_index"]] = list(p.get("replica_nodes") or ())
+                if leaders is not None and p.get("leader_id", -1) >= 0:
+                    leaders[topic["name"], p["partition_index"]] = p["leader_id"]
         return brokers, replicas
     finally:
         admin.close()
@@ -359,27 +385,29 @@ class ZnodeWriter:
         elif not self.zk.connected:
             raise CycleError("ZooKeeper %s is not connected (kazoo keeps trying)" % self.hosts)
 
-    def write(self, data):
-        """Set the znode to ``data`` (create it, and its parents, if missing)."""
+    def write(self, data, znode=None):
+        """Set the znode (the snapshot's unless ``znode`` is given) to
+        ``data`` (create it, and its parents, if missing)."""
         from kazoo.exceptions import NodeExistsError, NoNodeError
         from kazoo.exceptions import KazooException
 
+        znode = znode or self.znode
         if len(data) > ZNODE_MAX_BYTES:
-            raise CycleError("the snapshot is %d bytes, past what one znode holds (%d)"
-                             % (len(data), ZNODE_MAX_BYTES))
+            raise CycleError("%s would be %d bytes, past what one znode holds (%d)"
+                             % (znode, len(data), ZNODE_MAX_BYTES))
         self.ensure_connected()
         zk = self.zk
         try:
             try:
-                zk.set_async(self.znode, data).get(timeout=self.timeout)
+                zk.set_async(znode, data).get(timeout=self.timeout)
             except NoNodeError:
                 try:
-                    zk.create_async(self.znode, data, makepath=True).get(timeout=self.timeout)
+                    zk.create_async(znode, data, makepath=True).get(timeout=self.timeout)
                 except NodeExistsError:  # created meanwhile by another writer
-                    zk.set_async(self.znode, data).get(timeout=self.timeout)
+                    zk.set_async(znode, data).get(timeout=self.timeout)
         except (KazooException, zk.handler.timeout_exception) as exc:
             raise CycleError("writing %s on ZooKeeper %s failed: %s" % (
-                self.znode, self.hosts, type(exc).__name__ + (": %s" % exc if str(exc) else "")
+                znode, self.hosts, type(exc).__name__ + (": %s" % exc if str(exc) else "")
             )) from None
 
     def close(self):
@@ -452,7 +480,9 @@ class SparkSync:
 
     def __init__(self, bootstrap, zookeeper, *, topic=DEFAULT_TOPIC, freshness=90.0,
                  znode=DEFAULT_ZNODE, master=DEFAULT_MASTER, conf=(), security=None,
-                 kafka_timeout=15.0, zookeeper_timeout=10.0, spark=None):
+                 kafka_timeout=15.0, zookeeper_timeout=10.0, spark=None,
+                 usage_topic=DEFAULT_USAGE_TOPIC, usage_freshness=30.0,
+                 share_floor=DEFAULT_FLOOR_FRACTION):
         self.source = _source()
         self.settings = self.source.client_settings(dict(security or {}, bootstrap=bootstrap))
         self.topic = topic
@@ -465,6 +495,9 @@ class SparkSync:
         self._own_spark = spark is None
         self.on_session = None  # called with the session once it is made
         self.cycles = 0
+        self.usage_topic = usage_topic
+        self.usage_freshness = float(usage_freshness)
+        self.share_floor = share_floor
 
     def session(self):
         if self.spark is None:
@@ -478,8 +511,9 @@ class SparkSync:
 
     def snapshot(self, now=None):
         """Steps 1-3: the snapshot dict (and how many reports were read)."""
+        self.leaders = {}
         try:
-            brokers, replicas = read_metadata(self.settings, self.timeout_ms)
+            brokers, replicas = read_metadata(self.settings, self.timeout_ms, self.leaders)
             offsets = self.source.list_offsets(self.settings, self.topic, self.timeout_ms)
         except self.source.KafkaReadError as exc:
             raise CycleError(str(exc)) from None
@@ -503,6 +537,14 @@ class SparkSync:
             self.writer.ensure_connected()
             snap, counts = self.snapshot(now)
             snap["cycle"] = cycle
+            shares = self.fleet_shares(snap["generated_at"])
+            snap["quota_shares"] = {
+                "proxies": sorted(shares), "usage_reports": len(shares),
+                "buckets": len({s[:3] for p in shares.values() for s in p.shares})}
+            for proxy, proxy_shares in sorted(shares.items()):
+                self.writer.write(encode_shares_document(
+                    shares_document(proxy_shares, snap["generated_at"], cycle)),
+                    znode="%s/shares/%s" % (self.writer.znode, proxy))
             snap["cycle_seconds"] = round(time.monotonic() - started, 3)
             self.writer.write(encode_snapshot(snap))
         except CycleError:
@@ -523,6 +565,34 @@ class SparkSync:
              + (" ..." if len(not_open) > 5 else "")) if not_open else "",
             self.writer.znode, time.monotonic() - started)
         return snap
+
+    def fleet_shares(self, now):
+        """{proxy id: ProxyShares} from the fleet's usage reports (the same
+        data source, the latest report per proxy); {} without a usage topic
+        (no proxy is a fleet member)."""
+        try:
+            offsets = self.source.list_offsets(self.settings, self.usage_topic, self.timeout_ms)
+        except self.source.KafkaReadError:
+            return {}
+        rows, _ = latest_reports(self.session(), self.settings, self.usage_topic, offsets,
+                                 self.timeout_ms)
+        reports = {}
+        for row in rows:
+            if row["key"] is None or row["value"] is None:
+                continue
+            try:
+                report = parse_usage_report(row["value"])
+            except Exception as exc:  # a malformed report is never fatal
+                log.error("skipping the malformed usage report of proxy %r: %s: %s",
+                          row["key"], type(exc).__name__, str(exc)[:300])
+                continue
+            reports[report.proxy_id] = report
+        shares = fleet_shares(reports, now, self.usage_freshness, self.share_floor,
+                              self.leaders or None)
+        if shares:
+            log.info("quota shares for %d proxies (%s) from %d usage report(s)", len(shares),
+                     ", ".join(sorted(shares)), len(reports))
+        return shares
 
     def close(self):
         self.writer.close()
@@ -608,7 +678,8 @@ def run(args):
         job = SparkSync(",".join(args.bootstrap), args.zookeeper, topic=args.topic,
                         freshness=args.freshness, znode=args.znode, master=args.master,
                         conf=args.conf, security=security, kafka_timeout=args.kafka_timeout,
-                        zookeeper_timeout=args.zookeeper_timeout)
+                        zookeeper_timeout=args.zookeeper_timeout, usage_topic=args.usage_topic,
+                        usage_freshness=args.usage_freshness, share_floor=args.share_floor)
     except CycleError as exc:
         log.error("%s", exc)
         return 1
