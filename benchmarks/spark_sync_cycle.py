@@ -13,8 +13,13 @@ node. Each size runs a warm-up cycle and ``--cycles`` measured ones, each:
   (partition states) -> JSON -> written to a real ZooKeeper znode.
 
 Reported: median cycle seconds, split into the Spark read, the snapshot computation and the
-ZooKeeper write, and the snapshot's size. Writes ``spark_sync_cycle.md`` and a plot
-``spark_sync_cycle.png`` into ``--output-dir``.
+ZooKeeper write, and the snapshot's size.
+
+Then the fleet-wide quota part of a cycle (``--fleet-proxies`` x ``--fleet-buckets``, each bucket
+on 1 to 3 proxies): the proxies' usage reports in a topic, read with the same data source, the
+shares computed on the driver, and one shares znode per proxy written.
+
+Writes ``spark_sync_cycle.md`` and a plot ``spark_sync_cycle.png`` into ``--output-dir``.
 
 Example (about 2 minutes)::
 
@@ -85,10 +90,49 @@ def publish(bootstrap, topic, reports):
         producer.close()
 
 
+def synthetic_usage(proxies, buckets, seed=2):
+    from kthrottle.policy.fleet import BucketUsage, UsageReport
+
+    rng = random.Random(seed)
+    ids = ["proxy-%04d" % i for i in range(proxies)]
+    per_proxy = {p: [] for p in ids}
+    for n in range(buckets):
+        quota = float(rng.choice((1e5, 1e6, 1e7)))
+        for p in rng.sample(ids, rng.randint(1, 3)):
+            rate = rng.uniform(0, quota)
+            per_proxy[p].append(BucketUsage("producer_byte_rate", "", "client-%d" % n,
+                                            "clients/client-%d" % n, quota, rate,
+                                            rate * rng.uniform(1, 3)))
+    now = time.time()
+    return {p: UsageReport(p, now, 5.0, (1,), tuple(b)) for p, b in per_proxy.items()}
+
+
+def measure_fleet(sync, cycles):
+    """[(total, read + shares, znode writes, proxies, bucket entries, bytes)]."""
+    from kthrottle.policy.fleet import encode_shares_document, shares_document
+
+    out = []
+    for _ in range(cycles):
+        t0 = time.perf_counter()
+        shares = sync.fleet_shares(time.time())
+        t1 = time.perf_counter()
+        written = 0
+        sync.writer.ensure_connected()
+        for proxy, proxy_shares in shares.items():
+            data = encode_shares_document(shares_document(proxy_shares, time.time(), 1))
+            sync.writer.write(data, znode="%s/shares/%s" % (sync.writer.znode, proxy))
+            written += len(data)
+        t2 = time.perf_counter()
+        entries = sum(len(p.shares) for p in shares.values())
+        out.append((t2 - t0, t1 - t0, t2 - t1, len(shares), entries, written))
+    return out
+
+
 def measure(sync, replicas_by_size, size, cycles):
     """[(total, read, compute, write, snapshot bytes)] for ``cycles`` cycles."""
     brokers, replicas = replicas_by_size[size]
     job_module.read_metadata = lambda settings, timeout_ms, leaders=None: (brokers, replicas)
+    sync.leaders = {}
     out = []
     for _ in range(cycles):
         t0 = time.perf_counter()
@@ -114,6 +158,8 @@ def main():
     p.add_argument("--sizes", default="10,100,1000", help="broker counts")
     p.add_argument("--cycles", type=int, default=3, help="measured cycles per size")
     p.add_argument("--master", default="local[2]")
+    p.add_argument("--fleet-proxies", type=int, default=1000)
+    p.add_argument("--fleet-buckets", type=int, default=100_000)
     p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT)
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -127,6 +173,7 @@ def main():
     broker = TansuBroker(log_path=str(work / "tansu.log"))
     sync = None
     results = {}
+    fleet = None
     try:
         zk.start()
         broker.start()
@@ -150,6 +197,27 @@ def main():
             print("  %5d brokers, %6d partitions: cycle %.2f s (read %.2f, snapshot %.2f, "
                   "write %.3f), snapshot %d kB" % (size, len(replicas), med[0], med[1], med[2],
                                                    med[3], med[4] // 1000), flush=True)
+        usage = "proxy-usage-%s" % uuid.uuid4().hex[:6]
+        broker.create_topic(usage, partitions=3)
+        fleet_reports = synthetic_usage(args.fleet_proxies, args.fleet_buckets)
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks=1, linger_ms=5,
+                                 max_request_size=8 * 1024 * 1024)
+        for proxy, report in fleet_reports.items():
+            producer.send(usage, key=proxy.encode(), value=report.to_json().encode())
+        producer.flush(120)
+        producer.close()
+        sync = job_module.SparkSync(broker.bootstrap, zk.hosts, topic=usage, spark=spark,
+                                    usage_topic=usage, usage_freshness=3600)
+        sync.leaders = {}
+        measure_fleet(sync, 1)  # warm-up
+        fleet = measure_fleet(sync, args.cycles)
+        sync.writer.close()
+        fleet_med = [statistics.median(r[i] for r in fleet) for i in range(6)]
+        print("  fleet: %d proxies, %d bucket entries: %.2f s (read + shares %.2f, znodes "
+              "%.2f s, %d kB)" % (fleet_med[3], fleet_med[4], fleet_med[0], fleet_med[1],
+                                 fleet_med[2], fleet_med[5] // 1000), flush=True)
         spark.stop()
     finally:
         broker.stop()
@@ -166,6 +234,14 @@ def main():
         med = [statistics.median(r[i] for r in runs) for i in range(5)]
         lines.append("| %d | %d | %d | %.2f | %.2f | %.2f | %.3f | %d |" % (
             size, size * 10, partitions, med[0], med[1], med[2], med[3], med[4] // 1000))
+    if fleet:
+        lines += ["", "Fleet-wide quota shares in the same cycle: %d proxies' usage reports, %d "
+                  "buckets, each on 1 to 3 proxies (%d proxy-bucket entries): %.1f s (reading "
+                  "the reports with Spark and computing the shares: %.1f s; writing %d shares "
+                  "znodes, %d kB in all: %.1f s); median of %d cycles."
+                  % (args.fleet_proxies, args.fleet_buckets, fleet_med[4], fleet_med[0],
+                     fleet_med[1], fleet_med[3], fleet_med[5] // 1000, fleet_med[2],
+                     args.cycles)]
     text = "\n".join(lines) + "\n"
     print(text)
     args.output_dir.mkdir(parents=True, exist_ok=True)
