@@ -160,6 +160,32 @@ def _add_proxy_flags(p, bootstrap_required_text):
     s.add_argument("--cluster-state-znode", metavar="PATH",
                    help="where the cluster state is (default /kthrottle/cluster-state, under "
                    "the --zookeeper chroot)")
+    f = p.add_argument_group(
+        "fleet-wide quotas (several proxies in front of one cluster share each quota; "
+        "kthrottle spark-sync computes the shares)")
+    f.add_argument(
+        "--proxy-id", metavar="ID",
+        help="make this proxy a member of a fleet: each quota set in --zookeeper (needed) "
+        "holds for the whole fleet, this proxy applying its share of it. It publishes its "
+        "usage (per quota bucket: quota, rate, demand) every --usage-interval, keyed by ID, and "
+        "applies the shares the Spark job writes to <cluster-state-znode>/shares/ID live; a "
+        "bucket without a share yet gets the document's prior fraction of its quota. "
+        "[A-Za-z0-9._-], unique in the fleet. Without it the configured quotas apply as they are",
+    )
+    f.add_argument("--usage-interval", type=int, metavar="MS",
+                   help="how often the usage report is published (default 5000)")
+    f.add_argument("--usage-topic", metavar="NAME",
+                   help="compacted topic of the usage reports (default __kthrottle_proxy_usage; "
+                   "created if missing, with the upstream security settings below)")
+    f.add_argument("--share-max-age-ms", type=int, metavar="MS",
+                   help="shares older than this (or none yet) are unknown and the fail-safe "
+                   "applies (default 60000)")
+    f.add_argument(
+        "--share-fail-safe", choices=("last", "equal", "whole"),
+        help="what applies while the shares are unknown: last (default) keeps the last "
+        "shares (the configured quotas if there were none); equal gives each bucket its "
+        "quota / the number of proxies last seen; whole the configured quota",
+    )
     u = p.add_argument_group("towards the brokers")
     u.add_argument(
         "--upstream-security-protocol", metavar="P",
@@ -262,6 +288,11 @@ def _flag_values(args):
         "storage_pause_max_ms": args.storage_pause_max_ms,
         "storage_excluded_principals": args.storage_excluded_principals,
         "cluster_state_znode": args.cluster_state_znode,
+        "proxy_id": args.proxy_id,
+        "usage_interval_ms": args.usage_interval,
+        "usage_topic": args.usage_topic,
+        "share_max_age_ms": args.share_max_age_ms,
+        "share_fail_safe": args.share_fail_safe,
     }
 
 
@@ -346,9 +377,27 @@ async def serve(config, on_ready=None):
             if credentials is not None:
                 await credentials.stop()
             raise SystemExit("kthrottle: error: %s" % exc) from None
+    fleet = None
+    if config.fleet_enabled:
+        from .proxy.fleet import FleetMember
+        from .sources import QuotaStoreError
+
+        fleet = FleetMember(config, manager)
+        try:  # the shares are in force before the first client is accepted
+            await fleet.start()
+        except QuotaStoreError as exc:
+            if cluster_state is not None:
+                await cluster_state.stop()
+            if source is not None:
+                await source.stop()
+            if credentials is not None:
+                await credentials.stop()
+            raise SystemExit("kthrottle: error: %s" % exc) from None
     try:
         server = ProxyServer(config, manager, authenticator, storage)
     except ValueError as exc:  # the TLS files
+        if fleet is not None:
+            await fleet.stop()
         if cluster_state is not None:
             await cluster_state.stop()
         if credentials is not None:
@@ -361,10 +410,12 @@ async def serve(config, on_ready=None):
         await server.start()
         if config.admin_listen:
             admin = AdminServer(server, *config.admin_listen, source=source,
-                                cluster_state=cluster_state)
+                                cluster_state=cluster_state, fleet=fleet)
             await admin.start()
     except OSError as exc:
         await server.close()
+        if fleet is not None:
+            await fleet.stop()
         if source is not None:
             await source.stop()
         if credentials is not None:
@@ -376,21 +427,28 @@ async def serve(config, on_ready=None):
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if fleet is not None:
+        fleet.start_reports(server)
     if on_ready is not None:
         on_ready(server)
     try:
         ticks = 0
+        every_second = storage is not None or fleet is not None
         while not stop.is_set():
-            try:  # once a second: the cluster state ages
-                await asyncio.wait_for(stop.wait(), 1 if storage is not None else 60)
+            try:  # once a second: the cluster state and the quota shares age
+                await asyncio.wait_for(stop.wait(), 1 if every_second else 60)
             except asyncio.TimeoutError:
                 ticks += 1
                 if storage is not None:
                     storage.refresh(time.time(), loop.time())
-                if manager is not None and (storage is None or ticks % 60 == 0):
+                if fleet is not None:
+                    fleet.tick()
+                if manager is not None and (not every_second or ticks % 60 == 0):
                     manager.expire(loop.time())
     finally:
         logging.getLogger("kthrottle").info("shutting down")
+        if fleet is not None:
+            await fleet.stop()
         if cluster_state is not None:
             await cluster_state.stop()
         if source is not None:

@@ -1,4 +1,5 @@
 """Configuration of ``kthrottle proxy``: command-line flags over a TOML file."""
+import re
 import tomllib
 from dataclasses import dataclass, field
 
@@ -8,6 +9,10 @@ DEFAULT_LISTEN = "127.0.0.1:9092"
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 UPSTREAM_PASSWORD_ENV = "KTHROTTLE_UPSTREAM_SASL_PASSWORD"
+DEFAULT_USAGE_TOPIC = "__kthrottle_proxy_usage"
+SHARE_FAIL_SAFES = ("last", "equal", "whole")
+_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_PROXY_ID = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
 
 
 class ConfigError(Exception):
@@ -80,6 +85,14 @@ class ProxyConfig:
     storage_pause_max_ms: int = 10_000
     storage_excluded_principals: list = field(default_factory=list)
     cluster_state_znode: str = "/kthrottle/cluster-state"
+    # fleet-wide quotas: with a proxy id this proxy publishes its usage and
+    # applies its share of each quota (the shares the Spark job writes to
+    # <cluster-state-znode>/shares/<proxy-id> in --zookeeper)
+    proxy_id: str | None = None
+    usage_interval_ms: int = 5000
+    usage_topic: str = DEFAULT_USAGE_TOPIC
+    share_max_age_ms: int = 60_000
+    share_fail_safe: str = "last"
     # towards the brokers
     # default: PLAINTEXT, or in passthrough mode the client side's protocol
     upstream_security_protocol: str | None = None
@@ -114,6 +127,11 @@ class ProxyConfig:
     def storage_enabled(self):
         """The cluster state is followed when ZooKeeper is given."""
         return bool(self.zookeeper) and self.storage_scope != "off"
+
+    @property
+    def fleet_enabled(self):
+        """A fleet member: publishes its usage, applies its quota shares."""
+        return bool(self.proxy_id)
 
     @property
     def tls_enabled(self):
@@ -244,8 +262,38 @@ class ProxyConfig:
                               % self.cluster_state_znode)
         if self.failed_authentication_delay_ms < 0:
             raise ConfigError("failed-authentication-delay-ms must not be negative")
+        self._validate_fleet(passthrough)
         self.quota_settings()
         return self
+
+
+    def _validate_fleet(self, passthrough):
+        if self.proxy_id is None:
+            return
+        if not _PROXY_ID.match(self.proxy_id) or self.proxy_id in (".", ".."):
+            raise ConfigError("proxy-id must be 1-255 characters of [A-Za-z0-9._-] (it names a "
+                              "znode and keys a Kafka record), got %r" % self.proxy_id)
+        if not self.zookeeper:
+            raise ConfigError("proxy-id %s makes this proxy a member of a fleet sharing its quotas: "
+                              "give --zookeeper HOST:PORT[/chroot] too (the quotas and the shares "
+                              "the Spark job computes are kept there)" % self.proxy_id)
+        if passthrough:
+            raise ConfigError("proxy-id: a fleet member publishes its usage reports to the cluster "
+                              "as itself, and in sasl-mode passthrough the proxy has no SASL "
+                              "identity of its own; use sasl-mode terminate with "
+                              "--upstream-sasl-username")
+        if self.usage_interval_ms <= 0:
+            raise ConfigError("usage-interval must be a positive number of ms, got %r"
+                              % self.usage_interval_ms)
+        if not _TOPIC_NAME.match(self.usage_topic) or self.usage_topic in (".", ".."):
+            raise ConfigError("usage-topic must be a Kafka topic name ([A-Za-z0-9._-], up to 249 "
+                              "characters), got %r" % self.usage_topic)
+        if self.share_max_age_ms <= 0:
+            raise ConfigError("share-max-age-ms must be a positive number of ms, got %r"
+                              % self.share_max_age_ms)
+        if self.share_fail_safe not in SHARE_FAIL_SAFES:
+            raise ConfigError("share-fail-safe must be one of %s, got %r"
+                              % (", ".join(SHARE_FAIL_SAFES), self.share_fail_safe))
 
 
 # TOML keys are the long flag names; each maps to (attribute, parser).
@@ -288,6 +336,11 @@ _KEYS = {
     "storage-pause-max-ms": "storage_pause_max_ms",
     "storage-excluded-principals": "storage_excluded_principals",
     "cluster-state-znode": "cluster_state_znode",
+    "proxy-id": "proxy_id",
+    "usage-interval": "usage_interval_ms",
+    "usage-topic": "usage_topic",
+    "share-max-age-ms": "share_max_age_ms",
+    "share-fail-safe": "share_fail_safe",
 }
 
 
@@ -317,13 +370,15 @@ def _convert(key, value):
                "ssl-principal-mapping-rules", "upstream-security-protocol", "upstream-ssl-ca",
                "upstream-ssl-cert", "upstream-ssl-key", "upstream-sasl-mechanism",
                "upstream-sasl-username", "upstream-sasl-password-file", "storage-scope",
-               "storage-fail-safe", "cluster-state-znode"):
+               "storage-fail-safe", "cluster-state-znode", "proxy-id", "usage-topic",
+               "share-fail-safe"):
         if not isinstance(value, str) or not value:
             raise ConfigError("%s must be a non-empty string" % key)
         return value
     if key in ("node-port-base", "max-frame-size", "quota-window-num", "max-throttle-ms",
                "upstream-connect-timeout-ms", "failed-authentication-delay-ms",
-               "storage-max-age-ms", "storage-pause-max-ms"):
+               "storage-max-age-ms", "storage-pause-max-ms", "usage-interval",
+               "share-max-age-ms"):
         if not isinstance(value, int) or isinstance(value, bool):
             raise ConfigError("%s must be an integer, got %r" % (key, value))
         return value

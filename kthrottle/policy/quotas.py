@@ -153,12 +153,18 @@ class QuotaSettings:
 
 
 class Bucket:
-    """The accounting for one (quota key, user tag, client tag)."""
+    """The accounting for one (quota key, user tag, client tag).
 
-    __slots__ = ("key", "user_tag", "client_tag", "limit", "entity", "settings",
+    ``quota`` is the configured quota (the fleet-wide one, KIP-55);
+    ``limit`` is the one applied, what requests are measured against: the
+    quota itself, or this proxy's share of it in a fleet (``QuotaManager.
+    apply_shares``). Both change only when the configuration or the shares
+    do, never per request."""
+
+    __slots__ = ("key", "user_tag", "client_tag", "quota", "limit", "entity", "settings",
                  "rate", "tokens", "cap", "last_used", "throttle_ms_total", "throttled")
 
-    def __init__(self, key, resolution, settings):
+    def __init__(self, key, resolution, settings, limit=None):
         self.key = key
         self.user_tag = resolution.user_tag
         self.client_tag = resolution.client_tag
@@ -171,22 +177,31 @@ class Bucket:
                 (settings.samples - 1) * settings.window if settings.mode == TOKEN_BUCKET else None)
         self.rate = SampledRate(settings.samples, settings.window)
         self.tokens = None
+        self.quota = None
         self.limit = None
         self.entity = None
         self.last_used = None
         self.throttle_ms_total = 0
         self.throttled = 0
-        self.set_limit(resolution)
+        self.set_limit(resolution, limit)
 
-    def set_limit(self, resolution):
-        self.limit = resolution.limit
+    def set_limit(self, resolution, limit=None):
+        """A new configured quota (and entity); ``limit`` is the one to apply
+        (default: the quota itself)."""
+        self.quota = resolution.limit
         self.entity = resolution.entity
-        if self.settings.mode == TOKEN_BUCKET and self.limit is not None:
-            burst = self.limit * self.settings.burst_seconds
+        self.apply_limit(resolution.limit if limit is None else limit)
+
+    def apply_limit(self, limit):
+        """Apply ``limit`` live: the measured rate stays, a token bucket keeps
+        what it holds (up to the new burst allowance)."""
+        self.limit = limit
+        if self.settings.mode == TOKEN_BUCKET and limit is not None:
+            burst = limit * self.settings.burst_seconds
             if self.tokens is None:
-                self.tokens = TokenBucket(self.limit, burst)
+                self.tokens = TokenBucket(limit, burst)
             else:
-                self.tokens.set_limit(self.limit, burst)
+                self.tokens.set_limit(limit, burst)
 
     def record(self, value, now):
         """Count ``value`` and return the throttle time in ms it earns."""
@@ -307,19 +322,40 @@ class ClientQuotas:
         return fetch.max_in_window() if fetch is not None else None
 
 
+# What a bucket's applied limit follows (QuotaManager.sharing).
+CONFIGURED = "configured"  # the configured quota: not a fleet member, or fail-safe "whole"
+SHARES = "shares"  # this proxy's share; prior x quota for a bucket not listed
+EQUAL = "equal"  # quota / number of proxies (fail-safe "equal")
+
+# The least fraction of its quota a share leaves a bucket: a limit of 0 would
+# divide by zero, and a share of nothing still lets a client through slowly.
+MIN_SHARE_FRACTION = 0.001
+
+
 class QuotaManager:
     """All buckets of one proxy. Per request: a dict lookup at most, no work
-    proportional to the number of configured entities or live buckets."""
+    proportional to the number of configured entities or live buckets.
+
+    In a fleet of proxies (``apply_shares``) each bucket's applied limit is
+    this proxy's share of the configured quota; shares change limits when
+    they are applied, on the buckets themselves, so requests pay nothing."""
 
     def __init__(self, snapshot=None, settings=None):
         self.settings = settings or QuotaSettings()
         self.config = QuotaConfig(snapshot)
         self.generation = 0
         self.buckets = {}  # (key, user tag, client tag) -> Bucket
+        # fleet shares (see apply_shares)
+        self.sharing = CONFIGURED
+        self.shares = {}  # (key, user tag, client tag) -> share
+        self.share_quotas = {}  # (key, user tag, client tag) -> fleet quota the share is of
+        self.prior = 1.0
+        self.proxies = ()
 
     def update(self, snapshot):
         """A new configuration: live connections re-resolve on their next
-        request; existing buckets keep their measured rates."""
+        request; existing buckets keep their measured rates (and, in a
+        fleet, their shares, against the new quota)."""
         self.config = QuotaConfig(snapshot)
         self.generation += 1
         # a bucket whose entity is gone is dropped now (its clients resolve
@@ -338,13 +374,78 @@ class QuotaManager:
         bucket_key = (key, resolution.user_tag, resolution.client_tag)
         bucket = self.buckets.get(bucket_key)
         if bucket is None:
-            bucket = self.buckets[bucket_key] = Bucket(key, resolution, self.settings)
-        elif bucket.limit != resolution.limit or bucket.entity != resolution.entity:
-            bucket.set_limit(resolution)
+            bucket = self.buckets[bucket_key] = Bucket(
+                key, resolution, self.settings, self.applied_limit(bucket_key, resolution.limit))
+        elif bucket.quota != resolution.limit or bucket.entity != resolution.entity:
+            bucket.set_limit(resolution, self.applied_limit(bucket_key, resolution.limit))
         return bucket
 
     def client(self, user, client_id):
         return ClientQuotas(self, user, client_id)
+
+    # fleet shares ----------------------------------------------------------------
+
+    def applied_limit(self, bucket_key, quota):
+        """The limit a bucket with configured ``quota`` gets under the sharing
+        in force. A share never exceeds the quota, nor falls under
+        MIN_SHARE_FRACTION of it; a share computed against another fleet
+        quota than the one configured now (a configuration changed since
+        the shares were written) keeps its fraction of the quota."""
+        if quota is None or self.sharing == CONFIGURED:
+            return quota
+        if self.sharing == EQUAL:
+            return quota / max(1, len(self.proxies))
+        share = self.shares.get(bucket_key)
+        if share is None:
+            share = self.prior * quota
+        else:
+            of = self.share_quotas.get(bucket_key)
+            if of and of != quota:
+                share = share * quota / of
+        return min(quota, max(share, quota * MIN_SHARE_FRACTION))
+
+    def _reapply(self):
+        for bucket_key, bucket in self.buckets.items():
+            limit = self.applied_limit(bucket_key, bucket.quota)
+            if limit != bucket.limit:
+                bucket.apply_limit(limit)
+
+    def apply_shares(self, shares, prior, proxies=(), quotas=None):
+        """Apply this proxy's fleet shares live: ``shares`` is {(key, user
+        tag, client tag): share per second}; a bucket not listed (no history
+        in the fleet yet) gets ``prior`` x its quota; ``proxies`` are the
+        fleet members (kept for the ``equal`` fail-safe). ``quotas`` may say
+        {(key, user tag, client tag): the fleet quota each share was
+        computed against}. Buckets made later get their share when made."""
+        self.shares = dict(shares)
+        self.share_quotas = dict(quotas or {})
+        self.prior = float(prior)
+        self.proxies = tuple(proxies)
+        self.sharing = SHARES
+        self._reapply()
+
+    def apply_equal(self, proxies=None):
+        """Fail-safe ``equal``: every bucket gets quota / len(proxies) (the
+        proxies last seen when None); the shares are kept for later."""
+        if proxies is not None:
+            self.proxies = tuple(proxies)
+        self.sharing = EQUAL
+        self._reapply()
+
+    def apply_whole(self):
+        """Fail-safe ``whole``: every bucket gets its configured quota; the
+        shares are kept for later."""
+        self.sharing = CONFIGURED
+        self._reapply()
+
+    def clear_shares(self):
+        """Not a fleet member: back to the configured quotas, shares forgotten."""
+        self.shares = {}
+        self.share_quotas = {}
+        self.prior = 1.0
+        self.proxies = ()
+        self.sharing = CONFIGURED
+        self._reapply()
 
     def expire(self, now, idle=3600.0):
         """Drop buckets unused for ``idle`` seconds (Kafka expires quota
@@ -363,7 +464,7 @@ class QuotaManager:
 
 
 __all__ = [
-    "NO_DELAY", "QUOTA_KEYS", "Bucket", "ClientQuotas", "Decision", "QuotaConfig",
+    "CONFIGURED", "EQUAL", "NO_DELAY", "QUOTA_KEYS", "SHARES", "Bucket", "ClientQuotas", "Decision", "QuotaConfig",
     "QuotaManager", "QuotaSettings", "Resolution", "TOKEN_BUCKET", "WINDOW",
     "client_quotas_apply", "request_quota_applies",
 ]

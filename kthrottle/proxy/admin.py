@@ -24,10 +24,11 @@ _MAX_REQUEST_LINE = 8192
 class ProxyCollector:
     """Reads the proxy's state at scrape time (on the event loop thread)."""
 
-    def __init__(self, server, source=None, cluster_state=None):
+    def __init__(self, server, source=None, cluster_state=None, fleet=None):
         self.server = server
         self.source = source
         self.cluster_state = cluster_state
+        self.fleet = fleet
 
     def collect(self):
         server = self.server
@@ -57,8 +58,8 @@ class ProxyCollector:
                     continue
                 tags = [user, client]
                 rate[key].add_metric(tags, bucket.measure(now))
-                if bucket.limit is not None:
-                    quota[key].add_metric(tags + [bucket.entity or ""], bucket.limit)
+                if bucket.quota is not None:
+                    quota[key].add_metric(tags + [bucket.entity or ""], bucket.quota)
                 throttle[key].add_metric(tags, bucket.throttle_ms_total)
                 throttled[key].add_metric(tags, bucket.throttled)
         for family in (rate, quota, throttle, throttled):
@@ -78,6 +79,43 @@ class ProxyCollector:
         storage = getattr(server, "storage", None)
         if storage is not None:
             yield from _storage_metrics(storage, self.cluster_state)
+        if self.fleet is not None:
+            yield from _fleet_metrics(self.fleet, manager)
+
+
+def _fleet_metrics(fleet, manager):
+    import time
+
+    labels = ["key", "user", "client_id"]
+    quota = GaugeMetricFamily(
+        "kthrottle_fleet_quota", "Configured (fleet-wide) quota of the bucket", labels=labels)
+    share = GaugeMetricFamily(
+        "kthrottle_fleet_share", "Limit applied to the bucket on this proxy: its share of the "
+        "fleet quota (or what the fail-safe gives it)", labels=labels)
+    if manager is not None:
+        for (key, user, client), bucket in manager.buckets.items():
+            if bucket.last_used is None or bucket.quota is None:
+                continue
+            quota.add_metric([key, user, client], bucket.quota)
+            share.add_metric([key, user, client], bucket.limit)
+    yield quota
+    yield share
+    age = fleet.shares_age(time.time())
+    if age is not None:
+        yield GaugeMetricFamily("kthrottle_fleet_shares_age_seconds",
+                                "Age of the last good quota shares read from ZooKeeper",
+                                value=age)
+    yield GaugeMetricFamily(
+        "kthrottle_fleet_fail_safe", "1 while the fail-safe applies (the quota shares are "
+        "older than --share-max-age-ms, or none were read yet)",
+        value=1 if fleet.fail_safe_active else 0)
+    yield CounterMetricFamily("kthrottle_usage_reports", "Usage reports the cluster acknowledged",
+                              value=fleet.reports)
+    yield CounterMetricFamily("kthrottle_usage_report_errors",
+                              "Usage reports that could not be published", value=fleet.errors)
+    yield CounterMetricFamily("kthrottle_fleet_shares_rejected",
+                              "Quota shares documents refused (malformed, or for another proxy)",
+                              value=fleet.rejected)
 
 
 _STATE_VALUE = {"OPEN": 0, "THROTTLE": 1, "PAUSE": 2, "UNKNOWN": 3}
@@ -145,7 +183,8 @@ def quotas_report(server):
                     entry[name] = {"quota": None}
                     continue
                 entry[name] = {
-                    "quota": bucket.limit,
+                    "quota": bucket.quota,
+                    "limit": bucket.limit,  # applied: the quota, or this proxy's share of it
                     "entity": bucket.entity,
                     "shared_by": {"user": bucket.user_tag, "client_id": bucket.client_tag},
                     "rate": round(bucket.measure(now), 3),
@@ -166,12 +205,12 @@ def quotas_report(server):
 class AdminServer:
     """A small HTTP/1.0 server on the proxy's event loop."""
 
-    def __init__(self, server, host, port, source=None, cluster_state=None):
+    def __init__(self, server, host, port, source=None, cluster_state=None, fleet=None):
         self.proxy = server
         self.host = host
         self.port = port
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ProxyCollector(server, source, cluster_state))
+        self.registry.register(ProxyCollector(server, source, cluster_state, fleet))
         self._server = None
 
     @property

@@ -20,6 +20,13 @@ log = logging.getLogger("kthrottle.storage")
 DEFAULT_ZNODE = "/kthrottle/cluster-state"
 
 
+def shares_znode(proxy_id, cluster_state_znode=DEFAULT_ZNODE):
+    """Where the Spark job writes a fleet member's quota shares, and the
+    proxy started with ``--proxy-id`` reads them: ``<cluster-state znode>/
+    shares/<proxy id>`` (under the chroot), one znode per proxy."""
+    return "%s/shares/%s" % (cluster_state_znode.rstrip("/"), proxy_id)
+
+
 class ClusterStateSource:
     def __init__(self, hosts, znode=DEFAULT_ZNODE, timeout=10.0):
         self.hosts = hosts
@@ -61,10 +68,12 @@ class ClusterStateSource:
         """On kazoo's thread."""
         if self._stopped:
             return False  # ends the watch
-        if data is None:
+        if not data:
+            # deleted, or empty: a parent znode made for the quota shares
+            # below it (shares_znode) before any snapshot was written
             if self.seen:
-                log.warning("the cluster state %s was deleted; the last snapshot stays until "
-                            "it is too old", self.znode)
+                log.warning("the cluster state %s was %s; the last snapshot stays until "
+                            "it is too old", self.znode, "deleted" if data is None else "emptied")
             return None
         try:
             state = ClusterState.from_json(data)

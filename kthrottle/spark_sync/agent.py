@@ -8,7 +8,8 @@ Spark job (``kthrottle spark-sync``) reads the latest report of every broker.
 
 Pure parts (no I/O, unit-testable): ``parse_duration``, ``settings_from_args``,
 ``parse_mountinfo``, ``collect_report`` (the file system calls and the clock
-are passed in). The I/O: ``Publisher`` (kafka-python), ``AgentMetrics``
+are passed in). The I/O: ``Publisher`` (kafka-python, with the KafkaPublisher of
+``sources/kafka_publisher`` the proxy shares), ``AgentMetrics``
 (prometheus_client on a private registry) and ``run``.
 """
 import argparse
@@ -22,6 +23,13 @@ import time
 
 from ..config import ConfigError, parse_host_port
 from ..policy.storage import BrokerReport, VolumeReport, parse_limit, split_partition_dir
+from ..sources.kafka_publisher import (
+    KafkaPublisher,
+    PublishError,
+    client_config,
+    describe_connection,
+    quiet_kafka_logging,
+)
 
 log = logging.getLogger("kthrottle.volume_agent")
 
@@ -31,7 +39,6 @@ DEFAULT_TIMEOUT = 10.0
 PASSWORD_ENV = "KTHROTTLE_AGENT_SASL_PASSWORD"
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
-TOPIC_CONFIGS = {"cleanup.policy": "compact"}
 
 EXAMPLE = """\
 example (a broker with id 3 and two log dirs, through a SASL_SSL listener):
@@ -144,30 +151,15 @@ class Settings:
 
     def client_config(self):
         """kafka-python's connection and security settings (admin and producer)."""
-        timeout_ms = int(self.timeout * 1000)
-        config = {"bootstrap_servers": list(self.bootstrap_servers),
-                  "client_id": "kthrottle-volume-agent-%d" % self.broker_id,
-                  "security_protocol": self.security_protocol,
-                  "request_timeout_ms": timeout_ms,
-                  "bootstrap_timeout_ms": timeout_ms,
-                  "reconnect_backoff_max_ms": 1000}
-        if self.security_protocol in ("SSL", "SASL_SSL"):
-            config.update(ssl_cafile=self.ssl_ca, ssl_certfile=self.ssl_cert,
-                          ssl_keyfile=self.ssl_key)
-        if self.security_protocol.startswith("SASL_"):
-            config.update(sasl_mechanism=self.sasl_mechanism,
-                          sasl_plain_username=self.sasl_username,
-                          sasl_plain_password=self.sasl_password)
-        return config
+        return client_config(self.bootstrap_servers, "kthrottle-volume-agent-%d" % self.broker_id,
+                             self.security_protocol, self.ssl_ca, self.ssl_cert, self.ssl_key,
+                             self.sasl_mechanism, self.sasl_username, self.sasl_password,
+                             self.timeout)
 
     def describe(self):
         """One line for the log: where and as whom, never the password."""
-        text = "%s over %s" % (",".join(self.bootstrap_servers), self.security_protocol)
-        if self.security_protocol.startswith("SASL_"):
-            text += " as %r with %s" % (self.sasl_username, self.sasl_mechanism)
-        if self.ssl_cert:
-            text += " with client certificate %s" % self.ssl_cert
-        return text
+        return describe_connection(self.bootstrap_servers, self.security_protocol,
+                                   self.sasl_mechanism, self.sasl_username, self.ssl_cert)
 
 
 def _read_password(path):
@@ -447,161 +439,26 @@ class AgentMetrics:
         return server
 
 
-# publishing (kafka-python) -------------------------------------------------------
-
-class PublishError(Exception):
-    pass
-
-
-class _LastKafkaError(logging.Handler):
-    """Keeps the last connection error kafka-python logged: it retries a
-    refused connection or a failed authentication until its timeout, then
-    says only "Unable to bootstrap", so the agent tells why itself."""
-
-    _AFTER = re.compile(r"(?:Connection lost|failed): (.*?)(?: \(backoff [0-9.]+ secs\))?$")
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.last = None
-
-    def emit(self, record):
-        try:
-            m = self._AFTER.search(record.getMessage())
-        except Exception:
-            return
-        if m and "KafkaTimeoutError" not in m.group(1):  # the timeout itself: no news
-            # kafka-python repeats the class name: "X: X: details"
-            self.last = re.sub(r"(\w+Error): \1: ", r"\1: ", m.group(1))
-
-    def take(self):
-        last, self.last = self.last, None
-        return last
-
-
-KAFKA_ERRORS = _LastKafkaError()
-
+# publishing (kafka-python, shared with the proxy: sources/kafka_publisher.py) -------
 
 class Publisher:
-    """Sends reports with kafka-python; creates the topic (compacted) the first
-    time it reaches the cluster. After a failure the producer is dropped and
-    the next publication connects afresh. Each publication is bounded by
-    ``settings.timeout`` in all (connecting, creating the topic, the ack)."""
+    """Sends reports, keyed by the broker id, with the shared KafkaPublisher
+    (the topic created compacted on first contact, a failed publication
+    dropping the producer so that the next one connects afresh). Each
+    publication is bounded by ``settings.timeout`` in all."""
 
     def __init__(self, settings):
         self.settings = settings
-        self.producer = None
-        self.topic_ready = False
-
-    def _scrub(self, text):
-        password = self.settings.sasl_password
-        text = str(text)
-        return text.replace(password, "***") if password else text
-
-    def _error(self, what, exc):
-        name = type(exc).__name__
-        detail = self._scrub(exc) or name
-        if name not in detail:
-            detail = "%s: %s" % (name, detail)
-        cause = KAFKA_ERRORS.take()
-        if cause and cause not in detail:
-            detail += "; last connection error: %s" % self._scrub(cause)
-        return PublishError("%s (%s): %s" % (what, self.settings.describe(), detail))
-
-    def _remaining_ms(self, deadline):
-        return max(100, int((deadline - time.monotonic()) * 1000))
+        self.kafka = KafkaPublisher(settings.client_config(), settings.topic, settings.timeout,
+                                    settings.describe(), settings.sasl_password, logger=log)
 
     def publish(self, report):
         """Send ``report``; the RecordMetadata once acknowledged, else PublishError."""
-        from kafka import errors as Errors
-
-        s = self.settings
-        deadline = time.monotonic() + s.timeout
-        KAFKA_ERRORS.take()
-        try:
-            if self.producer is None:
-                self.producer = self._producer(deadline)
-            if not self.topic_ready:
-                self._ensure_topic(deadline)
-            future = self.producer.send(s.topic, key=str(s.broker_id).encode("utf-8"),
-                                        value=report.to_json().encode("utf-8"))
-            return future.get(timeout=self._remaining_ms(deadline) / 1000.0)
-        except PublishError:
-            self.reset()
-            raise
-        except Errors.KafkaTimeoutError as exc:
-            self.reset()
-            raise self._error("not published within %gs" % s.timeout, exc) from None
-        except Exception as exc:  # kafka-python raises a variety, OSError included
-            self.reset()
-            raise self._error("publication failed", exc) from None
-
-    def _producer(self, deadline):
-        from kafka import KafkaProducer
-
-        ms = self._remaining_ms(deadline)
-        config = self.settings.client_config()
-        config.update(bootstrap_timeout_ms=ms, acks="all", enable_idempotence=False,
-                      linger_ms=0, max_block_ms=int(self.settings.timeout * 1000),
-                      delivery_timeout_ms=int(self.settings.timeout * 1000),
-                      retry_backoff_ms=200)
-        return KafkaProducer(**config)
-
-    def _ensure_topic(self, deadline):
-        """Create the topic if it is missing: compacted, 1 partition, the
-        cluster's default replication factor. A cluster that refuses the
-        config gets the topic without it; one that refuses to create topics
-        at all (ACLs) is logged and the produce decides."""
-        from kafka import KafkaAdminClient
-        from kafka import errors as Errors
-
-        s = self.settings
-        config = s.client_config()
-        config["bootstrap_timeout_ms"] = self._remaining_ms(deadline)
-        admin = KafkaAdminClient(**config)
-        try:
-            if s.topic in admin.list_topics():
-                self.topic_ready = True
-                return
-            spec = {"num_partitions": 1, "replication_factor": -1}
-            timeout_ms = self._remaining_ms(deadline)
-            try:
-                admin.create_topics({s.topic: dict(spec, configs=dict(TOPIC_CONFIGS))},
-                                    timeout_ms=timeout_ms)
-                log.info("created topic %s (cleanup.policy=compact)", s.topic)
-            except Errors.TopicAlreadyExistsError:
-                pass
-            except Errors.AuthorizationError as exc:
-                log.warning("not allowed to create topic %s (%s): publishing anyway; create it "
-                            "compacted (cleanup.policy=compact)", s.topic, type(exc).__name__)
-            except Errors.KafkaTimeoutError:
-                raise
-            except Errors.KafkaError as exc:
-                log.warning("the cluster refused to create topic %s with cleanup.policy=compact "
-                            "(%s): creating it without configs; make it compacted with "
-                            "kafka-configs --alter --add-config cleanup.policy=compact",
-                            s.topic, self._scrub(exc))
-                try:
-                    admin.create_topics({s.topic: spec}, timeout_ms=timeout_ms)
-                    log.info("created topic %s (without cleanup.policy=compact)", s.topic)
-                except Errors.TopicAlreadyExistsError:
-                    pass
-            self.topic_ready = True
-        finally:
-            try:
-                admin.close()
-            except Exception:
-                pass
+        return self.kafka.publish(str(self.settings.broker_id).encode("utf-8"),
+                                  report.to_json().encode("utf-8"))
 
     def reset(self):
-        """Drop the producer (and what it still holds); the next publication
-        reconnects and checks the topic again."""
-        producer, self.producer = self.producer, None
-        self.topic_ready = False
-        if producer is not None:
-            try:
-                producer.close(timeout=0)
-            except Exception:
-                pass
+        self.kafka.reset()
 
     close = reset
 
@@ -664,13 +521,8 @@ def _configure_logging(level):
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     # kafka-python logs every refused reconnection at ERROR: the agent says
-    # once per publication what went wrong instead (with kafka-python's last
-    # connection error, which KAFKA_ERRORS keeps); DEBUG shows them all
-    kafka_log = logging.getLogger("kafka")
-    kafka_log.setLevel(logging.WARNING)
-    if KAFKA_ERRORS not in kafka_log.handlers:
-        kafka_log.addHandler(KAFKA_ERRORS)
-    kafka_log.propagate = str(level).upper() == "DEBUG"
+    # once per publication what went wrong instead; DEBUG shows them all
+    quiet_kafka_logging(debug=str(level).upper() == "DEBUG")
 
 
 def run(args):

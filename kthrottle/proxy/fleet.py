@@ -1,0 +1,462 @@
+"""The proxy as a member of a fleet sharing its quotas (``--proxy-id``).
+
+Several proxies in front of one cluster each hold their clients to a share of
+the quotas set once, in ZooKeeper, for the whole cluster. A member:
+
+- publishes a usage report (``policy.fleet.UsageReport``) every
+  ``--usage-interval``, keyed by its proxy id, to the compacted
+  ``--usage-topic``: for every quota bucket used within the interval, its
+  configured quota, its measured rate and its demand (``estimate_demand``,
+  from the throttle time its clients were given during the interval), and
+  the broker node ids the proxy forwards to. The report is built on the
+  event loop (where the buckets live) and sent by the blocking
+  ``sources.kafka_publisher.KafkaPublisher`` on a thread of its own, with
+  the proxy's upstream security settings; a publication still running when
+  the next report is due makes that report wait for the one after.
+- follows its shares, ``<cluster-state-znode>/shares/<proxy-id>`` in
+  ZooKeeper (``sources.cluster_state.shares_znode``), which ``kthrottle
+  spark-sync`` writes each cycle, with a kazoo data watch, and applies them
+  live (``QuotaManager.apply_shares``: the buckets' limits change, no
+  connection is touched). A malformed document (or one for another proxy)
+  is refused with a log line, the last good shares stay.
+- checks the shares' age every second: older than ``--share-max-age-ms``
+  (or none read yet), the fail-safe applies (``--share-fail-safe``):
+  ``last`` keeps the last shares (the configured quotas if there never were
+  any), ``equal`` gives each bucket quota / the number of proxies last seen,
+  ``whole`` the configured quota. Each change is logged and shows in
+  ``kthrottle_fleet_fail_safe``.
+
+The parts with no I/O take the time as arguments: ``UsageTracker`` (what a
+report holds) and ``SharesFollower`` (which limits apply).
+"""
+import asyncio
+import logging
+import queue
+import threading
+import time
+
+from ..policy.fleet import BucketUsage, UsageReport, estimate_demand, parse_shares_document
+
+log = logging.getLogger("kthrottle.fleet")
+
+PUBLISH_TIMEOUT = 10.0  # one publication in all: connecting, the topic, the ack
+ERROR_LOG_EVERY = 60.0  # a publisher that keeps failing is logged at most this often
+LAST, EQUAL, WHOLE = "last", "equal", "whole"
+
+
+# the usage report (pure: the buckets and the time passed in) -----------------------
+
+class UsageTracker:
+    """Builds the usage reports of one proxy from its QuotaManager's buckets.
+
+    ``report`` is called on the event loop at each interval; it lists the
+    buckets used since the previous report, the demand of each from the
+    growth of its ``throttle_ms_total`` since then."""
+
+    def __init__(self, manager, proxy_id, interval, now):
+        self.manager = manager
+        self.proxy_id = proxy_id
+        self.interval = interval  # seconds, as configured
+        self.since = now  # loop time of the previous report
+        self._throttle = {}  # sharing key -> (Bucket, throttle_ms_total at the last report)
+
+    def report(self, now, wall_now, brokers=()):
+        """The UsageReport for the interval ending at ``now`` (loop time;
+        ``wall_now`` epoch seconds for ReportedAt); ``brokers`` the node ids
+        the proxy forwards to."""
+        elapsed = now - self.since
+        if elapsed <= 0:
+            elapsed = self.interval
+        seen = self._throttle
+        totals = {}
+        buckets = []
+        for sk, bucket in self.manager.buckets.items():
+            total = bucket.throttle_ms_total
+            totals[sk] = (bucket, total)
+            used = bucket.last_used
+            if used is None or used < self.since or bucket.quota is None:
+                continue
+            before = seen.get(sk)
+            throttled = total - before[1] if before is not None and before[0] is bucket else total
+            rate = bucket.measure(now)
+            buckets.append(BucketUsage(
+                sk[0], sk[1], sk[2], bucket.entity or "", float(bucket.quota), rate,
+                estimate_demand(rate, max(0, throttled), elapsed)))
+        self._throttle = totals
+        self.since = now
+        buckets.sort(key=lambda b: b.sharing_key)
+        return UsageReport(self.proxy_id, wall_now, float(self.interval),
+                           tuple(sorted(brokers)), tuple(buckets))
+
+
+# the shares in force (pure: the documents and the time passed in) --------------------
+
+class SharesFollower:
+    """Which limits a fleet member's buckets get: its last good shares while
+    they are fresh, else the fail-safe. ``update`` takes a new (parsed)
+    document, ``check`` the time; both apply what is due to the manager and
+    return it (a short description)."""
+
+    def __init__(self, manager, proxy_id, max_age, fail_safe=LAST, znode=""):
+        if fail_safe not in (LAST, EQUAL, WHOLE):
+            raise ValueError("share fail-safe must be last, equal or whole, got %r" % fail_safe)
+        self.manager = manager
+        self.proxy_id = proxy_id
+        self.max_age = max_age  # seconds
+        self.fail_safe = fail_safe
+        self.znode = znode
+        self.document = None  # the last good SharesDocument
+        self.fail_safe_active = None  # None: not checked yet
+        self.reason = None  # why the fail-safe applies, when it does
+        self.changes = 0  # fail-safe transitions (on or off)
+        self._applied = None  # (what, document) last applied to the manager
+
+    def age(self, wall_now):
+        return None if self.document is None else max(0.0, wall_now - self.document.generated_at)
+
+    def update(self, document, wall_now):
+        previous = self.document
+        self.document = document
+        if previous is None or previous.proxies != document.proxies:
+            log.info("fleet: quota shares of cycle %d for proxy %s: %d bucket(s), prior %.3f, "
+                     "proxies %s", document.cycle, self.proxy_id, len(document.shares),
+                     document.prior, ", ".join(document.proxies))
+        else:
+            log.debug("fleet: quota shares of cycle %d: %d bucket(s)", document.cycle,
+                      len(document.shares))
+        return self.check(wall_now)
+
+    def _stale(self, wall_now):
+        doc = self.document
+        if doc is None:
+            return "no quota shares for proxy %s in %s yet" % (self.proxy_id, self.znode or "ZooKeeper")
+        age = wall_now - doc.generated_at
+        if age > self.max_age:
+            return ("the quota shares (cycle %d) are %.0f s old, more than --share-max-age-ms %d"
+                    % (doc.cycle, age, round(self.max_age * 1000)))
+        return None
+
+    def _what_fail_safe(self):
+        doc = self.document
+        if self.fail_safe == LAST:
+            if doc is None:
+                return (WHOLE, None), "last: the configured quotas until shares are read"
+            return (LAST, doc), "last: the shares of cycle %d stay" % doc.cycle
+        if self.fail_safe == EQUAL:
+            n = max(1, len(doc.proxies)) if doc is not None else 1
+            return (EQUAL, doc), "equal: each quota / %d proxies" % n
+        return (WHOLE, None), "whole: the configured quotas"
+
+    def check(self, wall_now):
+        reason = self._stale(wall_now)
+        doc = self.document
+        if reason is None:
+            what, said = (LAST, doc), "the shares of cycle %d" % doc.cycle
+        else:
+            what, said = self._what_fail_safe()
+        if what != self._applied:
+            kind, d = what
+            m = self.manager
+            if kind == LAST:
+                m.apply_shares({sk: s.share for sk, s in d.shares.items()}, d.prior, d.proxies,
+                               {sk: s.quota for sk, s in d.shares.items()})
+            elif kind == EQUAL:
+                m.apply_equal(d.proxies if d is not None else ())
+            else:
+                m.apply_whole()
+            self._applied = what
+        active = reason is not None
+        if active != self.fail_safe_active:
+            if active:
+                (log.info if self.fail_safe_active is None else log.warning)(
+                    "fleet: %s; the fail-safe applies (%s)", reason, said)
+            else:
+                log.info("fleet: fresh quota shares (cycle %d, proxies %s): the fail-safe is "
+                         "over", doc.cycle, ", ".join(doc.proxies))
+            if self.fail_safe_active is not None or active:
+                self.changes += 1
+            self.fail_safe_active = active
+        self.reason = reason
+        return said
+
+
+# ZooKeeper: the shares document, followed live ------------------------------------
+
+class SharesWatch:
+    """A kazoo data watch on this proxy's shares znode; each good document is
+    handed to ``on_document`` on the event loop. A malformed one is refused
+    with a log line (once per content) and counted; a deleted znode keeps the
+    last shares (they age, and the fail-safe takes over)."""
+
+    def __init__(self, hosts, znode, proxy_id, timeout=10.0):
+        from ..sources.zookeeper import ZooKeeperQuotaStore
+
+        self.hosts = hosts
+        self.znode = znode
+        self.proxy_id = proxy_id
+        self.store = ZooKeeperQuotaStore(hosts, timeout)
+        self.rejected = 0
+        self.updates = 0
+        self.seen = False
+        self._loop = None
+        self._on_document = None
+        self._last_bad = None
+        self._stopped = False
+
+    async def start(self, on_document):
+        from ..sources import QuotaStoreError
+
+        self._loop = asyncio.get_running_loop()
+        self._on_document = on_document
+        await asyncio.to_thread(self.store.connect)
+        try:
+            await asyncio.to_thread(self.store.zk.DataWatch, self.znode, self._changed)
+        except Exception as exc:  # kazoo's errors: the connection, permissions
+            await self.stop()
+            raise QuotaStoreError("cannot watch %s in ZooKeeper %s: %s"
+                                  % (self.znode, self.hosts, exc)) from None
+
+    async def stop(self):
+        self._stopped = True
+        await asyncio.to_thread(self.store.close)
+
+    def parse(self, data):
+        document = parse_shares_document(data)
+        if document.proxy != self.proxy_id:
+            raise ValueError("the document is for proxy %r, this is %r"
+                             % (document.proxy, self.proxy_id))
+        return document
+
+    def _changed(self, data, stat):
+        """On kazoo's thread."""
+        if self._stopped:
+            return False  # ends the watch
+        if data is None:
+            if self.seen:
+                log.warning("fleet: the quota shares %s were deleted; the last ones stay until "
+                            "they are too old", self.znode)
+            return None
+        try:
+            document = self.parse(data)
+        except (ValueError, UnicodeDecodeError, OSError, EOFError) as exc:  # gzip: OSError, EOF
+            self.rejected += 1
+            if data != self._last_bad:
+                self._last_bad = data
+                log.error("fleet: refused the quota shares in %s (version %d): %s; the previous "
+                          "ones stay", self.znode, stat.version, exc)
+            return None
+        self._last_bad = None
+        self.seen = True
+        self.updates += 1
+        self._loop.call_soon_threadsafe(self._on_document, document)
+        return None
+
+
+# publishing on a thread of its own -------------------------------------------------
+
+class _PublisherThread:
+    """Runs the blocking publisher on a daemon thread: ``submit`` hands it a
+    report unless one is still being sent (False then); ``done(ok, result)``
+    is called on the event loop after each."""
+
+    def __init__(self, publisher, loop, done):
+        self.publisher = publisher
+        self.loop = loop
+        self.done = done
+        self.busy = False
+        self._queue = queue.Queue()
+        self._thread = threading.Thread(target=self._main, name="kthrottle-usage-publisher",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, key, value):
+        if self.busy:
+            return False
+        self.busy = True
+        self._queue.put((key, value))
+        return True
+
+    def _main(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                break
+            try:
+                result = (True, self.publisher.publish(*item))
+            except Exception as exc:  # PublishError, and anything unforeseen
+                result = (False, exc)
+            try:
+                self.loop.call_soon_threadsafe(self._finished, result)
+            except RuntimeError:  # the loop is closed: shutting down
+                break
+        try:
+            self.publisher.close()
+        except Exception:
+            pass
+
+    def _finished(self, result):
+        self.busy = False
+        self.done(*result)
+
+    def stop(self, timeout=2.0):
+        """Ask the thread to close the publisher and end; wait a little (a
+        publication in flight may take up to its timeout: the thread is a
+        daemon, it does not hold the process)."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+
+def publisher_for(config, timeout=PUBLISH_TIMEOUT):
+    """The KafkaPublisher of a proxy's usage reports: the upstream brokers
+    and the proxy's upstream security settings."""
+    from ..sources.kafka_publisher import KafkaPublisher, client_config, describe_connection
+
+    protocol = config.upstream_security_protocol or "PLAINTEXT"
+    sasl = protocol.startswith("SASL_")
+    password = config.upstream_sasl_password() if sasl else None
+    mechanism = config.upstream_sasl_mechanism if sasl else None
+    username = config.upstream_sasl_username if sasl else None
+    kafka_config = client_config(
+        config.bootstrap_servers, "kthrottle-proxy-%s" % config.proxy_id, protocol,
+        config.upstream_ssl_ca, config.upstream_ssl_cert, config.upstream_ssl_key, mechanism,
+        username, password, timeout)
+    return KafkaPublisher(kafka_config, config.usage_topic, timeout,
+                          describe_connection(config.bootstrap_servers, protocol, mechanism,
+                                              username, config.upstream_ssl_cert),
+                          password, logger=log)
+
+
+# the member ----------------------------------------------------------------------
+
+class FleetMember:
+    """Wires the pieces for ``serve()``: ``start`` (before the listeners: the
+    shares are in force before the first client), ``start_reports(server)``
+    once the proxy runs, ``tick`` every second, ``stop``."""
+
+    def __init__(self, config, manager, publisher=None, watch=None):
+        from ..sources.cluster_state import shares_znode
+
+        self.config = config
+        self.manager = manager
+        self.proxy_id = config.proxy_id
+        self.interval = config.usage_interval_ms / 1000.0
+        self.znode = shares_znode(config.proxy_id, config.cluster_state_znode)
+        self.follower = SharesFollower(manager, config.proxy_id, config.share_max_age_ms / 1000.0,
+                                       config.share_fail_safe, self.znode)
+        self.watch = watch if watch is not None else SharesWatch(config.zookeeper, self.znode,
+                                                                 config.proxy_id)
+        # made now: the password file is read before anything is started
+        self._publisher = publisher if publisher is not None else publisher_for(config)
+        self.tracker = None
+        self.server = None
+        self.reports = 0  # acknowledged by the cluster
+        self.errors = 0  # publications that failed
+        self.skipped = 0  # reports not sent: the previous one was still being sent
+        self._thread = None
+        self._task = None
+        self._failing = False
+        self._last_error_log = None
+
+    # shares
+
+    @property
+    def rejected(self):
+        return self.watch.rejected
+
+    @property
+    def fail_safe_active(self):
+        return bool(self.follower.fail_safe_active)
+
+    def shares_age(self, wall_now=None):
+        return self.follower.age(time.time() if wall_now is None else wall_now)
+
+    async def start(self):
+        """Follow the shares (QuotaStoreError if ZooKeeper cannot be watched)
+        and apply what is due now."""
+        await self.watch.start(self._new_document)
+        # the watch delivered the current document (if any) through the loop
+        await asyncio.sleep(0)
+        self.tick()
+
+    def _new_document(self, document):
+        self.follower.update(document, time.time())
+
+    def tick(self, wall_now=None):
+        """Every second: the shares age."""
+        self.follower.check(time.time() if wall_now is None else wall_now)
+
+    # usage reports
+
+    def start_reports(self, server):
+        from ..sources.kafka_publisher import quiet_kafka_logging
+
+        self.server = server
+        loop = asyncio.get_running_loop()
+        quiet_kafka_logging(debug=logging.getLogger("kthrottle").getEffectiveLevel()
+                            <= logging.DEBUG)
+        self._thread = _PublisherThread(self._publisher, loop, self._published)
+        self.tracker = UsageTracker(self.manager, self.proxy_id, self.interval, loop.time())
+        self._task = loop.create_task(self._report_loop())
+        log.info("fleet: proxy %s publishes its usage to topic %s every %g s and follows its "
+                 "quota shares in %s (fail-safe %s after %g s)", self.proxy_id,
+                 self.config.usage_topic, self.interval, self.znode, self.config.share_fail_safe,
+                 self.config.share_max_age_ms / 1000.0)
+
+    def report_now(self):
+        """Build the report of the interval ending now and hand it to the
+        publisher thread (on the event loop)."""
+        loop = asyncio.get_running_loop()
+        nodes = self.server.nodes if self.server is not None else {}
+        report = self.tracker.report(loop.time(), time.time(), nodes)
+        if not self._thread.submit(self.proxy_id.encode("utf-8"), report.to_json().encode("utf-8")):
+            self.skipped += 1
+            log.debug("fleet: the previous usage report is still being sent; this one is skipped")
+            return None
+        return report
+
+    async def _report_loop(self):
+        loop = asyncio.get_running_loop()
+        next_at = loop.time() + self.interval
+        while True:
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            now = loop.time()
+            next_at += self.interval
+            if next_at <= now:  # the loop was held up: skip the slots it missed
+                next_at = now + self.interval
+            try:
+                self.report_now()
+            except Exception:  # never let the loop die silently
+                log.exception("fleet: cannot build the usage report")
+
+    def _published(self, ok, result):
+        """On the event loop, after each publication."""
+        if ok:
+            self.reports += 1
+            if self._failing:
+                log.info("fleet: the usage reports reach the cluster again")
+            elif self.reports == 1:
+                log.info("fleet: published the first usage report of proxy %s to %s-%d at "
+                         "offset %d", self.proxy_id, result.topic, result.partition, result.offset)
+            self._failing = False
+            return
+        self.errors += 1
+        now = time.monotonic()
+        if not self._failing or self._last_error_log is None \
+                or now - self._last_error_log >= ERROR_LOG_EVERY:
+            log.error("fleet: usage report not published%s: %s",
+                      " (still failing)" if self._failing else "", result)
+            self._last_error_log = now
+        self._failing = True
+
+    async def stop(self):
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.stop)
+            self._thread = None
+        await self.watch.stop()
