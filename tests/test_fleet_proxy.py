@@ -3,7 +3,6 @@ components: a Tansu broker, a ZooKeeper holding the quota (set with
 ``kthrottle quotas``) and the shares, and a producer through the proxy. The
 test plays the Spark job: it reads the usage reports from the topic and
 writes the proxy's shares znode by hand, so that each case is reached on cue."""
-import json
 import time
 import uuid
 

@@ -35,6 +35,7 @@ from ..policy.fleet import (
     shares_document,
 )
 from ..policy.storage import OPEN, cluster_snapshot, encode_snapshot, parse_report
+from ..sources.cluster_state import shares_znode
 log = logging.getLogger("kthrottle.spark_sync")
 
 # as in kafka_source, which is not imported before it is needed: it imports
@@ -495,6 +496,7 @@ class SparkSync:
         self._own_spark = spark is None
         self.on_session = None  # called with the session once it is made
         self.cycles = 0
+        self._warned_no_reports = False
         self.usage_topic = usage_topic
         self.usage_freshness = float(usage_freshness)
         self.share_floor = share_floor
@@ -510,11 +512,19 @@ class SparkSync:
         return self.spark
 
     def snapshot(self, now=None):
-        """Steps 1-3: the snapshot dict (and how many reports were read)."""
+        """Steps 1-3: the snapshot dict (and how many reports were read);
+        (None, None) while no volume agent has published (the report topic
+        does not exist): the fleet's shares are still computed."""
         self.leaders = {}
         try:
             brokers, replicas = read_metadata(self.settings, self.timeout_ms, self.leaders)
             offsets = self.source.list_offsets(self.settings, self.topic, self.timeout_ms)
+        except self.source.TopicMissing as exc:
+            if not self._warned_no_reports:
+                self._warned_no_reports = True
+                log.warning("%s: no storage state is written until volume agents publish "
+                            "(quota shares still are)", exc)
+            return None, None
         except self.source.KafkaReadError as exc:
             raise CycleError(str(exc)) from None
         except Exception as exc:
@@ -536,15 +546,22 @@ class SparkSync:
         try:
             self.writer.ensure_connected()
             snap, counts = self.snapshot(now)
+            generated_at = snap["generated_at"] if snap else (time.time() if now is None
+                                                              else now)
+            shares = self.fleet_shares(generated_at)
+            for proxy, proxy_shares in sorted(shares.items()):
+                self.writer.write(encode_shares_document(
+                    shares_document(proxy_shares, generated_at, cycle)),
+                    znode=shares_znode(proxy, self.writer.znode))
+            if snap is None:
+                self.cycles = cycle
+                log.info("cycle %d: quota shares for %d proxies written; no volume reports",
+                         cycle, len(shares))
+                return None
             snap["cycle"] = cycle
-            shares = self.fleet_shares(snap["generated_at"])
             snap["quota_shares"] = {
                 "proxies": sorted(shares), "usage_reports": len(shares),
                 "buckets": len({s[:3] for p in shares.values() for s in p.shares})}
-            for proxy, proxy_shares in sorted(shares.items()):
-                self.writer.write(encode_shares_document(
-                    shares_document(proxy_shares, snap["generated_at"], cycle)),
-                    znode="%s/shares/%s" % (self.writer.znode, proxy))
             snap["cycle_seconds"] = round(time.monotonic() - started, 3)
             self.writer.write(encode_snapshot(snap))
         except CycleError:

@@ -61,6 +61,10 @@ class KafkaReadError(Exception):
         super().__init__("%s: %s" % (FORMAT, message))
 
 
+class TopicMissing(KafkaReadError):
+    """The topic does not exist (no one has published to it yet)."""
+
+
 def client_settings(options):
     """The client settings (plain strings, picklable) among ``options``."""
     out = {}
@@ -143,7 +147,7 @@ def list_offsets(settings, topic, timeout_ms=DEFAULT_TIMEOUT_MS, client=None):
     try:
         partitions = c.partitions_for_topic(topic)
         if not partitions:
-            raise KafkaReadError("topic %r does not exist on %s" % (topic, settings["bootstrap"]))
+            raise TopicMissing("topic %r does not exist on %s" % (topic, settings["bootstrap"]))
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         start = c.beginning_offsets(tps, timeout_ms=timeout_ms)
         end = c.end_offsets(tps, timeout_ms=timeout_ms)
