@@ -306,27 +306,43 @@ def run_loop(main):
         return runner.run(main())
 
 
+async def _started(stack, component, start, *args):
+    """Start a source (or the like) and have the stack stop it; a
+    QuotaStoreError (ZooKeeper or a file out of reach) is the command's
+    error, and what was started before is stopped."""
+    from .sources import QuotaStoreError
+
+    stack.push_async_callback(component.stop)
+    try:
+        await start(*args)
+    except QuotaStoreError as exc:
+        raise SystemExit("kthrottle: error: %s" % exc) from None
+    return component
+
+
 async def serve(config, on_ready=None):
+    from contextlib import AsyncExitStack
+
+    async with AsyncExitStack() as stack:
+        await _serve(config, on_ready, stack)
+
+
+async def _serve(config, on_ready, stack):
+    """Everything started is stopped by ``stack``, in reverse order, however
+    this ends (an error at start, a signal)."""
     from .policy.quotas import QuotaManager
     from .proxy import ProxyServer
     from .proxy.admin import AdminServer
 
-    source = None
+    source = manager = None
     if config.quota_file or config.zookeeper:
         from .sources import FileQuotaSource, ZooKeeperQuotaSource
 
         source = (FileQuotaSource(config.quota_file) if config.quota_file
                   else ZooKeeperQuotaSource(config.zookeeper))
-    manager = QuotaManager(None, config.quota_settings()) if source else None
-    if source is not None:
-        from .sources import QuotaStoreError
-
-        try:  # quotas are in force before the first client is accepted
-            await source.start(manager.update)
-        except QuotaStoreError as exc:
-            await source.stop()
-            raise SystemExit("kthrottle: error: %s" % exc) from None
-    credentials = None
+        manager = QuotaManager(None, config.quota_settings())
+        # quotas are in force before the first client is accepted
+        await _started(stack, source, source.start, manager.update)
     authenticator = None
     if config.sasl_enabled and config.sasl_mode == "passthrough":
         from .proxy.auth import SaslPassthrough
@@ -335,26 +351,19 @@ async def serve(config, on_ready=None):
                                         config.failed_authentication_delay_ms)
     elif config.sasl_enabled:
         from .proxy.auth import SaslTerminate
-        from .sources import QuotaStoreError
         from .sources.credentials import Credentials, credential_source
 
         credentials = credential_source(config.credentials_file,
                                         None if config.credentials_file else config.zookeeper)
         current = [Credentials({})]
-        try:
-            await credentials.start(lambda snapshot: current.__setitem__(0, snapshot))
-        except QuotaStoreError as exc:
-            await credentials.stop()
-            if source is not None:
-                await source.stop()
-            raise SystemExit("kthrottle: error: %s" % exc) from None
+        await _started(stack, credentials, credentials.start,
+                       lambda snapshot: current.__setitem__(0, snapshot))
         authenticator = SaslTerminate(config.sasl_enabled_mechanisms, lambda: current[0],
                                       config.failed_authentication_delay_ms)
     storage = cluster_state = None
     if config.storage_enabled:
         from .policy.storage import StoragePolicy
         from .proxy.storage import StorageThrottle
-        from .sources import QuotaStoreError
         from .sources.cluster_state import ClusterStateSource
 
         settings = config.quota_settings()
@@ -363,65 +372,33 @@ async def serve(config, on_ready=None):
                           config.storage_max_age_ms / 1000.0),
             config.storage_excluded_principals, config.storage_base_rate,
             config.storage_pause_max_ms, samples=settings.samples, window=settings.window)
-        cluster_state = ClusterStateSource(config.zookeeper, config.cluster_state_znode)
 
         def new_state(state):
             storage.policy.update(state)
             storage.refresh(time.time(), asyncio.get_running_loop().time())
 
-        try:
-            await cluster_state.start(new_state)
-        except QuotaStoreError as exc:
-            if source is not None:
-                await source.stop()
-            if credentials is not None:
-                await credentials.stop()
-            raise SystemExit("kthrottle: error: %s" % exc) from None
+        cluster_state = ClusterStateSource(config.zookeeper, config.cluster_state_znode)
+        await _started(stack, cluster_state, cluster_state.start, new_state)
     fleet = None
     if config.fleet_enabled:
         from .proxy.fleet import FleetMember
-        from .sources import QuotaStoreError
 
         fleet = FleetMember(config, manager)
-        try:  # the shares are in force before the first client is accepted
-            await fleet.start()
-        except QuotaStoreError as exc:
-            if cluster_state is not None:
-                await cluster_state.stop()
-            if source is not None:
-                await source.stop()
-            if credentials is not None:
-                await credentials.stop()
-            raise SystemExit("kthrottle: error: %s" % exc) from None
+        # the shares are in force before the first client is accepted
+        await _started(stack, fleet, fleet.start)
     try:
         server = ProxyServer(config, manager, authenticator, storage)
     except ValueError as exc:  # the TLS files
-        if fleet is not None:
-            await fleet.stop()
-        if cluster_state is not None:
-            await cluster_state.stop()
-        if credentials is not None:
-            await credentials.stop()
-        if source is not None:
-            await source.stop()
         raise SystemExit("kthrottle: error: %s" % exc) from None
-    admin = None
+    stack.push_async_callback(server.close)
     try:
         await server.start()
         if config.admin_listen:
             admin = AdminServer(server, *config.admin_listen, source=source,
                                 cluster_state=cluster_state, fleet=fleet)
             await admin.start()
+            stack.push_async_callback(admin.close)
     except OSError as exc:
-        await server.close()
-        if fleet is not None:
-            await fleet.stop()
-        if source is not None:
-            await source.stop()
-        if credentials is not None:
-            await credentials.stop()
-        if cluster_state is not None:
-            await cluster_state.stop()
         raise SystemExit("kthrottle: error: cannot listen: %s" % exc) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -431,33 +408,20 @@ async def serve(config, on_ready=None):
         fleet.start_reports(server)
     if on_ready is not None:
         on_ready(server)
-    try:
-        ticks = 0
-        every_second = storage is not None or fleet is not None
-        while not stop.is_set():
-            try:  # once a second: the cluster state and the quota shares age
-                await asyncio.wait_for(stop.wait(), 1 if every_second else 60)
-            except asyncio.TimeoutError:
-                ticks += 1
-                if storage is not None:
-                    storage.refresh(time.time(), loop.time())
-                if fleet is not None:
-                    fleet.tick()
-                if manager is not None and (not every_second or ticks % 60 == 0):
-                    manager.expire(loop.time())
-    finally:
-        logging.getLogger("kthrottle").info("shutting down")
-        if fleet is not None:
-            await fleet.stop()
-        if cluster_state is not None:
-            await cluster_state.stop()
-        if source is not None:
-            await source.stop()
-        if credentials is not None:
-            await credentials.stop()
-        if admin is not None:
-            await admin.close()
-        await server.close()
+    stack.callback(logging.getLogger("kthrottle").info, "shutting down")
+    ticks = 0
+    every_second = storage is not None or fleet is not None
+    while not stop.is_set():
+        try:  # once a second: the cluster state and the quota shares age
+            await asyncio.wait_for(stop.wait(), 1 if every_second else 60)
+        except asyncio.TimeoutError:
+            ticks += 1
+            if storage is not None:
+                storage.refresh(time.time(), loop.time())
+            if fleet is not None:
+                fleet.tick()
+            if manager is not None and (not every_second or ticks % 60 == 0):
+                manager.expire(loop.time())
 
 
 def main(argv=None):
