@@ -199,7 +199,7 @@ def test_old_shares_take_the_fail_safe_and_a_malformed_document_is_refused(fleet
 
         # malformed, or for another proxy: refused, what is in force stays
         set_znode(zk, znode, b'{"format": "kthrottle-quota-shares", "version": 99}')
-        p.wait_for_log("fleet: refused the quota shares in %s" % znode)
+        p.wait_for_log("refused the quota shares in %s" % znode)
         set_znode(zk, znode, shares(time.time(), QUOTA / 3, proxy="b"))
         p.wait_for_log("the document is for proxy 'b', this is 'a'")
         assert wait_until(lambda: metric(p.admin, "kthrottle_fleet_shares_rejected_total") == 2,

@@ -36,6 +36,7 @@ import threading
 import time
 
 from ..policy.fleet import BucketUsage, UsageReport, estimate_demand, parse_shares_document
+from ..sources.cluster_state import ZnodeWatch
 
 log = logging.getLogger("kthrottle.fleet")
 
@@ -182,43 +183,15 @@ class SharesFollower:
 
 # ZooKeeper: the shares document, followed live ------------------------------------
 
-class SharesWatch:
-    """A kazoo data watch on this proxy's shares znode; each good document is
-    handed to ``on_document`` on the event loop. A malformed one is refused
-    with a log line (once per content) and counted; a deleted znode keeps the
-    last shares (they age, and the fail-safe takes over)."""
+class SharesWatch(ZnodeWatch):
+    """This proxy's shares znode, followed live (``sources.cluster_state.
+    ZnodeWatch``): a document for another proxy id is refused too."""
+
+    what = "the quota shares"
 
     def __init__(self, hosts, znode, proxy_id, timeout=10.0):
-        from ..sources.zookeeper import ZooKeeperQuotaStore
-
-        self.hosts = hosts
-        self.znode = znode
+        super().__init__(hosts, znode, timeout)
         self.proxy_id = proxy_id
-        self.store = ZooKeeperQuotaStore(hosts, timeout)
-        self.rejected = 0
-        self.updates = 0
-        self.seen = False
-        self._loop = None
-        self._on_document = None
-        self._last_bad = None
-        self._stopped = False
-
-    async def start(self, on_document):
-        from ..sources import QuotaStoreError
-
-        self._loop = asyncio.get_running_loop()
-        self._on_document = on_document
-        await asyncio.to_thread(self.store.connect)
-        try:
-            await asyncio.to_thread(self.store.zk.DataWatch, self.znode, self._changed)
-        except Exception as exc:  # kazoo's errors: the connection, permissions
-            await self.stop()
-            raise QuotaStoreError("cannot watch %s in ZooKeeper %s: %s"
-                                  % (self.znode, self.hosts, exc)) from None
-
-    async def stop(self):
-        self._stopped = True
-        await asyncio.to_thread(self.store.close)
 
     def parse(self, data):
         document = parse_shares_document(data)
@@ -226,30 +199,6 @@ class SharesWatch:
             raise ValueError("the document is for proxy %r, this is %r"
                              % (document.proxy, self.proxy_id))
         return document
-
-    def _changed(self, data, stat):
-        """On kazoo's thread."""
-        if self._stopped:
-            return False  # ends the watch
-        if data is None:
-            if self.seen:
-                log.warning("fleet: the quota shares %s were deleted; the last ones stay until "
-                            "they are too old", self.znode)
-            return None
-        try:
-            document = self.parse(data)
-        except (ValueError, UnicodeDecodeError, OSError, EOFError) as exc:  # gzip: OSError, EOF
-            self.rejected += 1
-            if data != self._last_bad:
-                self._last_bad = data
-                log.error("fleet: refused the quota shares in %s (version %d): %s; the previous "
-                          "ones stay", self.znode, stat.version, exc)
-            return None
-        self._last_bad = None
-        self.seen = True
-        self.updates += 1
-        self._loop.call_soon_threadsafe(self._on_document, document)
-        return None
 
 
 # publishing on a thread of its own -------------------------------------------------

@@ -27,14 +27,22 @@ def shares_znode(proxy_id, cluster_state_znode=DEFAULT_ZNODE):
     return "%s/shares/%s" % (cluster_state_znode.rstrip("/"), proxy_id)
 
 
-class ClusterStateSource:
-    def __init__(self, hosts, znode=DEFAULT_ZNODE, timeout=10.0):
+class ZnodeWatch:
+    """Follows one znode that a writer replaces whole: each new version is
+    parsed (``parse``, on kazoo's thread) and handed to the event loop. What
+    does not parse is refused with a log line (once per content) and counted;
+    the last good value stays in force. A deleted or emptied znode keeps it
+    too (it ages; its reader decides what that means)."""
+
+    what = "the cluster state"  # for log lines
+
+    def __init__(self, hosts, znode, timeout=10.0):
         self.hosts = hosts
         self.znode = znode
         self.store = ZooKeeperQuotaStore(hosts, timeout)
         self.rejected = 0
         self.updates = 0
-        self.seen = False  # a snapshot was read at least once
+        self.seen = False  # a good value was read at least once
         self._loop = None
         self._on_update = None
         self._last_bad = None
@@ -44,9 +52,12 @@ class ClusterStateSource:
     def healthy(self):
         return self.store.zk.connected and not self._stopped
 
+    def parse(self, data):
+        raise NotImplementedError
+
     async def start(self, on_update):
-        """Connect and start watching; ``on_update(ClusterState)`` is called
-        on the event loop for each good snapshot (also the one there now)."""
+        """Connect and start watching; ``on_update(value)`` is called on the
+        event loop for each good version (also the one there now)."""
         self._loop = asyncio.get_running_loop()
         self._on_update = on_update
         await asyncio.to_thread(self.store.connect)
@@ -56,9 +67,6 @@ class ClusterStateSource:
             await self.stop()
             raise QuotaStoreError("cannot watch %s in ZooKeeper %s: %s"
                                   % (self.znode, self.hosts, exc)) from None
-        if not self.seen:
-            log.info("no cluster state at %s in ZooKeeper %s yet: storage throttling starts "
-                     "with the first snapshot the Spark job writes", self.znode, self.hosts)
 
     async def stop(self):
         self._stopped = True
@@ -72,20 +80,35 @@ class ClusterStateSource:
             # deleted, or empty: a parent znode made for the quota shares
             # below it (shares_znode) before any snapshot was written
             if self.seen:
-                log.warning("the cluster state %s was %s; the last snapshot stays until "
-                            "it is too old", self.znode, "deleted" if data is None else "emptied")
+                log.warning("%s %s was %s; the last one stays until it is too old", self.what,
+                            self.znode, "deleted" if data is None else "emptied")
             return None
         try:
-            state = ClusterState.from_json(data)
-        except (ValueError, UnicodeDecodeError) as exc:
+            value = self.parse(data)
+        except (ValueError, UnicodeDecodeError, OSError, EOFError) as exc:  # gzip: OSError, EOF
             self.rejected += 1
             if data != self._last_bad:
                 self._last_bad = data
-                log.error("refused the cluster state in %s (version %d): %s; the previous one "
-                          "stays", self.znode, stat.version, exc)
+                log.error("refused %s in %s (version %d): %s; the previous one stays",
+                          self.what, self.znode, stat.version, exc)
             return None
         self._last_bad = None
         self.seen = True
         self.updates += 1
-        self._loop.call_soon_threadsafe(self._on_update, state)
+        self._loop.call_soon_threadsafe(self._on_update, value)
         return None
+
+
+class ClusterStateSource(ZnodeWatch):
+    def __init__(self, hosts, znode=DEFAULT_ZNODE, timeout=10.0):
+        super().__init__(hosts, znode, timeout)
+
+    def parse(self, data):
+        return ClusterState.from_json(data)
+
+    async def start(self, on_update):
+        """``on_update(ClusterState)`` for each good snapshot."""
+        await super().start(on_update)
+        if not self.seen:
+            log.info("no cluster state at %s in ZooKeeper %s yet: storage throttling starts "
+                     "with the first snapshot the Spark job writes", self.znode, self.hosts)
