@@ -19,6 +19,26 @@ class ConfigError(Exception):
     """Bad configuration: the message says which key and why."""
 
 
+def read_sasl_password(path, env, flag, protocol, environ=None):
+    """A SASL password from the file at ``path`` (its line ending dropped),
+    else from the environment variable ``env``; never from a flag.
+    ValueError says what is missing or unreadable, never the password."""
+    import os
+
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                password = f.read().rstrip("\r\n")
+        except OSError as exc:
+            raise ValueError("cannot read %s %s: %s" % (flag, path, exc.strerror or exc)) from None
+    else:
+        password = (os.environ if environ is None else environ).get(env)
+    if not password:
+        raise ValueError("security protocol %s needs the password: %s PATH or the environment "
+                         "variable %s" % (protocol, flag, env))
+    return password
+
+
 def parse_host_port(value, what):
     """Parse ``HOST:PORT`` (``[v6addr]:PORT`` for IPv6)."""
     if not isinstance(value, str) or ":" not in value:
@@ -106,22 +126,12 @@ class ProxyConfig:
     def upstream_sasl_password(self):
         """From --upstream-sasl-password-file, else the environment variable
         KTHROTTLE_UPSTREAM_SASL_PASSWORD; never from a flag."""
-        import os
-
-        if self.upstream_sasl_password_file:
-            try:
-                with open(self.upstream_sasl_password_file, encoding="utf-8") as f:
-                    password = f.read().rstrip("\r\n")
-            except OSError as exc:
-                raise ConfigError("cannot read upstream-sasl-password-file %s: %s"
-                                  % (self.upstream_sasl_password_file, exc.strerror)) from None
-        else:
-            password = os.environ.get(UPSTREAM_PASSWORD_ENV)
-        if not password:
-            raise ConfigError("upstream-security-protocol %s needs the proxy's password: "
-                              "--upstream-sasl-password-file PATH or %s"
-                              % (self.upstream_security_protocol, UPSTREAM_PASSWORD_ENV))
-        return password
+        try:
+            return read_sasl_password(self.upstream_sasl_password_file, UPSTREAM_PASSWORD_ENV,
+                                      "upstream-sasl-password-file",
+                                      self.upstream_security_protocol)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def storage_enabled(self):

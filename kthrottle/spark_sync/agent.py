@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 
-from ..config import ConfigError, parse_host_port
+from ..config import ConfigError, parse_host_port, read_sasl_password
 from ..policy.storage import BrokerReport, VolumeReport, parse_limit, split_partition_dir
 from ..sources.kafka_publisher import (
     KafkaPublisher,
@@ -162,15 +162,6 @@ class Settings:
                                    self.sasl_mechanism, self.sasl_username, self.ssl_cert)
 
 
-def _read_password(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().rstrip("\r\n")
-    except OSError as exc:
-        raise ValueError("cannot read --sasl-password-file %s: %s"
-                         % (path, exc.strerror or exc)) from None
-
-
 def _limits_in_order(soft, hard):
     """ValueError when both limits are of one type and the hard one comes
     before the soft one (a volume would pause before it is ever throttled)."""
@@ -182,7 +173,7 @@ def _limits_in_order(soft, hard):
                          "be paused before they are throttled" % (hard, soft))
 
 
-def settings_from_args(args, environ=None, read_password=_read_password):
+def settings_from_args(args, environ=None):
     """Settings from the parsed flags; ValueError with the message for the
     user when they do not fit together. The SASL password comes from
     --sasl-password-file or the KTHROTTLE_AGENT_SASL_PASSWORD variable."""
@@ -220,13 +211,8 @@ def settings_from_args(args, environ=None, read_password=_read_password):
     if sasl:
         if not args.sasl_username:
             raise ValueError("--security-protocol %s needs --sasl-username" % protocol)
-        if args.sasl_password_file:
-            password = read_password(args.sasl_password_file)
-        else:
-            password = environ.get(PASSWORD_ENV)
-        if not password:
-            raise ValueError("--security-protocol %s needs the password: --sasl-password-file "
-                             "PATH or the environment variable %s" % (protocol, PASSWORD_ENV))
+        password = read_sasl_password(args.sasl_password_file, PASSWORD_ENV,
+                                      "--sasl-password-file", protocol, environ)
     else:
         given = [flag for flag, value in (("--sasl-mechanism", args.sasl_mechanism),
                                           ("--sasl-username", args.sasl_username),

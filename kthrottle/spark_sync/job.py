@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 
-from ..config import ConfigError, parse_host_port, parse_zookeeper
+from ..config import ConfigError, parse_host_port, parse_zookeeper, read_sasl_password
 from ..policy.fleet import (
     DEFAULT_FLOOR_FRACTION,
     encode_shares_document,
@@ -252,18 +252,8 @@ def security_options(args):
     if protocol.startswith("SASL_"):
         if not args.sasl_username:
             raise ValueError("--security-protocol %s needs --sasl-username" % protocol)
-        if args.sasl_password_file:
-            try:
-                with open(args.sasl_password_file, encoding="utf-8") as f:
-                    password = f.read().rstrip("\r\n")
-            except OSError as exc:
-                raise ValueError("cannot read --sasl-password-file %s: %s"
-                                 % (args.sasl_password_file, exc.strerror)) from None
-        else:
-            password = os.environ.get(PASSWORD_ENV)
-        if not password:
-            raise ValueError("--security-protocol %s needs the password: --sasl-password-file "
-                             "PATH or %s" % (protocol, PASSWORD_ENV))
+        password = read_sasl_password(args.sasl_password_file, PASSWORD_ENV,
+                                      "--sasl-password-file", protocol)
         out.update(sasl_mechanism=args.sasl_mechanism, sasl_username=args.sasl_username,
                    sasl_password=password)
     elif args.sasl_username or args.sasl_password_file:
