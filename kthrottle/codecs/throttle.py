@@ -236,8 +236,8 @@ def throttle_time_patch(head, api_key, api_version):
 # ``shouldClientThrottle(version)`` (AbstractResponse's default: never).
 # Sources: "Starting in version N, on quota violation, brokers send out
 # responses before throttling" in each schema's comments (kafka-python's
-# copies, kafka/protocol/schemas/resources/*Response.json), KAFKA-NOTES
-# section 2, and, for APIs whose schemas say nothing, apache/kafka's
+# copies, kafka/protocol/schemas/resources/*Response.json), KIP-219, and,
+# for APIs whose schemas say nothing, apache/kafka's
 # clients/.../common/requests/*Response.java.
 #
 # Not listed (None) means: no client is known to back off at any version, so
@@ -247,23 +247,23 @@ def throttle_time_patch(head, api_key, api_version):
 # Describe/AlterUserScramCredentials, UpdateFeatures, DescribeCluster,
 # DescribeTransactions, ListTransactions, ListConfigResources), and any API
 # not listed here (conservative choice for the unknown).
-# librdkafka does not back off at any version (KAFKA-NOTES section 2).
+# librdkafka does not back off at any version (measured against it).
 CLIENTS_BACK_OFF_FROM = {
-    0: 6,  # Produce (KAFKA-NOTES; ProduceResponse.shouldClientThrottle: version >= 6)
-    1: 8,  # Fetch (schema comment; KAFKA-NOTES)
+    0: 6,  # Produce (ProduceResponse.shouldClientThrottle: version >= 6)
+    1: 8,  # Fetch (schema comment; KIP-219)
     2: 3,  # ListOffsets (schema comment)
-    3: 6,  # Metadata (schema comment; KAFKA-NOTES)
+    3: 6,  # Metadata (schema comment; KIP-219)
     8: 4,  # OffsetCommit (schema comment)
     9: 4,  # OffsetFetch (schema comment)
-    10: 2,  # FindCoordinator (schema comment; KAFKA-NOTES)
+    10: 2,  # FindCoordinator (schema comment; KIP-219)
     11: 3,  # JoinGroup (schema comment)
     12: 2,  # Heartbeat (schema comment)
     13: 2,  # LeaveGroup (schema comment)
     14: 2,  # SyncGroup (schema comment)
     15: 2,  # DescribeGroups (schema comment)
     16: 2,  # ListGroups (schema comment)
-    18: 2,  # ApiVersions (schema comment; KAFKA-NOTES)
-    19: 3,  # CreateTopics (schema comment; KAFKA-NOTES)
+    18: 2,  # ApiVersions (schema comment; KIP-219)
+    19: 3,  # CreateTopics (schema comment; KIP-219)
     20: 2,  # DeleteTopics (schema comment)
     21: 1,  # DeleteRecords (schema comment)
     22: 1,  # InitProducerId (schema comment)
