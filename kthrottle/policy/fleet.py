@@ -125,10 +125,7 @@ class UsageReport(NamedTuple):
 def parse_usage_report(data):
     """A UsageReport from a proxy's JSON (bytes, str or already parsed);
     ValueError says what is wrong. A bucket listed twice is an error."""
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        data = bytes(data).decode("utf-8")
-    if isinstance(data, str):
-        data = json.loads(data)
+    data = decode_snapshot(data)
     if not isinstance(data, dict):
         raise ValueError("a usage report is a JSON object")
     proxy_id = data.get("ProxyId")

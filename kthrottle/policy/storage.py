@@ -246,10 +246,7 @@ def _int(value, what):
 def parse_report(data):
     """A BrokerReport from the agent's JSON (bytes, str or already parsed);
     ValueError says what is wrong."""
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        data = bytes(data).decode("utf-8")
-    if isinstance(data, str):
-        data = json.loads(data)
+    data = decode_snapshot(data)
     if not isinstance(data, dict):
         raise ValueError("a volume report is a JSON object")
     broker_id = data.get("BrokerId")
