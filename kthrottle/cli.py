@@ -12,6 +12,8 @@ from .config import (
     ConfigError,
     build_config,
     load_toml,
+    parse_admin_listen,
+    parse_connection_overrides,
     parse_host_port,
 )
 
@@ -24,6 +26,48 @@ def _host_port(what):
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     return parse
+
+
+def _checked(parse):
+    def check(value):
+        try:
+            return parse(value)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return check
+
+
+def _add_limit_flags(p):
+    g = p.add_argument_group(
+        "limits of every listener (Kafka's names and defaults; a connection over a limit is "
+        "closed at once, with a log line and kthrottle_connections_refused_total)")
+    g.add_argument(
+        "--sasl-server-max-receive-size", type=int, metavar="BYTES",
+        help="largest frame accepted before the client has authenticated (default 524288, "
+        "Kafka's sasl.server.max.receive.size); --max-frame-size applies after")
+    g.add_argument(
+        "--connections-max-idle-ms", type=int, metavar="MS",
+        help="close a connection on which nothing has moved for this long (default 600000, "
+        "Kafka's connections.max.idle.ms)")
+    g.add_argument(
+        "--handshake-timeout-ms", type=int, metavar="MS",
+        help="close a connection whose TLS handshake and SASL authentication have not both "
+        "finished this long after it was accepted (default 10000)")
+    g.add_argument(
+        "--max-connections", type=int, metavar="N",
+        help="open client connections allowed at once, all listeners together (Kafka's "
+        "max.connections; default: no limit)")
+    g.add_argument(
+        "--max-connections-per-ip", type=int, metavar="N",
+        help="open client connections allowed from one source address (Kafka's "
+        "max.connections.per.ip; default: no limit)")
+    g.add_argument(
+        "--max-connections-per-ip-overrides", metavar="HOST:N,...",
+        type=_checked(parse_connection_overrides),
+        help="per-address exceptions to --max-connections-per-ip, e.g. "
+        "'10.0.0.5:200,batch.example.com:50' (Kafka's max.connections.per.ip.overrides; host "
+        "names are resolved at start)")
 
 
 def _add_proxy_flags(p, bootstrap_required_text):
@@ -65,9 +109,21 @@ def _add_proxy_flags(p, bootstrap_required_text):
         "and follow its change notifications",
     )
     q.add_argument(
-        "--admin-listen", type=_host_port("--admin-listen"), metavar="HOST:PORT",
-        help="serve /metrics (Prometheus) and /quotas (JSON) here; off unless given",
+        "--admin-listen", type=_checked(parse_admin_listen), metavar="[HOST:]PORT",
+        help="serve /metrics (Prometheus) and /quotas (JSON) here, on 127.0.0.1 unless a host "
+        "is given; off unless given",
     )
+    q.add_argument(
+        "--admin-token-file", metavar="PATH",
+        help="file holding a bearer token that /quotas requires (Authorization: Bearer ...); "
+        "/quotas names every connected principal and client-id",
+    )
+    q.add_argument("--admin-ssl-cert", metavar="PEM",
+                   help="serve the admin endpoint over HTTPS with this certificate (chain)")
+    q.add_argument("--admin-ssl-key", metavar="PEM", help="its private key")
+    q.add_argument("--admin-ssl-ca", metavar="PEM",
+                   help="CA bundle of the client certificates that /quotas then requires (mTLS); "
+                   "/metrics stays readable without one")
     q.add_argument(
         "--quota-mode", choices=("token-bucket", "window"),
         help="token-bucket (default): burst allowance of --quota-burst-seconds, then held to "
@@ -207,6 +263,7 @@ def _add_proxy_flags(p, bootstrap_required_text):
         help="file holding the proxy's SASL password (else the environment variable "
         "KTHROTTLE_UPSTREAM_SASL_PASSWORD; never a flag)",
     )
+    _add_limit_flags(p)
     p.add_argument(
         "--config", metavar="FILE",
         help="TOML file with the same keys as the long flags (bootstrap-server = [...], "
@@ -256,6 +313,16 @@ def _flag_values(args):
         "advertised_host": args.advertised_host,
         "max_frame_size": args.max_frame_size,
         "upstream_connect_timeout_ms": args.upstream_connect_timeout_ms,
+        "sasl_server_max_receive_size": args.sasl_server_max_receive_size,
+        "connections_max_idle_ms": args.connections_max_idle_ms,
+        "handshake_timeout_ms": args.handshake_timeout_ms,
+        "max_connections": args.max_connections,
+        "max_connections_per_ip": args.max_connections_per_ip,
+        "max_connections_per_ip_overrides": args.max_connections_per_ip_overrides,
+        "admin_token_file": args.admin_token_file,
+        "admin_ssl_cert": args.admin_ssl_cert,
+        "admin_ssl_key": args.admin_ssl_key,
+        "admin_ssl_ca": args.admin_ssl_ca,
         "quota_file": args.quota_file,
         "zookeeper": args.zookeeper,
         "admin_listen": args.admin_listen,

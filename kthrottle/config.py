@@ -6,6 +6,13 @@ from dataclasses import dataclass, field
 from .codecs import DEFAULT_MAX_FRAME_SIZE
 
 DEFAULT_LISTEN = "127.0.0.1:9092"
+# Kafka's sasl.server.max.receive.size: the largest frame accepted before a
+# client has authenticated
+DEFAULT_SASL_SERVER_MAX_RECEIVE_SIZE = 524288
+# Kafka's connections.max.idle.ms
+DEFAULT_CONNECTIONS_MAX_IDLE_MS = 600_000
+# how long a TLS handshake plus SASL exchange may take from accept
+DEFAULT_HANDSHAKE_TIMEOUT_MS = 10_000
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 UPSTREAM_PASSWORD_ENV = "KTHROTTLE_UPSTREAM_SASL_PASSWORD"
@@ -54,6 +61,47 @@ def parse_host_port(value, what):
     return host, port
 
 
+def parse_admin_listen(value):
+    """``[HOST:]PORT``: the admin endpoint binds to 127.0.0.1 unless a host
+    is given."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, str) and value.lstrip(":").isdigit():
+        value = "127.0.0.1:" + value.lstrip(":")
+    return parse_host_port(value, "admin-listen")
+
+
+def parse_connection_overrides(value):
+    """Kafka's max.connections.per.ip.overrides: ``host:N,host:N`` (an
+    address or a host name) -> {host: N}; a TOML table works too."""
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, str):
+        items = []
+        for item in value.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            host, sep, count = item.rpartition(":")
+            if not sep or not host:
+                raise ConfigError("max-connections-per-ip-overrides: %r is not host:N" % item)
+            items.append((host.strip("[]"), count))
+    else:
+        raise ConfigError("max-connections-per-ip-overrides must be 'host:N,...', got %r"
+                          % (value,))
+    overrides = {}
+    for host, count in items:
+        try:
+            number = int(count)
+        except (TypeError, ValueError):
+            number = -1
+        if number < 0 or not host:
+            raise ConfigError("max-connections-per-ip-overrides: %s needs a connection count "
+                              "of 0 or more, got %r" % (host or "a host", count))
+        overrides[host] = number
+    return overrides
+
+
 def parse_zookeeper(value, what="zookeeper"):
     """Check ``HOST:PORT[,HOST:PORT...][/chroot]`` (ZooKeeper's connect string,
     as Kafka's zookeeper.connect takes it); returns it unchanged."""
@@ -77,9 +125,21 @@ class ProxyConfig:
     # how long one broker address may take to accept a connection before the
     # next is tried (Kafka's socket.connection.setup.timeout.ms default)
     upstream_connect_timeout_ms: int = 10_000
+    # limits of every listener (Kafka's names; None: no limit)
+    sasl_server_max_receive_size: int = DEFAULT_SASL_SERVER_MAX_RECEIVE_SIZE
+    connections_max_idle_ms: int = DEFAULT_CONNECTIONS_MAX_IDLE_MS
+    handshake_timeout_ms: int = DEFAULT_HANDSHAKE_TIMEOUT_MS
+    max_connections: int | None = None
+    max_connections_per_ip: int | None = None
+    max_connections_per_ip_overrides: dict = field(default_factory=dict)  # host -> N
     quota_file: str | None = None
     zookeeper: str | None = None
     admin_listen: tuple | None = None
+    # /quotas (principals, client-ids) behind a bearer token and/or mTLS
+    admin_token_file: str | None = None
+    admin_ssl_cert: str | None = None
+    admin_ssl_key: str | None = None
+    admin_ssl_ca: str | None = None
     quota_mode: str = "token-bucket"
     quota_window_num: int = 11
     quota_window_size_seconds: float = 1.0
@@ -272,10 +332,53 @@ class ProxyConfig:
                               % self.cluster_state_znode)
         if self.failed_authentication_delay_ms < 0:
             raise ConfigError("failed-authentication-delay-ms must not be negative")
+        self._validate_limits()
+        self._validate_admin()
         self._validate_fleet(passthrough)
         self.quota_settings()
         return self
 
+
+    def _validate_limits(self):
+        if not 0 < self.sasl_server_max_receive_size <= self.max_frame_size:
+            raise ConfigError("sasl-server-max-receive-size must be a positive number of bytes, "
+                              "at most max-frame-size (%d), got %r"
+                              % (self.max_frame_size, self.sasl_server_max_receive_size))
+        for name in ("connections_max_idle_ms", "handshake_timeout_ms"):
+            if getattr(self, name) <= 0:
+                raise ConfigError("%s must be a positive number of ms, got %r"
+                                  % (name.replace("_", "-"), getattr(self, name)))
+        for name in ("max_connections", "max_connections_per_ip"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError("%s must not be negative, got %r"
+                                  % (name.replace("_", "-"), value))
+
+    def _validate_admin(self):
+        tls = (self.admin_ssl_cert, self.admin_ssl_key)
+        if any(tls) and not all(tls):
+            raise ConfigError("admin-ssl-cert and admin-ssl-key go together")
+        if self.admin_ssl_ca and not self.admin_ssl_cert:
+            raise ConfigError("admin-ssl-ca (client certificates for the admin endpoint) needs "
+                              "--admin-ssl-cert and --admin-ssl-key")
+        if (self.admin_token_file or self.admin_ssl_cert) and not self.admin_listen:
+            raise ConfigError("admin-token-file and admin-ssl-* protect the admin endpoint: "
+                              "give --admin-listen too")
+
+    def admin_token(self):
+        """The bearer token /quotas requires, from --admin-token-file (its
+        line ending dropped), or None."""
+        if not self.admin_token_file:
+            return None
+        try:
+            with open(self.admin_token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise ConfigError("cannot read admin-token-file %s: %s"
+                              % (self.admin_token_file, exc.strerror or exc)) from None
+        if not token:
+            raise ConfigError("admin-token-file %s is empty" % self.admin_token_file)
+        return token
 
     def _validate_fleet(self, passthrough):
         if self.proxy_id is None:
@@ -314,6 +417,16 @@ _KEYS = {
     "advertised-host": "advertised_host",
     "max-frame-size": "max_frame_size",
     "upstream-connect-timeout-ms": "upstream_connect_timeout_ms",
+    "sasl-server-max-receive-size": "sasl_server_max_receive_size",
+    "connections-max-idle-ms": "connections_max_idle_ms",
+    "handshake-timeout-ms": "handshake_timeout_ms",
+    "max-connections": "max_connections",
+    "max-connections-per-ip": "max_connections_per_ip",
+    "max-connections-per-ip-overrides": "max_connections_per_ip_overrides",
+    "admin-token-file": "admin_token_file",
+    "admin-ssl-cert": "admin_ssl_cert",
+    "admin-ssl-key": "admin_ssl_key",
+    "admin-ssl-ca": "admin_ssl_ca",
     "quota-file": "quota_file",
     "zookeeper": "zookeeper",
     "admin-listen": "admin_listen",
@@ -361,8 +474,12 @@ def _convert(key, value):
         if not isinstance(value, list):
             raise ConfigError("bootstrap-server must be a list of HOST:PORT strings")
         return [parse_host_port(v, "bootstrap-server") for v in value]
-    if key in ("listen", "admin-listen"):
+    if key == "listen":
         return parse_host_port(value, key)
+    if key == "admin-listen":
+        return parse_admin_listen(value)
+    if key == "max-connections-per-ip-overrides":
+        return parse_connection_overrides(value)
     if key in ("quota-window-size-seconds", "quota-burst-seconds", "storage-base-rate"):
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise ConfigError("%s must be a number, got %r" % (key, value))
@@ -381,14 +498,16 @@ def _convert(key, value):
                "upstream-ssl-cert", "upstream-ssl-key", "upstream-sasl-mechanism",
                "upstream-sasl-username", "upstream-sasl-password-file", "storage-scope",
                "storage-fail-safe", "cluster-state-znode", "proxy-id", "usage-topic",
-               "share-fail-safe"):
+               "share-fail-safe", "admin-token-file", "admin-ssl-cert", "admin-ssl-key",
+               "admin-ssl-ca"):
         if not isinstance(value, str) or not value:
             raise ConfigError("%s must be a non-empty string" % key)
         return value
     if key in ("node-port-base", "max-frame-size", "quota-window-num", "max-throttle-ms",
                "upstream-connect-timeout-ms", "failed-authentication-delay-ms",
                "storage-max-age-ms", "storage-pause-max-ms", "usage-interval",
-               "share-max-age-ms"):
+               "share-max-age-ms", "sasl-server-max-receive-size", "connections-max-idle-ms",
+               "handshake-timeout-ms", "max-connections", "max-connections-per-ip"):
         if not isinstance(value, int) or isinstance(value, bool):
             raise ConfigError("%s must be an integer, got %r" % (key, value))
         return value
