@@ -122,8 +122,11 @@ def test_a_verified_plain_password_is_not_derived_again(monkeypatch):
     credentials = Credentials({"alice": {"SCRAM-SHA-512": alice}})
     assert credentials.check_plain("alice", "alice-secret") and len(derived) == 1
     assert credentials.check_plain("alice", "alice-secret") and len(derived) == 1  # recognised
-    assert not credentials.check_plain("alice", "alice-secreT") and len(derived) == 2
-    assert credentials.check_plain("alice", b"alice-secret") and len(derived) == 2
+    # a refusal derives once per mechanism: the SHA-256 one against a decoy
+    assert not credentials.check_plain("alice", "alice-secreT") and len(derived) == 3
+    assert derived[1:] == ["SCRAM-SHA-512", "SCRAM-SHA-256"]
+    assert not credentials.check_plain("alice", "alice-secreT") and len(derived) == 3  # remembered
+    assert credentials.check_plain("alice", b"alice-secret") and len(derived) == 3
     # a changed credential is a new snapshot, which verifies afresh
     changed = Credentials({"alice": {"SCRAM-SHA-512": scram_from_password("SCRAM-SHA-512", "new")}})
     assert not changed.check_plain("alice", "alice-secret")
@@ -484,3 +487,38 @@ def test_the_command_writes_scram_to_zookeeper_and_a_running_source_picks_it_up(
             await quota_source.stop()
 
     asyncio.run(scenario())
+
+
+def test_an_unknown_user_costs_the_same_derivations_as_a_wrong_password(monkeypatch):
+    """User enumeration by timing: a PLAIN login for a user that does not
+    exist does the same key derivations, at the same iteration counts, as
+    one with a wrong password."""
+    import kthrottle.sources.credentials as module
+
+    derived = []
+    real = module.verify_password
+    monkeypatch.setattr(module, "verify_password",
+                        lambda m, cred, pw: derived.append((m, cred.iterations)) or real(m, cred, pw))
+    credentials = Credentials({"alice": {"SCRAM-SHA-512": scram_from_password("SCRAM-SHA-512", "a"),
+                                         "SCRAM-SHA-256": scram_from_password("SCRAM-SHA-256", "a")},
+                               "solo": {"SCRAM-SHA-256": scram_from_password("SCRAM-SHA-256", "s")}})
+    assert not credentials.check_plain("alice", "wrong")
+    wrong = list(derived)
+    for user in ("nobody", "solo"):
+        derived.clear()
+        assert not credentials.check_plain(user, "wrong")
+        assert derived == wrong == [("SCRAM-SHA-512", 4096), ("SCRAM-SHA-256", 4096)]
+    # a SCRAM exchange for an unknown user runs on a decoy, stable per user
+    decoy = credentials.decoy("SCRAM-SHA-256", "nobody")
+    assert decoy == credentials.decoy("SCRAM-SHA-256", "nobody") != credentials.decoy(
+        "SCRAM-SHA-256", "other")
+    assert len(decoy.stored_key) == 32 and decoy.iterations == 4096
+
+
+def test_the_refused_pairs_remembered_are_bounded():
+    credentials = Credentials({"alice": {"SCRAM-SHA-256": scram_from_password("SCRAM-SHA-256", "a")}})
+    for i in range(Credentials.REFUSED_KEPT):  # as check_plain fills it, oldest first
+        credentials._refused["u%d" % i, b""] = True
+    assert not credentials.check_plain("nobody", "x")
+    assert len(credentials._refused) == Credentials.REFUSED_KEPT
+    assert ("u0", b"") not in credentials._refused and ("u1", b"") in credentials._refused

@@ -24,6 +24,7 @@ import binascii
 import hmac
 import logging
 import os
+from collections import OrderedDict
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -186,7 +187,11 @@ class Credentials:
     """An immutable snapshot: {user: {mechanism: ScramCredential}}. Users are
     named as clients authenticate (not URL-encoded)."""
 
-    __slots__ = ("_users", "_verified", "_key")
+    __slots__ = ("_users", "_verified", "_refused", "_key")
+
+    # wrong (user, password) pairs remembered per snapshot, so that a client
+    # retrying one wrong password costs one key derivation, not one per try
+    REFUSED_KEPT = 4096
 
     def __init__(self, users=None):
         frozen = {}
@@ -205,6 +210,7 @@ class Credentials:
         # PLAIN logins verified against this snapshot: user -> HMAC of the
         # password under a key of this snapshot's own (see check_plain)
         object.__setattr__(self, "_verified", {})
+        object.__setattr__(self, "_refused", OrderedDict())
         object.__setattr__(self, "_key", os.urandom(32))
 
     def __setattr__(self, name, value):
@@ -218,30 +224,52 @@ class Credentials:
             return None
         return mechanisms.get(mechanism) if mechanisms else None
 
+    def decoy(self, mechanism, user):
+        """A made-up credential for a user that has none, the same for the
+        same user within this snapshot: a SCRAM exchange for an unknown user
+        goes on with it and fails at the proof, like a wrong password."""
+        seed = hmac.new(self._key, ("%s\0%s" % (mechanism, user)).encode("utf-8", "replace"),
+                        "sha512").digest()
+        size = _KEY_BYTES[_mechanism(mechanism)]
+        return ScramCredential(seed[:16], seed[16:16 + size].ljust(size, b"\0"),
+                               seed[-size:], MIN_ITERATIONS)
+
     def check_plain(self, user, password):
         """SASL/PLAIN: whether any SCRAM credential of the user (strongest
         first) was made from ``password``. Unknown user, or any bad input:
-        False. Costs a PBKDF2 per credential tried (``iterations`` HMACs,
-        some ms), except for the password last verified for the user in this
-        snapshot: that one is recognised by a keyed hash, so a client that
-        reconnects often does not cost a PBKDF2 each time. The key is random
-        per snapshot and lives only in memory; a changed credential makes a
-        new snapshot, and so forgets what was verified."""
+        False.
+
+        A refusal costs one PBKDF2 per mechanism (``iterations`` HMACs, a few
+        ms) whether the user exists or not, and whichever credentials it has
+        (a missing one is stood in for by a decoy), so the time taken does
+        not tell who exists. The password last verified for a
+        user, and recent wrong pairs, are recognised by a keyed hash instead,
+        so a client that reconnects often, or retries one wrong password,
+        does not cost a PBKDF2 each time. The key is random per snapshot and
+        lives only in memory; a changed credential makes a new snapshot, and
+        so forgets both."""
         try:
-            mechanisms = self._users.get(user)
-            if not mechanisms:
-                return False
             if isinstance(password, str):
                 password = password.encode("utf-8")
             digest = hmac.new(self._key, bytes(password), "sha256").digest()
             known = self._verified.get(user)
             if known is not None and hmac.compare_digest(known, digest):
                 return True
-            for mechanism in reversed(MECHANISMS):
+            refused = self._refused
+            key = (user, digest)
+            if key in refused:
+                return False
+            mechanisms = self._users.get(user) or {}
+            for mechanism in reversed(MECHANISMS):  # strongest first
                 cred = mechanisms.get(mechanism)
-                if cred is not None and verify_password(mechanism, cred, password):
+                if cred is None:  # the same work as for a credential that is there
+                    verify_password(mechanism, self.decoy(mechanism, str(user)), password)
+                elif verify_password(mechanism, cred, password):
                     self._verified[user] = digest
                     return True
+            if len(refused) >= self.REFUSED_KEPT:
+                refused.popitem(last=False)
+            refused[key] = True
         except Exception:  # never let a client's input raise
             return False
         return False
