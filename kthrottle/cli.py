@@ -461,8 +461,13 @@ async def _serve(config, on_ready, stack):
     try:
         await server.start()
         if config.admin_listen:
-            admin = AdminServer(server, *config.admin_listen, source=source,
-                                cluster_state=cluster_state, fleet=fleet)
+            try:  # the token file and the TLS files: start errors of their own
+                admin = AdminServer(server, *config.admin_listen, source=source,
+                                    cluster_state=cluster_state, fleet=fleet,
+                                    token=config.admin_token(), ssl_cert=config.admin_ssl_cert,
+                                    ssl_key=config.admin_ssl_key, ssl_ca=config.admin_ssl_ca)
+            except (ConfigError, ValueError) as exc:
+                raise SystemExit("kthrottle: error: %s" % exc) from None
             await admin.start()
             stack.push_async_callback(admin.close)
     except OSError as exc:

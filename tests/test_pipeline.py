@@ -18,6 +18,7 @@ from kthrottle.proxy.pipeline import (
     HEAD,
     Close,
     Connection,
+    ConnectUpstream,
     Filter,
     FilterTable,
     HoldResponses,
@@ -26,6 +27,7 @@ from kthrottle.proxy.pipeline import (
     Phase,
     ResumeBroker,
     ResumeClient,
+    RunJob,
     SendToBroker,
     SendToClient,
 )
@@ -116,19 +118,29 @@ class Harness:
         self.closed = None
         self.nodes = []
         self.log = []  # action kinds, in order
+        self.connects = 0  # ConnectUpstream actions
+        self.jobs = []  # RunJob actions not carried out yet
+        self.run_jobs = True  # carry them out at once (as a fast worker would)
+        self.refused = None  # Close.refused
         if connect:
-            self.run(self.conn.broker_connected(self.now))
+            self.run(self.conn.client_accepted(self.now))
 
     def run(self, actions):
+        connect = False
         for a in actions:
             self.log.append(type(a).__name__)
+            if isinstance(a, ConnectUpstream):
+                self.connects += 1
+                connect = True
+            elif isinstance(a, RunJob):
+                self.jobs.append(a)
             if isinstance(a, SendToBroker):
                 self.to_broker += b"".join(bytes(c) for c in a.chunks)
             elif isinstance(a, SendToClient):
                 assert self.closed is None
                 self.to_client += b"".join(bytes(c) for c in a.chunks)
             elif isinstance(a, PauseClient):
-                self.client_paused_until = a.until
+                self.client_paused_until = float("inf") if a.until is None else a.until
             elif isinstance(a, ResumeClient):
                 self.client_paused_until = None
             elif isinstance(a, HoldResponses):
@@ -140,6 +152,20 @@ class Harness:
                 self.nodes.append((list(a.nodes), len(self.to_client)))
             elif isinstance(a, Close):
                 self.closed = a.reason
+                self.refused = a.refused
+        if connect and self.closed is None:
+            self.run(self.conn.broker_connected(self.now))
+        if self.run_jobs:
+            self.finish_jobs()
+
+    def finish_jobs(self):
+        while self.jobs:
+            a = self.jobs.pop(0)
+            try:
+                result, error = a.job(), None
+            except Exception as exc:  # as the adapter hands a job's exception on
+                result, error = None, exc
+            self.run(self.conn.job_done(a.token, result, error, self.now))
 
     def client(self, data, chunk=None):
         for i in range(0, len(data), chunk or max(len(data), 1)):

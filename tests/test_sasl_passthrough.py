@@ -186,10 +186,77 @@ def test_re_authentication_is_relayed_for_the_same_user_only():
     a.client(handshake(5, "PLAIN"))
     a.client(authenticate(6, plain("alice", "alice-secret")))
     assert req_cids(a.take_broker()) == [5, 6] and a.closed is None
-    a.client(handshake(7, "PLAIN"))
-    a.client(authenticate(8, plain("bob", "bob-secret")))
-    assert "re-authentication as 'bob' on a connection authenticated as 'alice'" in a.closed
-    assert a.conn.principal == "alice"
+    other = Chain()
+    assert login(other, "PLAIN", "alice", "alice-secret", 1)
+    other.a.client(handshake(7, "PLAIN"))
+    other.a.client(authenticate(8, plain("bob", "bob-secret")))
+    assert "re-authentication as 'bob' on a connection authenticated as 'alice'" in other.a.closed
+    assert req_cids(other.a.take_broker()) == [7]  # bob's token never reached the broker
+    assert other.a.conn.principal == "alice"
+
+
+def scram_tokens(mechanism, user, password):
+    """A SCRAM client's first token, and a function of the server's first
+    answer giving its final token."""
+    client = ScramClient([mechanism], user, password)
+
+    def final(server_first):
+        client.set_server_first(server_first.decode())
+        return client.get_client_final().encode()
+
+    return client.get_client_first().encode(), final
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_pipelined_second_exchange_cannot_take_another_principal(mechanism):
+    """Handshake, the attacker's own good login, then a second handshake and
+    a login as someone else with a wrong password, all sent before any
+    answer: the proxy must not end with the second user's name (it once
+    reset the user on the second handshake and bound it on the first
+    success)."""
+    chain = Chain()
+    a = chain.a
+    if mechanism == "PLAIN":
+        a.client(handshake(1, mechanism) + authenticate(2, plain("alice", "alice-secret"))
+                 + handshake(3, mechanism) + authenticate(4, plain("bob", "wrong")))
+    else:
+        first, _ = scram_tokens(mechanism, "alice", "alice-secret")
+        second, _ = scram_tokens(mechanism, "bob", "wrong")
+        a.client(handshake(1, mechanism) + authenticate(2, first)
+                 + handshake(3, mechanism) + authenticate(4, second))
+    assert "a second SaslHandshake while a SASL exchange is unfinished" in a.closed
+    assert a.refused == "authentication"
+    assert not {3, 4} & set(req_cids(a.take_broker()))  # the second exchange reached no broker
+    assert a.conn.principal == ANONYMOUS
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_success_binds_the_user_of_its_own_exchange_only(mechanism):
+    """Whatever the client sends after its last token (here a re-handshake
+    and another user's first token, before the broker has answered), the
+    broker's success binds the user the exchange began with."""
+    chain = Chain()
+    a = chain.a
+    if mechanism == "PLAIN":
+        out = chain.send(handshake(1, mechanism))
+        a.client(authenticate(2, plain("alice", "alice-secret")))
+    else:
+        first, final = scram_tokens(mechanism, "alice", "alice-secret")
+        chain.send(handshake(1, mechanism))
+        out = chain.send(authenticate(2, first))
+        (frame,) = frames_of(out)
+        a.client(authenticate(3, final(decode_authenticate(frame).auth_bytes)))
+    # the last token is out; before its answer, the client starts over as bob
+    a.client(handshake(8, mechanism))
+    assert "a second SaslHandshake" in a.closed and a.conn.principal == ANONYMOUS
+
+
+@pytest.mark.parametrize("extension", ["tokenauth=TRUE", "tokenauth=True", "tokenauth=tRuE"])
+def test_token_auth_is_read_as_kafka_reads_a_boolean(extension):
+    first = "n,,n=alice,r=abcdef,%s" % extension
+    with pytest.raises(ValueError, match="delegation token"):
+        sasl_user("SCRAM-SHA-256", first.encode())
+    assert sasl_user("SCRAM-SHA-256", b"n,,n=alice,r=abcdef,tokenauth=false") == "alice"
 
 
 def test_the_bound_principal_is_what_the_quotas_resolve_against():

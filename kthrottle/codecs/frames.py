@@ -4,6 +4,8 @@ No I/O here (h11 style): bytes go in through ``feed`` and come out as what
 to forward, cut at frame boundaries. Frames keep their size prefix so they
 can be forwarded exactly as they arrived.
 """
+from struct import error as StructError
+
 from .errors import ProtocolError
 from .wire import INT32, skip_tagged_fields
 
@@ -270,7 +272,10 @@ def _same(frame):
 
 
 def response_correlation_id(frame):
-    return INT32.unpack_from(frame, 4)[0]
+    try:
+        return INT32.unpack_from(frame, 4)[0]
+    except StructError:
+        raise ProtocolError("response of %d bytes has no correlation id" % len(frame)) from None
 
 
 def response_body_offset(frame, flexible_header):

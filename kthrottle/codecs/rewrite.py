@@ -82,6 +82,8 @@ def _broker_entry(buf, pos, compact, advertise, edits, nodes, rewrite=True):
     host, pos = read_string(buf, pos, compact)
     port, pos = read_int32(buf, pos)
     if rewrite and node_id >= 0:
+        if host is None:  # not nullable in any of these schemas
+            raise ProtocolError("null host for node %d" % node_id)
         nodes.append(Node(node_id, host, port))
         new_host, new_port = advertise(node_id)
         edits.append((host_at, pos, encode_string(new_host, compact) + INT32.pack(new_port)))

@@ -40,6 +40,14 @@ SNAPSHOT_VERSION = 1
 # A snapshot larger than this is stored gzip-compressed (a znode holds 1 MiB
 # by default, ZooKeeper's jute.maxbuffer); readers tell by gzip's magic bytes.
 COMPRESS_ABOVE = 256 * 1024
+# How far ahead of the reader's clock a time written on another machine (a
+# report's, a snapshot's) may be before it is refused (issue 14): a time ahead
+# never ages, so a freshness check would never fire. 30 s is the leeway Kafka
+# allows between clocks when it validates a token's times (KIP-768,
+# sasl.oauthbearer.clock.skew.seconds) and no more than the shortest freshness
+# window by default (spark-sync --usage-freshness 30 s), so a report dated
+# ahead stays fresh at most twice as long as it should.
+MAX_CLOCK_SKEW = 30.0
 
 
 # limits ---------------------------------------------------------------------
@@ -210,6 +218,19 @@ class BrokerReport(NamedTuple):
                            "Volumes": volumes}, separators=(",", ":"))
 
 
+def check_time(value, what, now=None):
+    """``value`` as epoch seconds: a finite number (NaN or infinity would make
+    every age comparison false, so nothing would ever be too old), and with
+    ``now`` no more than MAX_CLOCK_SKEW ahead of it. ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        raise ValueError("%s must be epoch seconds (a finite number), got %r" % (what, value))
+    if now is not None and value - now > MAX_CLOCK_SKEW:
+        raise ValueError("%s is %.0f s ahead of this machine's clock (at most %.0f s of clock "
+                         "skew is allowed)" % (what, value - now, MAX_CLOCK_SKEW))
+    return float(value)
+
+
 def iso_time(epoch):
     return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).isoformat(
         timespec="milliseconds").replace("+00:00", "Z")
@@ -243,9 +264,10 @@ def _int(value, what):
     return int(value)
 
 
-def parse_report(data):
+def parse_report(data, now=None):
     """A BrokerReport from the agent's JSON (bytes, str or already parsed);
-    ValueError says what is wrong."""
+    ValueError says what is wrong, also a SnapshotAt more than MAX_CLOCK_SKEW
+    ahead of ``now`` (when given)."""
     data = decode_snapshot(data)
     if not isinstance(data, dict):
         raise ValueError("a volume report is a JSON object")
@@ -274,7 +296,8 @@ def parse_report(data):
             tuple(partitions),
             limit_from_json(v["SoftLimit"], what + ".SoftLimit") if "SoftLimit" in v else None,
             limit_from_json(v["HardLimit"], what + ".HardLimit") if "HardLimit" in v else None))
-    return BrokerReport(broker_id, parse_iso_time(data.get("SnapshotAt")), soft, hard, tuple(out))
+    snapshot_at = check_time(parse_iso_time(data.get("SnapshotAt")), "SnapshotAt", now)
+    return BrokerReport(broker_id, snapshot_at, soft, hard, tuple(out))
 
 
 # the cluster-state snapshot (the Spark job writes it, proxies read it) ------------
@@ -283,9 +306,10 @@ def cluster_snapshot(reports, brokers, replicas, now, freshness, generated_by="k
     """The snapshot for ``reports`` ({broker id: BrokerReport}, the latest of
     each), ``brokers`` (the live broker ids from the cluster's Metadata) and
     ``replicas`` ({(topic, partition): [broker ids]}). A live broker whose
-    report is missing or older than ``freshness`` seconds is UNKNOWN, and so
-    is every partition with a replica on it (unless another replica's volume
-    already PAUSEs it). A replica a report does not list (a partition just
+    report is missing, older than ``freshness`` seconds, or dated more than
+    MAX_CLOCK_SKEW ahead of ``now`` (its agent's clock is wrong: such a report
+    would never grow old) is UNKNOWN, and so is every partition with a replica
+    on it (unless another replica's volume already PAUSEs it). A replica a report does not list (a partition just
     created) takes the strongest state of its broker's volumes.
     Returns a JSON-ready dict."""
     broker_entries = {}
@@ -297,11 +321,18 @@ def cluster_snapshot(reports, brokers, replicas, now, freshness, generated_by="k
             broker_entries[str(broker)] = {"state": UNKNOWN, "reason": "no report"}
             broker_state[broker] = UNKNOWN_STATE
             continue
-        age = now - report.snapshot_at
-        if age > freshness:
-            broker_entries[str(broker)] = {
-                "state": UNKNOWN, "reason": "report is %.0f s old (freshness %.0f s)"
-                % (age, freshness), "reported_at": report.snapshot_at}
+        at = report.snapshot_at
+        if not math.isfinite(at):
+            broker_entries[str(broker)] = {"state": UNKNOWN,
+                                           "reason": "report time %r is not a time" % at}
+            broker_state[broker] = UNKNOWN_STATE
+            continue
+        age = now - at
+        if age > freshness or -age > MAX_CLOCK_SKEW:
+            reason = ("report is %.0f s old (freshness %.0f s)" % (age, freshness)
+                      if age > 0 else "report is dated %.0f s ahead of the job's clock (at most "
+                      "%.0f s of clock skew is allowed)" % (-age, MAX_CLOCK_SKEW))
+            broker_entries[str(broker)] = {"state": UNKNOWN, "reason": reason, "reported_at": at}
             broker_state[broker] = UNKNOWN_STATE
             continue
         volumes = []
@@ -344,8 +375,9 @@ def cluster_snapshot(reports, brokers, replicas, now, freshness, generated_by="k
 def encode_snapshot(snapshot):
     """The bytes a snapshot is stored as: compact JSON, gzip-compressed when
     larger than COMPRESS_ABOVE (with thousands of brokers the volumes alone
-    pass a megabyte; the JSON compresses about tenfold)."""
-    data = json.dumps(snapshot, separators=(",", ":")).encode("utf-8")
+    pass a megabyte; the JSON compresses about tenfold). NaN and infinities
+    are refused (ValueError): JSON has no such numbers (RFC 8259 s6)."""
+    data = json.dumps(snapshot, separators=(",", ":"), allow_nan=False).encode("utf-8")
     if len(data) > COMPRESS_ABOVE:
         import gzip
 
@@ -353,8 +385,16 @@ def encode_snapshot(snapshot):
     return data
 
 
+def _not_json(constant):
+    raise ValueError("%s is not a JSON number (RFC 8259 s6)" % constant)
+
+
 def decode_snapshot(data):
-    """JSON text or object from stored bytes (gzip or not)."""
+    """JSON text or object from stored bytes (gzip or not). Python's json
+    module takes NaN, Infinity and -Infinity by default; they are refused
+    here (ValueError), as JSON has no such numbers (RFC 8259 s6). A number
+    too large for a float (1e999) still reads as infinity: each time field is
+    checked with check_time."""
     if isinstance(data, (bytes, bytearray, memoryview)):
         data = bytes(data)
         if data[:2] == b"\x1f\x8b":
@@ -366,7 +406,7 @@ def decode_snapshot(data):
                 raise ValueError("the compressed snapshot is corrupt: %s" % exc) from None
         data = data.decode("utf-8")
     if isinstance(data, str):
-        data = json.loads(data)
+        data = json.loads(data, parse_constant=_not_json)
     return data
 
 
@@ -384,17 +424,17 @@ class ClusterState:
         self.brokers = brokers or {}
 
     @classmethod
-    def from_json(cls, data):
-        """ValueError says what is wrong (the reader keeps its last state)."""
+    def from_json(cls, data, now=None):
+        """ValueError says what is wrong (the reader keeps its last state):
+        also a time that is not finite, and with ``now`` a snapshot dated
+        more than MAX_CLOCK_SKEW ahead of it (check_clock)."""
         data = decode_snapshot(data)
         if not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT:
             raise ValueError("not a %s snapshot" % SNAPSHOT_FORMAT)
         if data.get("version") != SNAPSHOT_VERSION:
             raise ValueError("snapshot version %r; this proxy reads version %d"
                              % (data.get("version"), SNAPSHOT_VERSION))
-        generated_at = data.get("generated_at")
-        if isinstance(generated_at, bool) or not isinstance(generated_at, (int, float)):
-            raise ValueError("generated_at must be epoch seconds")
+        generated_at = check_time(data.get("generated_at"), "generated_at", now)
         cluster = data.get("cluster")
         if not isinstance(cluster, dict):
             raise ValueError("cluster must be an object")
@@ -416,8 +456,22 @@ class ClusterState:
             partitions[entry[0], entry[1]] = _state(entry[2], entry[3], "partition %s-%d"
                                                     % (entry[0], entry[1]))
         brokers = data.get("brokers", {})
-        return cls(float(generated_at), state, unknown, partitions,
-                   brokers if isinstance(brokers, dict) else {})
+        brokers = brokers if isinstance(brokers, dict) else {}
+        for broker, entry in brokers.items():
+            if not isinstance(entry, dict) or "reported_at" not in entry:
+                continue
+            what = "brokers.%s.reported_at" % broker
+            at = check_time(entry["reported_at"], what)
+            # the job counts a report dated ahead of its clock as UNKNOWN
+            if entry.get("state") != UNKNOWN and at - generated_at > MAX_CLOCK_SKEW:
+                raise ValueError("%s is %.0f s after generated_at, yet the broker's state is %r"
+                                 % (what, at - generated_at, entry.get("state")))
+        return cls(generated_at, state, unknown, partitions, brokers)
+
+    def check_clock(self, now):
+        """ValueError when the snapshot is dated more than MAX_CLOCK_SKEW
+        ahead of ``now`` (it would never grow old: issue 14)."""
+        check_time(self.generated_at, "generated_at", now)
 
 
 def _state(name, factor, what):
@@ -461,11 +515,16 @@ class StoragePolicy:
         self.state = state
 
     def unknown(self, now):
-        """Why the fail-safe applies to the whole cluster now, or None."""
+        """Why the fail-safe applies to the whole cluster now, or None. A
+        snapshot dated ahead of ``now`` by more than MAX_CLOCK_SKEW (this
+        clock was set back after it was read) is as good as none."""
         state = self.state
         if state is None:
             return "no cluster state yet"
         age = now - state.generated_at
+        if not -age <= MAX_CLOCK_SKEW:  # NaN too
+            return ("the cluster state is dated %.0f s ahead of this proxy's clock (at most "
+                    "%.0f s of clock skew is allowed)" % (-age, MAX_CLOCK_SKEW))
         if age > self.max_age:
             return "the cluster state is %.0f s old (max %.0f s)" % (age, self.max_age)
         return None

@@ -5,11 +5,30 @@ request path pays nothing for them. Names follow Kafka's per-(user, client-id)
 quota metrics (byte-rate, throttle-time, request-rate) with Prometheus
 spelling; labels are Kafka's metric tags, so a user-level quota shows as
 client_id="" (all that user's clients share it), as in Kafka.
+
+Served with aiohttp on the proxy's own event loop. Exposure:
+
+- It binds to 127.0.0.1 unless --admin-listen names a host.
+- /quotas names every connected principal and client-id. It can require a
+  bearer token (RFC 6750, ``Authorization: Bearer <token>``; 401 without it)
+  and/or a client certificate signed by --admin-ssl-ca (403 without one).
+  Exposed beyond loopback with neither, a WARNING is logged at start.
+- /metrics stays open, so that Prometheus scrapes it without credentials.
+  Its labels are Kafka's metric tags, so they too name users and client-ids
+  (never connections, peers or rates per connection): where those names are
+  sensitive, keep the endpoint on loopback or behind a firewall.
+- Requests are bounded (header count and sizes, time to send a request and
+  to read the answer): see the constants below.
 """
 import asyncio
+import hmac
+import ipaddress
 import json
 import logging
+import ssl
 
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -18,7 +37,28 @@ from ..policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RA
 log = logging.getLogger("kthrottle.admin")
 
 _KIND = {PRODUCER_BYTE_RATE: "produce", CONSUMER_BYTE_RATE: "fetch", REQUEST_RATE: "request"}
-_MAX_REQUEST_LINE = 8192
+
+# Bounds on what a client may send. Apache httpd's defaults are the precedent
+# for sizes (LimitRequestLine and LimitRequestFieldSize 8190 bytes, which are
+# also aiohttp's); its LimitRequestFields is 100 for a general web server.
+# Prometheus, curl and browsers send fewer than 20 headers, and this endpoint
+# serves two fixed paths, so 32 is plenty: at most 32 x 8 KiB of headers per
+# request. Beyond a bound the answer is 400 and the connection is closed.
+MAX_LINE_SIZE = 8190
+MAX_FIELD_SIZE = 8190
+MAX_HEADERS = 32
+# Slow clients: a connection must deliver a complete request head within
+# REQUEST_TIMEOUT of opening (or of the previous answer, for keep-alive), and
+# take an answer (a large /metrics) within SEND_TIMEOUT, or it is closed.
+# (The TLS handshake has asyncio's own 60 s ssl_handshake_timeout.)
+REQUEST_TIMEOUT = 10.0
+SEND_TIMEOUT = 30.0
+# A request body (none is expected) is drained for at most this long before
+# the connection is closed, so that the client still reads the answer.
+LINGER_TIME = 2.0
+
+_METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_METHODS = ("GET", "HEAD")
 
 
 class ProxyCollector:
@@ -66,6 +106,12 @@ class ProxyCollector:
             yield from family.values()
         yield GaugeMetricFamily("kthrottle_connections", "Open client connections",
                                 value=len(server.connections))
+        refused = CounterMetricFamily(
+            "kthrottle_connections_refused",
+            "Client connections the listeners refused or closed, by reason", labels=["reason"])
+        for reason, count in sorted(getattr(server, "refused", {}).items()):
+            refused.add_metric([str(reason)], count)
+        yield refused
         if self.source is not None:
             yield GaugeMetricFamily(
                 "kthrottle_quota_source_healthy",
@@ -202,59 +248,175 @@ def quotas_report(server):
     return {"connections": connections}
 
 
-class AdminServer:
-    """A small HTTP/1.0 server on the proxy's event loop."""
+def admin_tls_context(cert, key, ca=None):
+    """HTTPS for the admin endpoint. With ``ca``, a client certificate is
+    asked for (CERT_OPTIONAL): one that is sent must verify against ``ca``
+    or the handshake fails; none at all still reaches /metrics, and /quotas
+    then answers 403."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)  # no system CAs
+    try:
+        context.load_cert_chain(cert, key)
+        if ca:
+            context.load_verify_locations(ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError("cannot load the admin endpoint's TLS certificate, key or CA "
+                         "(%s, %s, %s): %s" % (cert, key, ca, exc)) from None
+    context.verify_mode = ssl.CERT_OPTIONAL if ca else ssl.CERT_NONE
+    return context
 
-    def __init__(self, server, host, port, source=None, cluster_state=None, fleet=None):
+
+class _RequestLog(logging.LoggerAdapter):
+    """aiohttp's per-request logger. A malformed or oversized request, or a
+    client gone mid-answer, is the client's doing: one DEBUG line, no
+    traceback (an exposed port meets scanners). Anything else is ours."""
+
+    def exception(self, msg, *args, exc_info=True, **kwargs):
+        if isinstance(exc_info, (HttpProcessingError, ConnectionError)):
+            self.debug(msg + ": %s", *args, exc_info)
+        else:
+            self.error(msg, *args, exc_info=exc_info, **kwargs)
+
+
+def _text(status, text, **headers):
+    return web.Response(status=status, body=text.encode(),
+                        headers={"Content-Type": "text/plain", **headers})
+
+
+def _loopback_only(addresses):
+    for address in addresses:
+        try:
+            if not ipaddress.ip_address(address[0].split("%", 1)[0]).is_loopback:
+                return False
+        except ValueError:
+            return False
+    return True
+
+
+class AdminServer:
+    """/metrics and /quotas over HTTP(S), on the proxy's event loop.
+
+    ``token`` (from --admin-token-file) and ``ssl_ca`` (client certificates)
+    protect /quotas only; /metrics stays open for Prometheus (see the module
+    docstring for what its labels show). Raises ValueError when the TLS files
+    cannot be loaded."""
+
+    def __init__(self, server, host, port, source=None, cluster_state=None, fleet=None, *,
+                 token=None, ssl_cert=None, ssl_key=None, ssl_ca=None):
         self.proxy = server
         self.host = host
         self.port = port
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ProxyCollector(server, source, cluster_state, fleet))
-        self._server = None
+        if token is not None and not token:
+            raise ValueError("the admin bearer token is empty")
+        self._token = token.encode() if token else None
+        if ssl_ca and not ssl_cert:
+            raise ValueError("client certificates for the admin endpoint need its own "
+                             "certificate and key (HTTPS)")
+        self._ssl = admin_tls_context(ssl_cert, ssl_key, ssl_ca) if ssl_cert else None
+        self._client_certs = bool(ssl_ca)
+        self.send_timeout = SEND_TIMEOUT
+        self._runner = None
 
     @property
     def address(self):
-        return self._server.sockets[0].getsockname()[:2]
+        return self._runner.addresses[0][:2]
 
     async def start(self):
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
-        log.info("admin endpoint on http://%s:%d (/metrics, /quotas)", *self.address)
+        @web.middleware
+        async def guard(request, handler):
+            return await self._guard(request, handler)
+
+        app = web.Application(middlewares=[guard])
+        app.router.add_get("/metrics", self._metrics)  # and HEAD
+        app.router.add_get("/quotas", self._quotas)
+        runner = web.AppRunner(
+            app, access_log=None, logger=_RequestLog(log, {}), shutdown_timeout=1.0,
+            max_line_size=MAX_LINE_SIZE, max_field_size=MAX_FIELD_SIZE, max_headers=MAX_HEADERS,
+            # from connection (or last answer) to a whole request head; also
+            # how long an idle keep-alive connection stays open
+            keepalive_timeout=REQUEST_TIMEOUT, lingering_time=LINGER_TIME)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.port, ssl_context=self._ssl).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        protected = [what for what, on in (("bearer token", self._token),
+                                           ("client certificate", self._client_certs)) if on]
+        log.info("admin endpoint on %s://%s:%d (/metrics; /quotas: %s)",
+                 "https" if self._ssl else "http", *self.address,
+                 " and ".join(protected) or "open")
+        if not protected and not _loopback_only(runner.addresses):
+            log.warning(
+                "the admin endpoint on %s:%d is reachable from other hosts and its /quotas "
+                "lists every connected principal and client-id to anyone: require a token "
+                "(--admin-token-file) and/or client certificates (--admin-ssl-cert, "
+                "--admin-ssl-key, --admin-ssl-ca), or listen on 127.0.0.1 "
+                "(--admin-listen PORT)", *self.address)
 
     async def close(self):
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
 
-    async def _handle(self, reader, writer):
+    async def _guard(self, request, handler):
+        if request.method not in _METHODS:
+            # RFC 9110 section 15.5.6: a 405 lists the methods the target allows
+            response = _text(405, "GET only\n", Allow=", ".join(_METHODS))
+        else:
+            try:
+                response = await handler(request)
+            except web.HTTPNotFound:
+                response = _text(404, "try /metrics or /quotas\n")
+        response.headers["Server"] = "kthrottle"
+        # Sent here, under a deadline, rather than by aiohttp afterwards: a
+        # client that stops reading a large answer must not hold it forever.
         try:
-            line = await asyncio.wait_for(reader.readline(), 10)
-            while True:  # skip the headers
-                header = await asyncio.wait_for(reader.readline(), 10)
-                if header in (b"\r\n", b"\n", b""):
-                    break
-            parts = line.decode("latin-1").split()
-            if len(line) > _MAX_REQUEST_LINE or len(parts) < 2:
-                status, ctype, body = "400 Bad Request", "text/plain", b"bad request\n"
-            elif parts[0] not in ("GET", "HEAD"):
-                status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET only\n"
-            else:
-                path = parts[1].split("?", 1)[0]
-                if path == "/metrics":
-                    status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
-                    body = generate_latest(self.registry)
-                elif path == "/quotas":
-                    status, ctype = "200 OK", "application/json"
-                    body = json.dumps(quotas_report(self.proxy), indent=2).encode() + b"\n"
-                else:
-                    status, ctype, body = "404 Not Found", "text/plain", b"try /metrics or /quotas\n"
-            head = "HTTP/1.0 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % (
-                status, ctype, len(body))
-            writer.write(head.encode("latin-1") + (b"" if parts and parts[0] == "HEAD" else body))
-            await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError):
-            pass
-        except Exception:
-            log.exception("admin request failed")
-        finally:
-            writer.close()
+            async with asyncio.timeout(self.send_timeout):
+                await response.prepare(request)
+                await response.write_eof()
+        except TimeoutError:
+            log.debug("admin client %s too slow to read its answer", request.remote)
+            if request.transport is not None:
+                request.transport.abort()
+        return response
+
+    async def _metrics(self, request):
+        return web.Response(body=generate_latest(self.registry),
+                            headers={"Content-Type": _METRICS_TYPE})
+
+    async def _quotas(self, request):
+        denied = self._deny(request)
+        if denied is not None:
+            return denied
+        body = json.dumps(quotas_report(self.proxy), indent=2).encode() + b"\n"
+        # principals and client-ids: not for shared caches (RFC 9111 section 5.2.2.5)
+        return web.Response(body=body, content_type="application/json",
+                            headers={"Cache-Control": "no-store"})
+
+    def _deny(self, request):
+        """The answer refusing /quotas to this request, or None."""
+        if self._client_certs:
+            ssl_object = (request.transport.get_extra_info("ssl_object")
+                          if request.transport is not None else None)
+            # CERT_OPTIONAL: a certificate that is there was verified against the CA
+            if ssl_object is None or not ssl_object.getpeercert():
+                return _text(403, "/quotas requires a client certificate signed by the "
+                             "admin endpoint's CA\n")
+        if self._token is not None:
+            scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+            challenge = 'Bearer realm="kthrottle"'
+            if scheme.lower() != "bearer":  # auth schemes are case-insensitive (RFC 9110 11.1)
+                return _text(401, "/quotas requires a bearer token\n",
+                             **{"WWW-Authenticate": challenge})
+            try:
+                given = credentials.strip().encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:
+                given = b""
+            if not hmac.compare_digest(given, self._token):
+                # RFC 6750 section 3.1
+                return _text(401, "invalid bearer token\n", **{
+                    "WWW-Authenticate": challenge + ', error="invalid_token"'})
+        return None

@@ -113,7 +113,8 @@ class SendToClient(_Value):
 
 
 class PauseClient(_Value):
-    """Read nothing from the client until ``until``; call tick() then."""
+    """Read nothing from the client until ``until``; call tick() then.
+    ``until`` None: until further notice (a job the pipeline waits on)."""
 
     __slots__ = ("until",)
 
@@ -149,15 +150,44 @@ class NodesSeen(_Value):
         self.nodes = nodes
 
 
-class Close(_Value):
-    __slots__ = ("reason",)
+class ConnectUpstream(_Value):
+    """Open the broker connection now (then call broker_connected). Read
+    nothing from the client meanwhile: its bytes wait for the broker."""
 
-    def __init__(self, reason):
+    __slots__ = ()
+
+
+class RunJob(_Value):
+    """Run ``job()`` outside the pipeline (its result may be awaitable: a key
+    derivation in a worker thread, a question to a broker), then call
+    ``job_done(token, result, error, now)``."""
+
+    __slots__ = ("job", "token")
+
+    def __init__(self, job, token):
+        self.job = job
+        self.token = token
+
+
+class Close(_Value):
+    __slots__ = ("reason", "refused")
+
+    def __init__(self, reason, refused=None):
         self.reason = reason
+        # why the client was turned away (a failed login, a request before
+        # authentication), for the refusal log and its counter; None for an
+        # ordinary close
+        self.refused = refused
 
 
 RESUME_CLIENT = ResumeClient()
 RESUME_BROKER = ResumeBroker()
+CONNECT_UPSTREAM = ConnectUpstream()
+
+# Close.refused reasons (the label of kthrottle_connections_refused_total)
+REFUSED_AUTHENTICATION = "authentication"
+REFUSED_UNAUTHENTICATED_REQUEST = "unauthenticated_request"
+REFUSED_MALFORMED_REQUEST = "malformed_request"  # before authentication
 
 
 # Verdicts: what a filter answers about one frame (None: forward as is). ----
@@ -186,9 +216,21 @@ class Throttle(NamedTuple):
 
 
 class Refuse(NamedTuple):
-    """Close the connection; the request reaches no broker."""
+    """Close the connection; the request reaches no broker. ``refused``:
+    the reason's kind when the client is turned away (Close.refused)."""
 
     reason: str
+    refused: str | None = None
+
+
+class Pending(NamedTuple):
+    """Answer later, in the broker's place: ``job`` is run outside the
+    pipeline (see RunJob); ``on_done(conn, result, error)`` then returns the
+    answer frame (b"" for none). Nothing after the request is read
+    meanwhile. Only before authentication, when no broker answers interleave."""
+
+    job: object
+    on_done: object
 
 
 class Observe(NamedTuple):
@@ -261,6 +303,12 @@ class Filter:
     def response_need(self, api_key, api_version):
         """NOTHING, HEAD, STREAM or GATHER for their responses."""
         return NOTHING
+
+    def on_accept(self, conn):
+        """The client is accepted, before any broker connection. A filter
+        that authenticates clients itself starts here (``conn.begin_
+        authentication``); the broker is then connected only once it has
+        called ``conn.authenticated``."""
 
     def on_upstream(self, conn):
         """The broker connection is up, before any client byte reaches it.
@@ -337,7 +385,7 @@ class InFlight:
 
     __slots__ = ("correlation_id", "api_key", "api_version", "answer",
                  "throttle_ms", "throttle_reason", "quotas", "response_need",
-                 "response_filters", "on_response", "raw_answer")
+                 "response_filters", "on_response", "raw_answer", "note")
 
     def __init__(self, correlation_id, api_key, api_version, response_need=NOTHING,
                  response_filters=()):
@@ -352,13 +400,16 @@ class InFlight:
         self.response_filters = response_filters
         self.on_response = None  # a filter's own request: who gets the answer
         self.raw_answer = None  # a raw token forwarded: who gets the raw answer (ForwardRaw)
+        self.note = None  # a filter's record of this request (the SASL exchange it is part of)
 
     def __repr__(self):
         return "InFlight(%d, api %d v%d)" % (self.correlation_id, self.api_key, self.api_version)
 
 
 class _Refused(Exception):
-    pass
+    def __init__(self, reason, refused=None):
+        super().__init__(reason)
+        self.refused = refused
 
 
 _RAW = object()  # a raw token being gathered (see Connection.raw_request)
@@ -367,12 +418,21 @@ _RAW = object()  # a raw token being gathered (see Connection.raw_request)
 class Connection:
     """The pipeline of one client connection and its broker connection."""
 
-    def __init__(self, table, max_frame_size, quotas=None):
+    def __init__(self, table, max_frame_size, quotas=None, max_receive_before_auth=None):
         self.table = table
         self.quota_manager = quotas  # policy QuotaManager, or None
         self.phase = Phase.CONNECTING
         self.principal = ANONYMOUS
+        self.max_frame_size = max_frame_size
+        # Kafka's sasl.server.max.receive.size: frames are capped at this
+        # until the client has authenticated
+        self.max_receive_before_auth = max_receive_before_auth or max_frame_size
+        self.upstream_connected = False
         self.auth = None  # the authenticating filter's state for this connection
+        self._jobs = {}  # token -> (InFlight, on_done): answers a job will give
+        self._next_job = 0
+        self._wait_due = False  # stop reading once the request being read is in
+        self._in_job = False  # within job_done
         self.auth_upstream = None  # the proxy's own login to the broker, while it runs
         # set by a filter with expect_raw(): the next request frames are not
         # Kafka requests but raw tokens (SASL after SaslHandshake v0)
@@ -412,6 +472,43 @@ class Connection:
 
     # inputs -----------------------------------------------------------
 
+    def client_accepted(self, now):
+        """The client connection is accepted (its TLS handshake done). Where
+        a filter authenticates the client itself, the client is read at once
+        and the broker connected only once it has authenticated; otherwise
+        the broker is connected first (ConnectUpstream)."""
+        self.now = now
+        actions = self._actions = []
+        for f in self.table.filters:
+            f.on_accept(self)
+        if self.phase is Phase.AUTHENTICATING:
+            actions.append(RESUME_CLIENT)
+        else:
+            actions.append(CONNECT_UPSTREAM)
+        return actions
+
+    def begin_authentication(self, state):
+        """A filter holds the connection until the client has authenticated:
+        only that filter's requests are accepted (authenticating_need), and
+        frames are capped at max_receive_before_auth."""
+        self.phase = Phase.AUTHENTICATING
+        self.auth = state
+        self.requests_in.max_frame_size = self.max_receive_before_auth
+
+    def authenticated(self, principal):
+        """The authenticating filter's verdict, given once: the connection's
+        principal for its life. Without a broker connection yet, it is opened
+        now and the client's next bytes wait for it."""
+        self.principal = principal
+        self.requests_in.max_frame_size = self.max_frame_size
+        if self.upstream_connected:
+            self.phase = Phase.READY
+            return
+        self.phase = Phase.CONNECTING
+        if not self._in_job:  # within a request: what follows it waits in _early
+            self.requests_in.stop_after_frame = True
+        self._actions.append(CONNECT_UPSTREAM)
+
     def broker_connected(self, now):
         """The broker connection is up. Filters that must first talk to the
         broker themselves (the proxy's own SASL login) do so while the
@@ -420,6 +517,7 @@ class Connection:
         actions = self._actions = []
         if self.phase is not Phase.CONNECTING or self._upstream_waiting:
             return actions
+        self.upstream_connected = True
         for f in self.table.filters:
             if f.on_upstream(self):
                 self._upstream_waiting += 1
@@ -470,17 +568,19 @@ class Connection:
         cutter = self.requests_in
         try:
             cutter.feed(data, out)
-            if self._internal or self._mute_due:
+            if self._internal or self._mute_due or self._wait_due:
                 self._at_request_boundary(out)
+            elif self.phase is Phase.CONNECTING:
+                self._await_upstream()
             pending = self.pending
             if pending and pending[0].answer is not None:
                 self._flush_answers()
         except ProtocolError as exc:
             self._to_broker = None
-            return self._close("malformed request from client: %s" % exc)
+            return self._malformed(exc)
         except _Refused as exc:
             self._to_broker = None
-            return self._close(str(exc))
+            return self._close(str(exc), exc.refused)
         self._to_broker = None
         if out:
             if actions:
@@ -499,12 +599,15 @@ class Connection:
                 if self._unread is not None:  # throttled on the way
                     self._unread.extend(chunks[i:])
                     break
+                if self.phase is Phase.CONNECTING:  # authenticated on the way
+                    self._early.extend(chunks[i:])
+                    break
                 self._feed_client(data, out)
         except ProtocolError as exc:
-            self._close("malformed request from client: %s" % exc)
+            self._malformed(exc)
             return False
         except _Refused as exc:
-            self._close(str(exc))
+            self._close(str(exc), exc.refused)
             return False
         finally:
             self._to_broker = None
@@ -567,15 +670,45 @@ class Connection:
                 actions.append(RESUME_BROKER)
             else:
                 actions.append(HoldResponses(self.hold_until))
-        if self._unread is not None:
+        if self._unread is not None and not self._jobs:
             if due >= self.muted_until:
-                unread, self._unread = self._unread, None
-                if not self._client_bytes(unread, actions):
-                    return actions
-                if self._unread is None:
-                    actions.append(RESUME_CLIENT)
+                self._read_unread(actions)
             else:
                 actions.append(PauseClient(self.muted_until))
+        return actions
+
+    def _read_unread(self, actions):
+        """The client may be read again: what came meanwhile first."""
+        unread, self._unread = self._unread, None
+        if not self._client_bytes(unread, actions):
+            return
+        if self._unread is None and self.phase is not Phase.CONNECTING:
+            actions.append(RESUME_CLIENT)
+
+    def job_done(self, token, result, error, now):
+        """A job (RunJob) has finished, with its result or the exception it
+        raised; its answer goes out in its turn, and the client is read on."""
+        self.now = now
+        actions = self._actions = []
+        entry = self._jobs.pop(token, None)
+        if entry is None or self.phase is Phase.CLOSED:
+            return actions
+        inflight, on_done = entry
+        self._in_job = True
+        try:
+            answer = on_done(self, result, error)
+        except _Refused as exc:
+            return self._close(str(exc), exc.refused)
+        finally:
+            self._in_job = False
+        if self.phase is Phase.CLOSED:
+            return actions
+        if answer.__class__ is Refuse:
+            return self._close(answer.reason, answer.refused)
+        inflight.answer = b"" if answer is None else answer
+        self._flush_answers()
+        if self._unread is not None and not self._jobs and now + TIMER_SLACK >= self.muted_until:
+            self._read_unread(actions)
         return actions
 
     def client_eof(self):
@@ -587,24 +720,31 @@ class Connection:
             return self._close("client disconnected: %s" % exc)
         return self._close("client disconnected")
 
-    def close(self, reason):
-        """Closed from outside (the broker went away, shutdown)."""
+    def close(self, reason, refused=None):
+        """Closed from outside (the broker went away, shutdown, a limit)."""
         self._actions = []
-        return self._close(reason)
+        return self._close(reason, refused)
 
-    def _close(self, reason):
+    def _close(self, reason, refused=None):
         actions = self._actions
         if self.phase is not Phase.CLOSED:
             self.phase = Phase.CLOSED
-            actions.append(Close(reason))
+            actions.append(Close(reason, refused))
         return actions
+
+    def _malformed(self, exc):
+        # before authentication a malformed or oversized frame is a refusal
+        refused = REFUSED_MALFORMED_REQUEST if self.phase is Phase.AUTHENTICATING else None
+        return self._close("malformed request from client: %s" % exc, refused)
 
     # the request side ---------------------------------------------------
 
     def _feed_client(self, data, out):
         self.requests_in.feed(data, out)
-        if self._internal or self._mute_due:
+        if self._internal or self._mute_due or self._wait_due:
             self._at_request_boundary(out)
+        elif self.phase is Phase.CONNECTING:
+            self._await_upstream()
         pending = self.pending
         if pending and pending[0].answer is not None:
             self._flush_answers()
@@ -616,6 +756,31 @@ class Connection:
                 self._flush_internal(out)
             if self._mute_due:
                 self._start_mute()
+            if self._wait_due:
+                self._start_wait()
+            elif self.phase is Phase.CONNECTING:
+                self._await_upstream()
+
+    def _await_upstream(self):
+        """Authenticated before the broker connection (see authenticated):
+        what the client sent after that waits for the broker."""
+        cutter = self.requests_in
+        cutter.stop_after_frame = False
+        rest, cutter.rest = cutter.rest, None
+        if rest:
+            self._early.append(rest)
+
+    def _start_wait(self):
+        """Read nothing more until the jobs are done (job_done)."""
+        self._wait_due = False
+        cutter = self.requests_in
+        cutter.stop_after_frame = False
+        rest, cutter.rest = cutter.rest, None
+        if self._unread is None:
+            self._unread = []
+        if rest:
+            self._unread.insert(0, rest)
+        self._actions.append(PauseClient(None))
 
     def _request_head(self, head, frame_len):
         if self.raw_request is not None:
@@ -650,6 +815,9 @@ class Connection:
             if answer is None:
                 return None
             inflight = InFlight(-1, -1, -1, GATHER)
+            if answer.__class__ is Pending:
+                self._pending_job(inflight, answer)
+                return None
             if answer.__class__ is ForwardRaw:
                 inflight.raw_answer = answer.on_answer
                 self.pending.append(inflight)
@@ -701,7 +869,10 @@ class Connection:
                 self.pending.append(inflight)
                 return DROP
             elif cls is Refuse:
-                raise _Refused(verdict.reason)
+                raise _Refused(verdict.reason, verdict.refused)
+            elif cls is Pending:
+                self._pending_job(inflight, verdict)
+                return DROP
             elif cls is Observe:
                 observed = _Observed(verdict.stream, verdict.on_done, self, inflight)
             elif cls is Defer:
@@ -728,6 +899,15 @@ class Connection:
             return result
         self.pending.append(inflight)
         return result
+
+    def _pending_job(self, inflight, pending):
+        """Pending: the answer comes from a job; nothing more is read meanwhile."""
+        self._next_job += 1
+        self._jobs[self._next_job] = (inflight, pending.on_done)
+        self.pending.append(inflight)
+        self._actions.append(RunJob(pending.job, self._next_job))
+        self._wait_due = True
+        self.requests_in.stop_after_frame = True
 
     def send_request(self, frame, api_key, api_version, on_response):
         """Send a request of the proxy's own to the broker (a filter's: a
@@ -774,8 +954,9 @@ class Connection:
         if self._held is None:
             self._held = []
         self._actions.append(HoldResponses(self.hold_until))
-        # called while a request is handled: read nothing after it
-        self._throttle_client(max(delay_ms, 1), reading_request=True)
+        # called while a request is handled (or its job's answer): read
+        # nothing after it
+        self._throttle_client(max(delay_ms, 1), reading_request=not self._in_job)
 
     def quotas_for(self, client_id):
         """The policy's ClientQuotas for this connection's principal and

@@ -166,11 +166,15 @@ def tls_context(config):
 
 
 def certificate_subject(der):
-    """A certificate's subject as Kafka writes it (RFC 2253, most specific
-    first: CN=alice,OU=team,O=org)."""
+    """A certificate's subject as Kafka writes it: Java's
+    X500Principal.getName() (RFC 2253, most specific first:
+    CN=alice,OU=team,O=org; emailAddress and other types without an RFC 2253
+    keyword as OID=#hex), what ssl.principal.mapping.rules match (KIP-371)."""
     from cryptography import x509
 
-    return x509.load_der_x509_certificate(der).subject.rfc4514_string()
+    from ..policy.principal import x500_principal_name
+
+    return x500_principal_name(x509.load_der_x509_certificate(der).subject)
 
 
 def upstream_tls_context(config):

@@ -1,0 +1,56 @@
+"""ApiVersions requests and answers the proxy makes itself.
+
+A proxy that authenticates clients before it connects to a broker answers
+their ApiVersions request itself (clients send it before SASL, KIP-511), from
+the version ranges a broker gave it earlier, clamped to what the proxy can
+decode. The answer's header is always v0, whatever the request's version
+(KIP-511).
+"""
+from ._kafka import ApiVersionsRequest, ApiVersionsResponse
+from . import apis
+from .errors import ProtocolError
+from .wire import INT32
+
+# The version the proxy asks a broker with: every broker since 0.10 has it,
+# and the ranges it lists are the same at every version.
+PROBE_VERSION = 0
+
+
+def api_versions_request(correlation_id, client_id="kthrottle"):
+    """A framed ApiVersions v0 request."""
+    request = ApiVersionsRequest[PROBE_VERSION]()
+    request.with_header(correlation_id=correlation_id, client_id=client_id)
+    return bytes(request.encode(header=True, framed=True))
+
+
+def parse_api_versions(frame, version=PROBE_VERSION):
+    """A framed ApiVersions response -> ((api_key, min, max), ...), sorted.
+    ProtocolError if it does not decode or carries an error."""
+    try:
+        answer = ApiVersionsResponse[version].decode(bytes(frame[8:]))
+    except Exception as exc:  # kafka-python raises several types on bad input
+        raise ProtocolError("malformed ApiVersions response: %s" % exc) from None
+    if answer.error_code:
+        raise ProtocolError("the broker answered ApiVersions with error %d" % answer.error_code)
+    return tuple(sorted((int(k[0]), int(k[1]), int(k[2])) for k in answer.api_keys))
+
+
+def api_versions_answer(correlation_id, version, ranges):
+    """The answer to an ApiVersions request of ``version`` listing ``ranges``
+    ((api_key, min, max), as a broker gave them), each max clamped to what
+    the proxy decodes. None when ``version`` is newer than the proxy can
+    encode (the caller answers UNSUPPORTED_VERSION then)."""
+    if not 0 <= version <= ApiVersionsResponse.max_version:
+        return None
+    keys = []
+    for api_key, low, high in ranges:
+        limit = apis.MAX_DECODABLE_VERSION.get(api_key)
+        if limit is not None and high > limit:
+            high = limit
+        keys.append((api_key, low, high))
+    cls = ApiVersionsResponse[version]
+    fields = {"error_code": 0, "api_keys": keys}
+    if version >= 1:
+        fields["throttle_time_ms"] = 0
+    body = cls(**fields).encode()
+    return INT32.pack(len(body) + 4) + INT32.pack(correlation_id) + bytes(body)
