@@ -459,7 +459,10 @@ async def _serve(config, on_ready, stack):
         raise SystemExit("kthrottle: error: %s" % exc) from None
     stack.push_async_callback(server.close)
     try:
-        await server.start()
+        try:
+            await server.start()
+        except ValueError as exc:  # max-connections-per-ip-overrides naming an unknown host
+            raise SystemExit("kthrottle: error: %s" % exc) from None
         if config.admin_listen:
             try:  # the token file and the TLS files: start errors of their own
                 admin = AdminServer(server, *config.admin_listen, source=source,

@@ -339,10 +339,11 @@ def _scram_reason(state, exc):
     if state.unknown_user:
         return "unknown user"
     code = getattr(exc, "server_error", None)
+    code = getattr(code, "value", code)  # scramp's ServerError, an enum of RFC 5802's names
     if code == "invalid-proof":
         return "wrong password (the client's proof did not verify)"
     if code:
-        return "the client's message was refused (%s)" % code
+        return "the client's message was refused (%s: %s)" % (code, exc)
     return "the exchange failed (%s)" % exc
 
 

@@ -9,14 +9,18 @@ buffer is over its high mark.
 import asyncio
 import logging
 
+from .limits import HANDSHAKE_TIMEOUT, TLS_HANDSHAKE
 from .pipeline import (
     Close,
     Connection,
+    ConnectUpstream,
     HoldResponses,
     NodesSeen,
     PauseClient,
+    Phase,
     ResumeBroker,
     ResumeClient,
+    RunJob,
     SendToBroker,
     SendToClient,
 )
@@ -57,13 +61,19 @@ class ClientConnection(asyncio.Protocol):
         self.listener_name = listener_name
         self.upstream_addresses = upstream_addresses  # tried in order
         self.conn_id = server.next_connection_id()
-        self.pipeline = Connection(server.filter_table, server.config.max_frame_size, server.quotas)
+        config = server.config
+        self.pipeline = Connection(server.filter_table, config.max_frame_size, server.quotas,
+                                   config.sasl_server_max_receive_size)
         self.client = _Side()
         self.upstream = _Side()
         self.loop = server.loop
         self.peer = None
+        self.address = None  # the client's IP address (connection limits)
         self.upstream_addr = None
         self.closed = False
+        self.accepted_at = None
+        self.counted = False  # in the connection limits' counts (TLS: by the acceptor)
+        self._activity = (0, None)  # (bytes both ways, when they last changed)
         self._connect_task = None
         self._client_timer = None
         self._hold_timer = None
@@ -88,13 +98,21 @@ class ClientConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
         peer = transport.get_extra_info("peername")
         self.peer = "%s:%s" % peer[:2] if peer else "?"
+        self.address = peer[0] if peer else "?"
+        self.accepted_at = self.loop.time()
         self.client.pause("connecting")
-        self.server.connections.add(self)
-        mapper = self.server.principal_mapper
+        server = self.server
+        server.connections.add(self)
+        if not self.counted:  # a TLS listener's acceptor counts before the handshake
+            over = server.limits.admit(self.address)
+            if over is not None:
+                self.refuse(*over)
+                return
+            self.counted = True
+        mapper = server.principal_mapper
         if mapper is not None and not self._tls_principal(transport, mapper):
             return
-        self._connect_task = self.loop.create_task(self._connect_upstream())
-        self._connect_task.add_done_callback(self._connect_done)
+        self._run(self.pipeline.client_accepted(self.loop.time()))
 
     def _tls_principal(self, transport, mapper):
         """SSL listeners: the client certificate's subject, mapped, is the
@@ -110,9 +128,40 @@ class ClientConnection(asyncio.Protocol):
         try:
             self.pipeline.principal = mapper.principal(subject)
         except NoMatchingRule as exc:
-            self.close("client certificate refused: %s" % exc)
+            self.refuse(TLS_HANDSHAKE, "client certificate refused: %s" % exc)
             return False
         return True
+
+    def _start_upstream(self):
+        self.client.pause("connecting")
+        if self._connect_task is None:
+            self._connect_task = self.loop.create_task(self._connect_upstream())
+            self._connect_task.add_done_callback(self._connect_done)
+
+    def refuse(self, reason, message):
+        """Turn the client away: one WARNING line (summarised per address by
+        the refusal log) and kthrottle_connections_refused_total."""
+        if not self.closed:
+            self._run(self.pipeline.close(message, reason))
+            self._closed(message, reason)
+
+    def sweep(self, now, idle, handshake):
+        """The server's periodic look (see ProxyServer._sweep)."""
+        if self.closed:
+            return
+        p = self.pipeline
+        if p.phase is Phase.AUTHENTICATING:
+            if now - self.accepted_at >= handshake:
+                self.refuse(HANDSHAKE_TIMEOUT, "authentication not done %d ms after the "
+                            "connection was accepted (handshake-timeout-ms)"
+                            % round(handshake * 1000))
+            return
+        moved = p.bytes_from_client + p.bytes_from_broker
+        count, since = self._activity
+        if moved != count or since is None:
+            self._activity = (moved, now)
+        elif now - since >= idle:
+            self.close("idle for %d ms (connections-max-idle-ms)" % round((now - since) * 1000))
 
     async def _connect_upstream(self):
         errors = []
@@ -184,12 +233,16 @@ class ClientConnection(asyncio.Protocol):
         for action in actions:
             kind = action.__class__
             if kind is SendToBroker:
+                if self.upstream.transport is None:  # never: a filter let a request through early
+                    self._closed("internal error: a request before the broker connection")
+                    return
                 self.upstream.transport.writelines(action.chunks)
             elif kind is SendToClient:
                 self.client.transport.writelines(action.chunks)
             elif kind is PauseClient:
                 self.client.pause("throttled")
-                self._client_timer = self._set_timer(self._client_timer, action.until)
+                if action.until is not None:  # None: until a job is done
+                    self._client_timer = self._set_timer(self._client_timer, action.until)
             elif kind is ResumeClient:
                 self.client.resume("throttled")
                 self.client.resume("connecting")
@@ -200,9 +253,41 @@ class ClientConnection(asyncio.Protocol):
                 self.upstream.resume("holding a throttled response")
             elif kind is NodesSeen:
                 self.server.learn_nodes(action.nodes)
+            elif kind is ConnectUpstream:
+                self._start_upstream()
+            elif kind is RunJob:
+                self._start_job(action)
             elif kind is Close:
-                self._closed(action.reason)
+                self._closed(action.reason, action.refused)
                 return
+
+    def _start_job(self, action):
+        try:
+            result = action.job()
+        except Exception as exc:
+            self.loop.call_soon(self._job_done, action.token, None, exc)
+            return
+        if not asyncio.isfuture(result) and not asyncio.iscoroutine(result):
+            self.loop.call_soon(self._job_done, action.token, result, None)
+            return
+        future = asyncio.ensure_future(result)
+
+        def done(future):
+            if future.cancelled():
+                return
+            exc = future.exception()
+            self._job_done(action.token, None if exc else future.result(), exc)
+
+        future.add_done_callback(done)
+
+    def _job_done(self, token, result, error):
+        if self.closed:
+            return
+        try:
+            self._run(self.pipeline.job_done(token, result, error, self.loop.time()))
+        except Exception as exc:  # a bug: never leave the client hanging
+            log.error("connection %d: handling a job's answer failed", self.conn_id, exc_info=exc)
+            self.close("internal error: %s" % exc)
 
     def _set_timer(self, timer, until):
         if timer is not None:
@@ -210,19 +295,27 @@ class ClientConnection(asyncio.Protocol):
         return self.loop.call_at(until, self._tick)
 
     def _tick(self):
-        if not self.closed:
+        if self.closed:
+            return
+        try:
             self._run(self.pipeline.tick(self.loop.time()))
+        except Exception as exc:  # a bug: never leave a paused client and two sockets open
+            log.error("connection %d: a timer failed", self.conn_id, exc_info=exc)
+            self.close("internal error after a timer: %s" % exc)
 
     def close(self, reason):
         if not self.closed:
             self._run(self.pipeline.close(reason))
             self._closed(reason)
 
-    def _closed(self, reason):
+    def _closed(self, reason, refused=None):
         if self.closed:
             return
         self.closed = True
-        self.server.connections.discard(self)
+        server = self.server
+        server.connections.discard(self)
+        if self.counted:
+            server.limits.release(self.address)
         for timer in (self._client_timer, self._hold_timer):
             if timer is not None:
                 timer.cancel()
@@ -232,6 +325,10 @@ class ClientConnection(asyncio.Protocol):
         for side in (self.client, self.upstream):
             if side.transport is not None:
                 side.transport.close()
+        if refused is not None:
+            server.refusals.refused(self.address, "%s (connection %d, %s listener)" % (
+                self.peer, self.conn_id, self.listener_name), refused, reason)
+            return
         p = self.pipeline
         log.info(
             "connection %d closed: %s (client %s, broker %s, %d requests, %d bytes in, %d bytes out)",

@@ -666,7 +666,7 @@ class Connection:
                 if held:
                     actions.append(SendToClient(held))
                 if self._close_when_released is not None:
-                    return self._close(self._close_when_released)
+                    return self._close(*self._close_when_released)
                 actions.append(RESUME_BROKER)
             else:
                 actions.append(HoldResponses(self.hold_until))
@@ -947,7 +947,7 @@ class Connection:
         connection.failed.authentication.delay.ms: a client cannot retry
         passwords at full speed). Nothing more is read from the client."""
         until = self.now + delay_ms / 1000.0
-        self._close_when_released = reason
+        self._close_when_released = reason, REFUSED_AUTHENTICATION
         self.expect_raw(None)
         if until > self.hold_until:
             self.hold_until = until
