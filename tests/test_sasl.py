@@ -19,7 +19,7 @@ from kthrottle.proxy.auth import (
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.pipeline import Connection, FilterTable, Phase
 from kthrottle.sources.credentials import Credentials, scram_from_password
-from test_pipeline import Harness, api_versions_req, frames_of, produce_req, req_cids
+from test_pipeline import Harness, api_versions_req, cids, frames_of, produce_req, req_cids
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -42,11 +42,30 @@ def credentials():
 CREDENTIALS = credentials()
 
 
+class Versions:
+    """What ProxyServer's ApiVersionsCache offers the authenticator: the
+    broker's version ranges, known or fetched on demand."""
+
+    RANGES = ((0, 0, 11), (1, 0, 99), (3, 0, 12), (17, 0, 1), (18, 0, 4), (36, 0, 2))
+
+    def __init__(self, known=True):
+        self.current = self.RANGES if known else None
+        self.fetched = 0
+
+    def fetch(self):
+        self.fetched += 1
+        return self.RANGES
+
+
 class SaslHarness(Harness):
-    def __init__(self, snapshot=None, mechanisms=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")):
-        self.auth = SaslTerminate(list(mechanisms), lambda: CREDENTIALS, failed_delay_ms=100)
+    def __init__(self, snapshot=None, mechanisms=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
+                 versions=None, run_jobs=True, credentials=CREDENTIALS):
+        self.versions = versions or Versions()
+        self.auth = SaslTerminate(list(mechanisms), lambda: credentials, failed_delay_ms=100,
+                                  api_versions=self.versions)
         manager = QuotaManager(snapshot) if snapshot is not None else None
         super().__init__(filters=standard_filters(advertise, manager, self.auth))
+        self.run_jobs = run_jobs
         self.conn.quota_manager = self.manager = manager
 
     def answer(self):
@@ -190,10 +209,111 @@ def test_authenticate_before_handshake_is_an_illegal_state():
 def test_a_request_before_authentication_closes_and_reaches_no_broker():
     h = SaslHarness()
     h.client(api_versions_req(1))  # allowed: clients ask before SaslHandshake
-    assert req_cids(h.take_broker()) == [1]
+    assert h.take_broker() == b"" and cids(h.take_client()) == [1]  # the proxy answered
     h.client(produce_req(2))
     assert h.take_broker() == b""
-    assert "before authentication" in h.closed
+    assert "before authentication" in h.closed and h.refused == "unauthenticated_request"
+    assert h.connects == 0  # no broker connection was ever asked for
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3])
+def test_api_versions_before_authentication_is_answered_from_the_brokers_ranges(version):
+    from kthrottle.codecs.versions import parse_api_versions
+
+    h = SaslHarness()
+    h.client(api_versions_req(5, version=version))
+    (frame,) = frames_of(h.take_client())
+    ranges = dict((k, (lo, hi)) for k, lo, hi in parse_api_versions(frame, version))
+    assert ranges[3] == (0, 12) and ranges[17] == (0, 1)
+    # clamped to what the proxy decodes, as a broker's own answer would be
+    assert ranges[1] == (0, apis.MAX_DECODABLE_VERSION[apis.FETCH])
+    assert h.connects == 0 and h.closed is None
+
+
+def test_api_versions_waits_for_the_ranges_when_none_are_known_yet():
+    h = SaslHarness(versions=Versions(known=False), run_jobs=False)
+    h.client(api_versions_req(5) + handshake(6, "PLAIN"))
+    assert h.take_client() == b"" and len(h.jobs) == 1
+    assert h.client_paused_until == float("inf")  # the handshake waits its turn
+    h.finish_jobs()
+    assert cids(h.take_client()) == [5, 6] and h.versions.fetched == 1
+
+
+def test_no_broker_answering_api_versions_closes_that_connection():
+    versions = Versions(known=False)
+    versions.fetch = lambda: (_ for _ in ()).throw(ConnectionError("127.0.0.1:1 refused"))
+    h = SaslHarness(versions=versions)
+    h.client(api_versions_req(5))
+    assert "no broker answered ApiVersions: 127.0.0.1:1 refused" in h.closed
+
+
+def test_the_broker_is_connected_only_once_the_client_has_authenticated():
+    h = SaslHarness()
+    h.client(api_versions_req(1) + handshake(2, "SCRAM-SHA-256"))
+    client = ScramClient(["SCRAM-SHA-256"], "alice", "alice-secret")
+    h.client(authenticate(3, client.get_client_first().encode()))
+    frames = frames_of(h.take_client())
+    assert h.connects == 0 and h.take_broker() == b""
+    client.set_server_first(decode_authenticate(frames[-1]).auth_bytes.decode())
+    # the last token and a produce request in one read: the request waits
+    # for the broker connection, then goes on
+    h.client(authenticate(4, client.get_client_final().encode()) + produce_req(5))
+    assert h.connects == 1 and h.conn.principal == "alice"
+    assert req_cids(h.take_broker()) == [5]
+
+
+def test_a_plain_password_is_checked_in_a_job_and_nothing_is_read_meanwhile():
+    fresh = credentials()  # nothing verified yet
+    h = SaslHarness(run_jobs=False, credentials=fresh)
+    h.client(handshake(1, "PLAIN"))
+    h.take_client()
+    h.client(authenticate(2, plain("alice", "alice-secret")) + produce_req(3))
+    assert len(h.jobs) == 1 and h.take_client() == b"" and h.take_broker() == b""
+    assert h.client_paused_until == float("inf")
+    h.finish_jobs()
+    assert decode_authenticate(h.answer()).error_code == 0
+    assert h.connects == 1 and req_cids(h.take_broker()) == [3]
+    # the same password again is recognised without a job
+    again = SaslHarness(run_jobs=False, credentials=fresh)
+    again.client(handshake(1, "PLAIN"))
+    again.client(authenticate(2, plain("alice", "alice-secret")))
+    assert not again.jobs and again.conn.principal == "alice"
+
+
+def test_an_unknown_scram_user_gets_a_server_first_message_and_fails_at_the_proof():
+    """RFC 5802 section 9: the server need not tell an unknown user apart;
+    the log still names the user and the reason."""
+    h = SaslHarness()
+    h.client(handshake(1, "SCRAM-SHA-256"))
+    h.take_client()
+    client = ScramClient(["SCRAM-SHA-256"], "nobody", "guess")
+    h.client(authenticate(2, client.get_client_first().encode()))
+    first = decode_authenticate(h.answer())
+    assert first.error_code == 0 and first.auth_bytes.startswith(b"r=")
+    client.set_server_first(first.auth_bytes.decode())
+    h.client(authenticate(3, client.get_client_final().encode()))
+    h.at(h.now + 0.2)
+    answer = decode_authenticate(h.answer())
+    assert answer.error_code == SASL_AUTHENTICATION_FAILED
+    assert "SCRAM-SHA-256 login for user 'nobody': unknown user" in h.closed
+    assert h.refused == "authentication"
+
+
+def test_frames_are_capped_before_authentication_and_not_after():
+    from kthrottle.proxy.pipeline import Connection as Pipeline
+
+    h = SaslHarness()
+    h.conn.max_receive_before_auth = 4096  # as --sasl-server-max-receive-size
+    h.conn.requests_in.max_frame_size = 4096
+    big = authenticate(2, b"\0alice\0" + b"x" * 5000)
+    h.client(handshake(1, "PLAIN"))
+    h.client(big[:600])  # refused from its size, before the rest is sent
+    assert "exceeds the maximum of 4096 bytes" in h.closed and h.refused == "malformed_request"
+    ok = SaslHarness()
+    ok.conn.max_receive_before_auth = ok.conn.requests_in.max_frame_size = 4096
+    ok.client(handshake(1, "PLAIN") + authenticate(2, plain("alice", "alice-secret")))
+    ok.client(produce_req(3, nbytes=20000))  # the proxy's max frame size again
+    assert ok.closed is None and req_cids(ok.take_broker()) == [3]
 
 
 def test_the_principal_is_fixed_once_authenticated():

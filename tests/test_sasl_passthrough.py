@@ -300,3 +300,28 @@ def test_a_malformed_first_token_closes_before_the_broker_sees_it():
     chain.a.client(authenticate(2, b"garbage"))
     assert "malformed PLAIN token" in chain.a.closed
     assert chain.a.take_broker() == b""
+
+
+def test_the_attack_against_a_broker_that_keeps_the_connection_open():
+    """The spoof as a Kafka broker answers it: OK, OK, then ILLEGAL_SASL_STATE
+    for the second handshake and an error for the second login, the
+    connection left open. The proxy must never end with 'admin'."""
+    from test_sasl import SaslAuthenticateResponse
+
+    a = Harness(filters=standard_filters(advertise, None, SaslPassthrough(MECHANISMS)))
+    a.client(handshake(1, "PLAIN") + authenticate(2, plain("mallory", "mallory-secret"))
+             + handshake(3, "PLAIN") + authenticate(4, plain("admin", "wrong")))
+
+    def answer(cid, response):
+        response.with_header(correlation_id=cid)
+        return bytes(response.encode(header=True, framed=True))
+
+    ok_handshake = SaslHandshakeResponse[1](error_code=0, mechanisms=["PLAIN"])
+    a.broker(answer(1, ok_handshake) + answer(2, SaslAuthenticateResponse[1](
+        error_code=0, error_message=None, auth_bytes=b"", session_lifetime_ms=0)))
+    a.broker(answer(3, SaslHandshakeResponse[1](error_code=34, mechanisms=["PLAIN"]))
+             + answer(4, SaslAuthenticateResponse[1](
+                 error_code=58, error_message="Authentication failed", auth_bytes=b"",
+                 session_lifetime_ms=0)))
+    assert a.conn.principal != "admin"
+    assert a.closed and "a second SaslHandshake" in a.closed

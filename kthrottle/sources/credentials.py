@@ -249,16 +249,12 @@ class Credentials:
         lives only in memory; a changed credential makes a new snapshot, and
         so forgets both."""
         try:
-            if isinstance(password, str):
-                password = password.encode("utf-8")
-            digest = hmac.new(self._key, bytes(password), "sha256").digest()
-            known = self._verified.get(user)
-            if known is not None and hmac.compare_digest(known, digest):
-                return True
+            digest = self._digest(password)
+            verdict = self._remembered(user, digest)
+            if verdict is not None:
+                return verdict
             refused = self._refused
             key = (user, digest)
-            if key in refused:
-                return False
             mechanisms = self._users.get(user) or {}
             for mechanism in reversed(MECHANISMS):  # strongest first
                 cred = mechanisms.get(mechanism)
@@ -273,6 +269,29 @@ class Credentials:
         except Exception:  # never let a client's input raise
             return False
         return False
+
+    def check_plain_remembered(self, user, password):
+        """check_plain's answer when it needs no key derivation (the
+        password last verified, or a wrong pair seen recently), else None: a
+        microsecond check for the event loop, before a derivation is sent to
+        a worker."""
+        try:
+            return self._remembered(user, self._digest(password))
+        except Exception:
+            return None
+
+    def _digest(self, password):
+        if isinstance(password, str):
+            password = password.encode("utf-8")
+        return hmac.new(self._key, bytes(password), "sha256").digest()
+
+    def _remembered(self, user, digest):
+        known = self._verified.get(user)
+        if known is not None and hmac.compare_digest(known, digest):
+            return True
+        if (user, digest) in self._refused:
+            return False
+        return None
 
     def mechanisms(self, user):
         """The mechanisms the user has a credential for, weakest first."""
