@@ -260,6 +260,20 @@ def test_fleet_shares_ignore_stale_reports():
     assert only_b["b"].prior == 1.0
 
 
+def test_fleet_shares_ignore_reports_dated_ahead_of_the_jobs_clock():
+    """A report from a proxy whose clock is ahead would never grow stale
+    (issue 14): beyond MAX_CLOCK_SKEW it is ignored as a stale one is."""
+    from kthrottle.policy.storage import MAX_CLOCK_SKEW
+
+    reports = {"a": report("a", [bucket(demand=10.0)]),
+               "b": report("b", [bucket(demand=1000.0)], at=NOW + 3600),
+               "c": report("c", [bucket(demand=10.0)], at=NOW + MAX_CLOCK_SKEW),  # allowed
+               "d": report("d", [bucket(demand=10.0)], at=float("nan"))}
+    out = fleet_shares(reports, NOW, 30.0)
+    assert list(out) == ["a", "c"] and out["a"].proxies == ("a", "c")
+    assert out["a"].shares[0][3] == pytest.approx(Q / 2)
+
+
 def test_fleet_shares_latest_quota_wins():
     reports = {"a": report("a", [bucket(quota=1000.0, demand=1.0)], at=NOW - 1),
                "b": report("b", [bucket(quota=2000.0, demand=1.0)], at=NOW - 5)}
@@ -374,6 +388,17 @@ def test_usage_report_rejections(data, message):
         parse_usage_report(data)
 
 
+def test_usage_report_dated_ahead_of_the_readers_clock_is_refused():
+    from kthrottle.policy.storage import MAX_CLOCK_SKEW
+
+    at = 1795442400.0  # SPEC_REPORT's ReportedAt
+    assert parse_usage_report(SPEC_REPORT, now=at - MAX_CLOCK_SKEW).reported_at == at
+    with pytest.raises(ValueError, match="ReportedAt is 3600 s ahead of this machine's clock"):
+        parse_usage_report(SPEC_REPORT, now=at - 3600)
+    with pytest.raises(ValueError, match="NaN is not a JSON number"):
+        parse_usage_report(json.dumps(spec_report(bucket={"Demand": float("nan")})))
+
+
 def test_usage_report_rejects_bad_bytes():
     with pytest.raises(ValueError):
         parse_usage_report(b"\xff\xfe")
@@ -462,9 +487,92 @@ def test_shares_document_rejections(data, message):
         parse_shares_document(data)
 
 
+@pytest.mark.parametrize("text,message", [
+    (json.dumps(shares_doc(generated_at=float("nan"))), "NaN is not a JSON number"),
+    (json.dumps(shares_doc(generated_at=float("inf"))), "Infinity is not a JSON number"),
+    (json.dumps(shares_doc(generated_at="1e999")).replace('"1e999"', "1e999"),
+     r"generated_at must be epoch seconds \(a finite number\), got inf"),
+])
+def test_a_shares_document_whose_time_cannot_age_is_refused(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_shares_document(text)
+
+
+def test_a_shares_document_dated_beyond_the_clock_skew_is_refused():
+    from kthrottle.policy.storage import MAX_CLOCK_SKEW
+
+    ahead = parse_shares_document(shares_doc(generated_at=NOW + 3600))
+    with pytest.raises(ValueError, match="generated_at is 3600 s ahead of this machine's clock"):
+        ahead.check_clock(NOW)
+    doc = parse_shares_document(shares_doc(generated_at=NOW + MAX_CLOCK_SKEW))
+    doc.check_clock(NOW)
+    with pytest.raises(ValueError, match="generated_at is 31 s ahead of this machine's clock"):
+        doc.check_clock(NOW - 1)
+
+
 def test_corrupt_gzip_shares_document():
     with pytest.raises(ValueError, match="corrupt"):
         parse_shares_document(gzip.compress(b"{}")[:-6])
+
+
+# the proxy's side, with a real ZooKeeper: a shares document dated ahead is refused as a
+# malformed one is (a log line, the rejected counter), and the last good one stays
+
+def _zookeeper_available():
+    import zookeeper as zk_server
+
+    return zk_server.available()
+
+
+@pytest.mark.skipif(not _zookeeper_available(), reason="scripts/test installs ZooKeeper")
+def test_a_shares_document_dated_ahead_is_refused_and_the_last_good_one_stays(zookeeper, caplog):
+    import asyncio
+    import logging
+    import uuid
+
+    from kazoo.client import KazooClient
+
+    from kthrottle.proxy.fleet import SharesWatch
+
+    caplog.set_level(logging.INFO, logger="kthrottle.storage")
+    path = "/fleet-policy-%s/shares/a" % uuid.uuid4().hex[:8]
+
+    async def until(predicate, what):
+        for _ in range(250):
+            if predicate():
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("timed out waiting for %s" % what)
+
+    async def scenario(writer):
+        seen = []
+        writer.create(path, json.dumps(shares_doc(generated_at=time.time(), cycle=1)).encode(),
+                      makepath=True)
+        watch = SharesWatch(zookeeper.hosts, path, "a")
+        await watch.start(seen.append)
+        try:
+            await until(lambda: len(seen) == 1, "the first document")
+            writer.set(path, json.dumps(shares_doc(generated_at=time.time() + 3600,
+                                                   cycle=2)).encode())
+            await until(lambda: watch.rejected == 1, "the document dated ahead refused")
+            assert any("refused the quota shares in %s" % path in r.getMessage()
+                       and "generated_at is 3600 s ahead of this machine's clock" in r.getMessage()
+                       for r in caplog.records)
+            await asyncio.sleep(0.05)
+            assert [d.cycle for d in seen] == [1]  # the last good shares stay
+            writer.set(path, json.dumps(shares_doc(generated_at=time.time(), cycle=3)).encode())
+            await until(lambda: len(seen) == 2, "the next good document")
+            assert [d.cycle for d in seen] == [1, 3] and watch.rejected == 1
+        finally:
+            await watch.stop()
+
+    writer = KazooClient(hosts=zookeeper.hosts)
+    writer.start(timeout=10)
+    try:
+        asyncio.run(scenario(writer))
+    finally:
+        writer.stop()
+        writer.close()
 
 
 # how long the job's driver would take ----------------------------------------------------------

@@ -255,7 +255,7 @@ def test_usage_reports_go_with_the_proxys_upstream_security_settings(fleet, brok
         assert metric(q.admin, "kthrottle_usage_reports_total") == 0
         assert "(%s over SASL_PLAINTEXT as 'fleet-proxy' with SCRAM-SHA-512)" % sasl.bootstrap \
             in q.log()
-        sasl.wait_for_log("SCRAM-SHA-512 exchange failed for user 'fleet-proxy'")
+        sasl.wait_for_log("SCRAM-SHA-512 login for user 'fleet-proxy': wrong password")
         assert q.alive()
     finally:
         sasl.stop()

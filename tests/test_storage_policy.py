@@ -16,6 +16,7 @@ from kthrottle.policy.storage import (
     StoragePolicy,
     VolumeReport,
     cluster_snapshot,
+    encode_snapshot,
     parse_limit,
     parse_report,
     parse_size,
@@ -191,6 +192,84 @@ def test_a_malformed_snapshot_is_rejected_with_the_reason(mutate, message):
         ClusterState.from_json(json.dumps(snap))
 
 
+# times that would switch the staleness checks off (issue 14) --------------------------
+
+def test_a_report_dated_ahead_of_the_jobs_clock_or_not_a_time_is_unknown():
+    from kthrottle.policy.storage import MAX_CLOCK_SKEW
+
+    reports = {1: report(1, [vol("a", 10, [("t", 0)])], at=NOW + 3600),
+               2: report(2, [vol("a", 10, [("t", 1)])], at=float("nan")),
+               3: report(3, [vol("a", 10, [("t", 2)])], at=NOW + MAX_CLOCK_SKEW)}  # allowed
+    replicas = {("t", 0): [1], ("t", 1): [2], ("t", 2): [3]}
+    snap = cluster_snapshot(reports, [1, 2, 3], replicas, NOW, freshness=60)
+    assert snap["cluster"]["unknown_brokers"] == [1, 2]
+    assert snap["brokers"]["1"]["reason"].startswith("report is dated 3600 s ahead")
+    assert snap["brokers"]["2"]["reason"] == "report time nan is not a time"
+    assert snap["brokers"]["3"]["state"] == OPEN
+    assert [p[:3] for p in snap["partitions"]] == [["t", 0, UNKNOWN], ["t", 1, UNKNOWN]]
+    ClusterState.from_json(encode_snapshot(snap)).check_clock(NOW)  # it reads back
+
+
+TOO_BIG = "1e999"  # parses as a float: infinity
+
+
+def _snapshot_text(mutate=lambda snap: None, **generated):
+    snap = cluster_snapshot({1: report(1, [vol("a", 70, [("t", 0)])])}, [1], {("t", 0): [1]},
+                            NOW, 60)
+    snap.update(generated)
+    mutate(snap)
+    # Python writes NaN and Infinity as such, as a careless writer would
+    return json.dumps(snap).replace('"%s"' % TOO_BIG, TOO_BIG)
+
+
+@pytest.mark.parametrize("text,message", [
+    (_snapshot_text(generated_at=float("nan")), "NaN is not a JSON number"),
+    (_snapshot_text(generated_at=float("inf")), "Infinity is not a JSON number"),
+    (_snapshot_text(generated_at=-float("inf")), "-Infinity is not a JSON number"),
+    (_snapshot_text(generated_at=TOO_BIG),
+     r"generated_at must be epoch seconds \(a finite number\), got inf"),
+    (_snapshot_text(lambda snap: snap["brokers"]["1"].update(reported_at=TOO_BIG)),
+     r"brokers.1.reported_at must be epoch seconds \(a finite number\)"),
+    (_snapshot_text(lambda snap: snap["brokers"]["1"].update(reported_at=NOW + 3600)),
+     "brokers.1.reported_at is 3600 s after generated_at, yet the broker's state is 'THROTTLE'"),
+])
+def test_a_snapshot_whose_times_cannot_age_is_refused(text, message):
+    with pytest.raises(ValueError, match=message):
+        ClusterState.from_json(text)
+
+
+def test_a_snapshot_within_the_clock_skew_is_taken_and_beyond_it_refused():
+    from kthrottle.policy.storage import MAX_CLOCK_SKEW
+
+    state = ClusterState.from_json(_snapshot_text(generated_at=NOW + 3600))
+    with pytest.raises(ValueError, match="generated_at is 3600 s ahead of this machine's clock"):
+        state.check_clock(NOW)
+    state = ClusterState.from_json(_snapshot_text(generated_at=NOW + MAX_CLOCK_SKEW))
+    state.check_clock(NOW)
+    with pytest.raises(ValueError, match="generated_at is 31 s ahead of this machine's clock"):
+        state.check_clock(NOW - 1)
+
+
+@pytest.mark.parametrize("generated_at,reason", [
+    (NOW + 3600, "the cluster state is dated 3600 s ahead of this proxy's clock"),
+    (float("nan"), "the cluster state's time nan is not a time"),
+    (float("inf"), "the cluster state's time inf is not a time"),
+])
+def test_a_proxy_never_counts_a_snapshot_dated_ahead_as_fresh(generated_at, reason):
+    """A snapshot taken in while the clocks agreed, read after this clock was
+    set back (or built by hand): the fail-safe applies, as for a stale one."""
+    paused = StoragePolicy("cluster", PAUSE, max_age=30)
+    paused.update(ClusterState(generated_at, State(OPEN, 1.0)))
+    state, why = paused.cluster(NOW)
+    assert state == State(PAUSE, 0.0) and why.startswith(reason)
+    assert paused.partition("t", 0, NOW) == State(PAUSE, 0.0)
+
+
+def test_the_job_never_writes_nan_nor_infinity():
+    with pytest.raises(ValueError):
+        encode_snapshot({"generated_at": float("nan")})
+
+
 def test_a_large_snapshot_is_stored_compressed_and_read_back():
     from kthrottle.policy.storage import COMPRESS_ABOVE, decode_snapshot, encode_snapshot
 
@@ -206,3 +285,76 @@ def test_a_large_snapshot_is_stored_compressed_and_read_back():
     assert decode_snapshot(encode_snapshot({"small": 1})) == {"small": 1}  # plain JSON
     with pytest.raises(ValueError, match="compressed snapshot is corrupt"):
         ClusterState.from_json(data[:100])
+
+
+# the reading side, with a real ZooKeeper: a snapshot dated ahead is refused as a
+# malformed one is (a log line, the rejected counter), and the last good one stays
+
+def _zookeeper_available():
+    import zookeeper as zk_server
+
+    return zk_server.available()
+
+
+async def _until(predicate, what, timeout=5.0):
+    import asyncio
+
+    for _ in range(int(timeout / 0.02)):
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("timed out waiting for %s" % what)
+
+
+@pytest.mark.skipif(not _zookeeper_available(), reason="scripts/test installs ZooKeeper")
+def test_the_source_refuses_a_snapshot_dated_ahead_and_keeps_the_last_good_one(
+        zookeeper, caplog):
+    import asyncio
+    import logging
+    import time
+    import uuid
+
+    from kazoo.client import KazooClient
+
+    from kthrottle.sources.cluster_state import ClusterStateSource
+
+    caplog.set_level(logging.INFO, logger="kthrottle.storage")
+    path = "/storage-policy-%s/cluster-state" % uuid.uuid4().hex[:8]
+
+    def snapshot(generated_at):
+        snap = cluster_snapshot({1: report(1, [vol("a", 70)], at=generated_at)}, [1], {},
+                                generated_at, 60)
+        return json.dumps(snap).encode()  # NaN written as such
+
+    def refused(why):
+        return any(why in r.getMessage() and "the previous one stays" in r.getMessage()
+                   for r in caplog.records if r.name == "kthrottle.storage")
+
+    async def scenario(writer):
+        seen = []
+        writer.create(path, snapshot(time.time()), makepath=True)
+        source = ClusterStateSource(zookeeper.hosts, path)
+        await source.start(seen.append)
+        try:
+            await _until(lambda: len(seen) == 1, "the first snapshot")
+            writer.set(path, snapshot(time.time() + 3600))
+            await _until(lambda: source.rejected == 1, "the snapshot dated ahead refused")
+            assert refused("generated_at is 3600 s ahead of this machine's clock")
+            writer.set(path, snapshot(float("nan")))
+            await _until(lambda: source.rejected == 2, "the NaN snapshot refused")
+            assert refused("NaN is not a JSON number")
+            await asyncio.sleep(0.05)
+            assert len(seen) == 1  # the last good snapshot stays in force
+            writer.set(path, snapshot(time.time()))
+            await _until(lambda: len(seen) == 2, "the next good snapshot")
+            assert source.rejected == 2 and seen[-1].generated_at <= time.time()
+        finally:
+            await source.stop()
+
+    writer = KazooClient(hosts=zookeeper.hosts)
+    writer.start(timeout=10)
+    try:
+        asyncio.run(scenario(writer))
+    finally:
+        writer.stop()
+        writer.close()

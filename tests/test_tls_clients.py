@@ -87,6 +87,66 @@ def test_mtls_principal_is_the_mapped_subject_and_all_clients_connect(broker, tm
         p.stop()
 
 
+def _email_subject_certificate(tmp):
+    """A CA of its own and a client certificate whose subject carries an
+    emailAddress attribute, as many corporate CAs issue them (trustme writes
+    no such subjects); returns (ca, cert, key) file names."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def name(*attributes):
+        return x509.Name([x509.NameAttribute(oid, value) for oid, value in attributes])
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = name((NameOID.COMMON_NAME, "email test ca"))
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(days=1))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    leaf = (x509.CertificateBuilder()
+            .subject_name(name((NameOID.ORGANIZATION_NAME, "org"),
+                               (NameOID.ORGANIZATIONAL_UNIT_NAME, "team"),
+                               (NameOID.COMMON_NAME, "Carol"),
+                               (NameOID.EMAIL_ADDRESS, "carol@example.com")))
+            .issuer_name(ca_name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .sign(ca_key, hashes.SHA256()))
+    files = tmp / "email-ca.pem", tmp / "carol.pem", tmp / "carol.key"
+    files[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    files[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    files[2].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return tuple(str(f) for f in files)
+
+
+def test_a_kafka_rule_maps_a_subject_with_an_email_address(broker, tmp_path, pki):
+    """Kafka's principal is Java's X500Principal.getName(): emailAddress has no
+    RFC 2253 keyword, so it is written as its OID and the hex of its DER value,
+    and a rule written for a broker must match that form here too."""
+    from aiokafka.helpers import create_ssl_context
+
+    ca, cert, key = _email_subject_certificate(tmp_path)
+    rules = r"RULE:^1\.2\.840\.113549\.1\.9\.1=#16[0-9a-f]+,CN=([^,]+),OU=team,O=org$/$1/L"
+    p = _proxy(broker, tmp_path, pki, "SSL", "--ssl-ca", ca, "--ssl-client-auth", "required",
+               "--ssl-principal-mapping-rules", rules).start()
+    try:
+        context = create_ssl_context(cafile=pki["ca"], certfile=cert, keyfile=key)
+        principals = principals_of_roundtrip(p, broker, security_protocol="SSL",
+                                             ssl_context=context)
+        assert principals and set(principals) == {"carol"}
+    finally:
+        p.stop()
+
+
 @pytest.mark.parametrize("who", [None, "expired", "stranger"])
 def test_a_client_without_a_valid_certificate_is_refused_when_one_is_required(
         broker, tmp_path, pki, who):

@@ -47,7 +47,14 @@ from collections import Counter
 from typing import NamedTuple
 
 from .entities import QUOTA_KEYS
-from .storage import decode_snapshot, encode_snapshot, iso_time, parse_iso_time
+from .storage import (
+    MAX_CLOCK_SKEW,
+    check_time,
+    decode_snapshot,
+    encode_snapshot,
+    iso_time,
+    parse_iso_time,
+)
 
 SHARES_FORMAT = "kthrottle-quota-shares"
 SHARES_VERSION = 1
@@ -122,16 +129,18 @@ class UsageReport(NamedTuple):
         }, separators=(",", ":"))
 
 
-def parse_usage_report(data):
+def parse_usage_report(data, now=None):
     """A UsageReport from a proxy's JSON (bytes, str or already parsed);
-    ValueError says what is wrong. A bucket listed twice is an error."""
+    ValueError says what is wrong. A bucket listed twice is an error, and so
+    is a ReportedAt more than MAX_CLOCK_SKEW ahead of ``now`` (when given)."""
     data = decode_snapshot(data)
     if not isinstance(data, dict):
         raise ValueError("a usage report is a JSON object")
     proxy_id = data.get("ProxyId")
     if not isinstance(proxy_id, str) or not proxy_id:
         raise ValueError("ProxyId must be a non-empty string, got %r" % (proxy_id,))
-    reported_at = parse_iso_time(data.get("ReportedAt"), "ReportedAt")
+    reported_at = check_time(parse_iso_time(data.get("ReportedAt"), "ReportedAt"), "ReportedAt",
+                             now)
     interval = _number(data.get("IntervalSeconds"), "IntervalSeconds", strict=True)
     brokers = data.get("FrontedBrokers")
     if not isinstance(brokers, list) or not all(
@@ -282,9 +291,11 @@ def fleet_shares(reports, now, freshness, floor_fraction=DEFAULT_FLOOR_FRACTION,
                  headroom=DEFAULT_HEADROOM):
     """{proxy id: ProxyShares} for ``reports`` ({proxy id: UsageReport}, the
     latest of each; the dict's key is the proxy id). A report older than
-    ``freshness`` seconds at ``now`` is ignored: that proxy gets nothing and
-    is not counted. Each bucket (sharing key) is split with compute_shares()
-    among the fresh proxies that report it, by their demands; a bucket only
+    ``freshness`` seconds at ``now``, or dated more than MAX_CLOCK_SKEW ahead
+    of it (that proxy's clock is wrong: its report would never grow old), is
+    ignored: that proxy gets nothing and is not counted. Each bucket (sharing
+    key) is split with compute_shares() among the fresh proxies that report
+    it, by their demands; a bucket only
     one proxy reports is wholly its own. The quota of a bucket is the one
     reported; when proxies disagree (a quota changed between their
     reports), the latest report's quota wins (at the same time, the greatest
@@ -292,7 +303,8 @@ def fleet_shares(reports, now, freshness, floor_fraction=DEFAULT_FLOOR_FRACTION,
     brokers and ``leaders`` ({(topic, partition): leader id}; None: an equal
     split), with the same floor_fraction as the shares."""
     _check_shape(floor_fraction, headroom)
-    fresh = {p: r for p, r in reports.items() if now - r.reported_at <= freshness}
+    fresh = {p: r for p, r in reports.items()
+             if -MAX_CLOCK_SKEW <= now - r.reported_at <= freshness}  # NaN: never
     ids = tuple(sorted(fresh))
     # sharing key -> [quota, reported_at of the quota, proxy, demand, proxy,
     # demand, ...]: one list a bucket (a third of the objects three lists
@@ -386,6 +398,11 @@ class SharesDocument:
             return s.share
         return s.share / s.quota * quota
 
+    def check_clock(self, now):
+        """ValueError when the document is dated more than MAX_CLOCK_SKEW
+        ahead of ``now`` (it would never grow old: issue 14)."""
+        check_time(self.generated_at, "generated_at", now)
+
     def to_json(self):
         """The document again (JSON-ready dict)."""
         return shares_document(ProxyShares(
@@ -401,17 +418,15 @@ class SharesDocument:
 def parse_shares_document(data):
     """A SharesDocument from stored bytes (plain or gzip), JSON text or an
     already parsed dict; ValueError says what is wrong (the reader keeps its
-    last shares)."""
+    last shares). Whether it is dated ahead of the reader's clock is
+    SharesDocument.check_clock's question."""
     data = decode_snapshot(data)
     if not isinstance(data, dict) or data.get("format") != SHARES_FORMAT:
         raise ValueError("not a %s document" % SHARES_FORMAT)
     if data.get("version") != SHARES_VERSION:
         raise ValueError("shares document version %r; this proxy reads version %d"
                          % (data.get("version"), SHARES_VERSION))
-    generated_at = data.get("generated_at")
-    if isinstance(generated_at, bool) or not isinstance(generated_at, (int, float)) \
-            or not math.isfinite(generated_at):
-        raise ValueError("generated_at must be epoch seconds, got %r" % (generated_at,))
+    generated_at = check_time(data.get("generated_at"), "generated_at")
     cycle = data.get("cycle")
     if isinstance(cycle, bool) or not isinstance(cycle, int) or cycle < 0:
         raise ValueError("cycle must be an integer >= 0, got %r" % (cycle,))
@@ -444,4 +459,4 @@ def parse_shares_document(data):
         if sk in shares:
             raise ValueError("%s is listed twice" % what)
         shares[sk] = Share(share, quota)
-    return SharesDocument(float(generated_at), cycle, proxy, proxies, float(prior), shares)
+    return SharesDocument(generated_at, cycle, proxy, proxies, float(prior), shares)

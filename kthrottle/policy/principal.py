@@ -199,7 +199,7 @@ def _oid_text(contents):
 
 
 def _java_text(contents):
-    """A string value as Java writes it: decoded as UTF-8 whatever its string
+    r"""A string value as Java writes it: decoded as UTF-8 whatever its string
     type (Java 17's sun.security.x509.AVA; malformed bytes become U+FFFD),
     RFC 2253 s2.4's escapes, NUL as \00, and every leading or trailing space
     or CR escaped, not only the first and last."""
@@ -236,7 +236,8 @@ def x500_principal_name(name):
     Java 17 decodes every text type as UTF-8; later Java releases decode
     BMPString as UTF-16 and the 8-bit types as ISO-8859-1, which differs only
     for BMPStrings and non-ASCII bytes in the 8-bit types (rare in client
-    certificates). This follows Java 17, Kafka 4's minimum broker JVM."""
+    certificates). This follows Java 17, the oldest Java a Kafka 4 broker
+    runs on (KIP-1013)."""
     ((_, _, sequence),) = _der_elements(name.public_bytes())
     rdns = []
     for tag, _, rdn in _der_elements(sequence):
@@ -244,7 +245,7 @@ def x500_principal_name(name):
             raise ValueError("a Name is a sequence of SETs")
         written = []
         for _, _, attribute in _der_elements(rdn):
-            (oid_tag, _, oid), (value_tag, value, contents) = _der_elements(attribute)
+            (_, _, oid), (value_tag, value, contents) = _der_elements(attribute)
             oid = _oid_text(oid)
             keyword = _RFC2253_KEYWORDS.get(oid)
             if keyword is None or value_tag not in _TEXT_TAGS:

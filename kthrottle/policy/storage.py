@@ -264,10 +264,11 @@ def _int(value, what):
     return int(value)
 
 
-def parse_report(data, now=None):
+def parse_report(data):
     """A BrokerReport from the agent's JSON (bytes, str or already parsed);
-    ValueError says what is wrong, also a SnapshotAt more than MAX_CLOCK_SKEW
-    ahead of ``now`` (when given)."""
+    ValueError says what is wrong. A SnapshotAt ahead of the reader's clock
+    is not refused here: cluster_snapshot counts that broker UNKNOWN, and
+    says why."""
     data = decode_snapshot(data)
     if not isinstance(data, dict):
         raise ValueError("a volume report is a JSON object")
@@ -296,8 +297,7 @@ def parse_report(data, now=None):
             tuple(partitions),
             limit_from_json(v["SoftLimit"], what + ".SoftLimit") if "SoftLimit" in v else None,
             limit_from_json(v["HardLimit"], what + ".HardLimit") if "HardLimit" in v else None))
-    snapshot_at = check_time(parse_iso_time(data.get("SnapshotAt")), "SnapshotAt", now)
-    return BrokerReport(broker_id, snapshot_at, soft, hard, tuple(out))
+    return BrokerReport(broker_id, parse_iso_time(data.get("SnapshotAt")), soft, hard, tuple(out))
 
 
 # the cluster-state snapshot (the Spark job writes it, proxies read it) ------------
@@ -309,8 +309,9 @@ def cluster_snapshot(reports, brokers, replicas, now, freshness, generated_by="k
     report is missing, older than ``freshness`` seconds, or dated more than
     MAX_CLOCK_SKEW ahead of ``now`` (its agent's clock is wrong: such a report
     would never grow old) is UNKNOWN, and so is every partition with a replica
-    on it (unless another replica's volume already PAUSEs it). A replica a report does not list (a partition just
-    created) takes the strongest state of its broker's volumes.
+    on it (unless another replica's volume already PAUSEs it). A replica a
+    report does not list (a partition just created) takes the strongest state
+    of its broker's volumes.
     Returns a JSON-ready dict."""
     broker_entries = {}
     broker_state = {}  # id -> State (UNKNOWN included)
@@ -424,17 +425,17 @@ class ClusterState:
         self.brokers = brokers or {}
 
     @classmethod
-    def from_json(cls, data, now=None):
-        """ValueError says what is wrong (the reader keeps its last state):
-        also a time that is not finite, and with ``now`` a snapshot dated
-        more than MAX_CLOCK_SKEW ahead of it (check_clock)."""
+    def from_json(cls, data):
+        """ValueError says what is wrong (the reader keeps its last state),
+        also a time that is not finite. Whether it is dated ahead of the
+        reader's clock is check_clock's question."""
         data = decode_snapshot(data)
         if not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT:
             raise ValueError("not a %s snapshot" % SNAPSHOT_FORMAT)
         if data.get("version") != SNAPSHOT_VERSION:
             raise ValueError("snapshot version %r; this proxy reads version %d"
                              % (data.get("version"), SNAPSHOT_VERSION))
-        generated_at = check_time(data.get("generated_at"), "generated_at", now)
+        generated_at = check_time(data.get("generated_at"), "generated_at")
         cluster = data.get("cluster")
         if not isinstance(cluster, dict):
             raise ValueError("cluster must be an object")
@@ -522,7 +523,9 @@ class StoragePolicy:
         if state is None:
             return "no cluster state yet"
         age = now - state.generated_at
-        if not -age <= MAX_CLOCK_SKEW:  # NaN too
+        if not math.isfinite(age):
+            return "the cluster state's time %r is not a time" % state.generated_at
+        if -age > MAX_CLOCK_SKEW:
             return ("the cluster state is dated %.0f s ahead of this proxy's clock (at most "
                     "%.0f s of clock skew is allowed)" % (-age, MAX_CLOCK_SKEW))
         if age > self.max_age:

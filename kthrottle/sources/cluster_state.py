@@ -5,11 +5,15 @@ the snapshot's JSON (``policy.storage``); the job replaces it whole, and one
 znode write is atomic. A kazoo data watch reads each new version; it is parsed
 on kazoo's thread and handed to the event loop. A malformed snapshot is
 refused with a log line (once per content) and counted; the last good one
-stays in force. A deleted znode keeps the last snapshot too: it ages, and
-the reader's fail-safe takes over once it is too old.
+stays in force. So is one dated more than ``MAX_CLOCK_SKEW`` ahead of this
+machine's clock: it would never grow old, and the fail-safe for a stale
+snapshot would never apply (issue 14). A deleted znode keeps the last
+snapshot too: it ages, and the reader's fail-safe takes over once it is too
+old.
 """
 import asyncio
 import logging
+import time
 
 from ..policy.storage import ClusterState
 from . import QuotaStoreError
@@ -29,8 +33,10 @@ def shares_znode(proxy_id, cluster_state_znode=DEFAULT_ZNODE):
 
 class ZnodeWatch:
     """Follows one znode that a writer replaces whole: each new version is
-    parsed (``parse``, on kazoo's thread) and handed to the event loop. What
-    does not parse is refused with a log line (once per content) and counted;
+    parsed (``parse``, on kazoo's thread), its time checked against this
+    machine's clock (the value's ``check_clock(now)``: a document dated ahead
+    would never age) and handed to the event loop. What does not parse or is
+    dated ahead is refused with a log line (once per content) and counted;
     the last good value stays in force. A deleted or emptied znode keeps it
     too (it ages; its reader decides what that means)."""
 
@@ -85,6 +91,7 @@ class ZnodeWatch:
             return None
         try:
             value = self.parse(data)
+            value.check_clock(time.time())
         except (ValueError, UnicodeDecodeError, OSError, EOFError) as exc:  # gzip: OSError, EOF
             self.rejected += 1
             if data != self._last_bad:

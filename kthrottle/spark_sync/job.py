@@ -588,7 +588,8 @@ class SparkSync:
             if row["key"] is None or row["value"] is None:
                 continue
             try:
-                report = parse_usage_report(row["value"])
+                # dated ahead of the job's clock: refused, as it would never age
+                report = parse_usage_report(row["value"], now)
             except Exception as exc:  # a malformed report is never fatal
                 log.error("skipping the malformed usage report of proxy %r: %s: %s",
                           row["key"], type(exc).__name__, str(exc)[:300])
