@@ -19,13 +19,7 @@ from .config import (
 
 
 def _host_port(what):
-    def parse(value):
-        try:
-            return parse_host_port(value, what)
-        except ConfigError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
+    return _checked(lambda value: parse_host_port(value, what))
 
 
 def _checked(parse):

@@ -773,6 +773,11 @@ class Connection:
     def _start_wait(self):
         """Read nothing more until the jobs are done (job_done)."""
         self._wait_due = False
+        self._stop_reading()
+        self._actions.append(PauseClient(None))
+
+    def _stop_reading(self):
+        """What the cutter left unread waits in _unread, first."""
         cutter = self.requests_in
         cutter.stop_after_frame = False
         rest, cutter.rest = cutter.rest, None
@@ -780,7 +785,6 @@ class Connection:
             self._unread = []
         if rest:
             self._unread.insert(0, rest)
-        self._actions.append(PauseClient(None))
 
     def _request_head(self, head, frame_len):
         if self.raw_request is not None:
@@ -988,13 +992,7 @@ class Connection:
 
     def _start_mute(self):
         delay_ms, self._mute_due = self._mute_due, 0
-        cutter = self.requests_in
-        cutter.stop_after_frame = False
-        rest, cutter.rest = cutter.rest, None
-        if self._unread is None:
-            self._unread = []
-        if rest:
-            self._unread.insert(0, rest)
+        self._stop_reading()
         until = self.now + delay_ms / 1000.0
         if until <= self.muted_until:
             return

@@ -231,9 +231,9 @@ def _listening_socket(host, port):
         sock.bind((host, port))
         sock.listen(1024)
         sock.setblocking(False)
-    except OSError:
+    except OSError as exc:
         sock.close()
-        raise
+        raise OSError(exc.errno, "%s:%d: %s" % (host, port, exc.strerror or exc)) from None
     return sock
 
 
