@@ -386,3 +386,27 @@ def test_requests_before_authentication_count_against_no_quota():
     assert h.conn.client_quotas == {}  # no ANONYMOUS bucket was made on the way
     h.client(produce_req(4))
     assert list(h.conn.client_quotas) == [("alice", "app-1")]
+
+
+def test_the_proxys_scram_login_derives_its_key_once_per_salt(monkeypatch):
+    """The broker gives the same salt every time: the proxy's own login
+    derives the salted password once, not once per broker connection."""
+    import hashlib
+
+    from kthrottle.proxy.auth import UpstreamSaslLogin
+
+    derived = []
+    real = hashlib.pbkdf2_hmac
+    monkeypatch.setattr(hashlib, "pbkdf2_hmac", lambda *a: derived.append(a[0]) or real(*a))
+    login = UpstreamSaslLogin("SCRAM-SHA-512", "bob", "bob-secret")
+    for _ in range(3):  # three broker connections
+        a = Harness(filters=standard_filters(advertise, None, None, login), connect=False)
+        b = SaslHarness()
+        a.run(a.conn.broker_connected(0.0))
+        for _ in range(4):
+            b.client(a.take_broker())
+            out = b.take_client()
+            if out:
+                a.broker(out)
+        assert a.conn.phase is Phase.READY and b.conn.principal == "bob"
+    assert derived == ["sha512"]
