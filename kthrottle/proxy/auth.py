@@ -18,10 +18,11 @@ import base64
 import hashlib
 import hmac
 import logging
+import struct
 import warnings
 from functools import partial
 
-from ..codecs import apis
+from ..codecs import ProtocolError, apis
 from ..codecs.frames import response_body_offset
 from ..codecs.versions import api_versions_answer
 from .pipeline import (
@@ -182,8 +183,8 @@ class SaslTerminate(_ClientSasl):
         version = head.api_version
         if version > SaslHandshakeRequest.max_version:
             return Refuse("SaslHandshake v%d is newer than the proxy knows" % version)
-        request = SaslHandshakeRequest.decode(bytes(head.buf[4:]), version=version, header=True)
-        mechanism = request.mechanism
+        mechanism = _decode(SaslHandshakeRequest, head.buf[4:], version=version,
+                            header=True).mechanism
         if state.mechanism is not None:
             answer = self._handshake_answer(head, ILLEGAL_SASL_STATE)
             self._failed(conn, "a second SaslHandshake")
@@ -218,7 +219,7 @@ class SaslTerminate(_ClientSasl):
             self._failed(conn, reason)
             return Answer(_authenticate_answer(correlation_id, version, ILLEGAL_SASL_STATE,
                                                reason, b""))
-        request = SaslAuthenticateRequest.decode(bytes(head.buf[4:]), version=version, header=True)
+        request = _decode(SaslAuthenticateRequest, head.buf[4:], version=version, header=True)
 
         def answer(conn, reply, exc):
             if exc is None:
@@ -227,7 +228,7 @@ class SaslTerminate(_ClientSasl):
             return _authenticate_answer(correlation_id, version, SASL_AUTHENTICATION_FAILED,
                                         FAILED % state.mechanism, b"")
 
-        return self._token(conn, bytes(request.auth_bytes), answer)
+        return self._token(conn, _auth_bytes(request), answer)
 
     def _raw_token(self, conn, frame):
         """SaslHandshake v0: a token framed by its length alone; the answer
@@ -271,7 +272,9 @@ class SaslTerminate(_ClientSasl):
                 raise _AuthenticationFailed("PLAIN token without a user name")
             if authzid and authzid != user:  # as Kafka: no acting as another user
                 raise _AuthenticationFailed(
-                    "PLAIN login for user %r asks to act as %r" % (user, authzid))
+                    # named by neither field: a client that puts the
+                    # password one field early would have it logged
+                    "PLAIN login whose authorization id differs from its user name")
         except _AuthenticationFailed as exc:
             return Answer(answer(conn, None, exc))
         credentials = self.credentials()
@@ -338,6 +341,31 @@ class SaslTerminate(_ClientSasl):
         conn.authenticated(user)
 
 
+# what kafka-python's decoders raise on malformed bytes (a null field then
+# makes a TypeError of what reads it)
+_DECODE_ERRORS = (struct.error, IndexError, ValueError, TypeError, UnicodeDecodeError)
+
+
+def _decode(cls, buf, **kwargs):
+    """A SASL request or answer decoded; malformed bytes are the codec's
+    ProtocolError (the connection closes with the reason), never another
+    exception."""
+    try:
+        message = cls.decode(bytes(buf), **kwargs)
+    except _DECODE_ERRORS as exc:
+        raise ProtocolError("malformed %s: %s" % (cls.__name__, exc)) from None
+    if getattr(message, "mechanism", "") is None:
+        raise ProtocolError("malformed %s: a null mechanism" % cls.__name__)
+    return message
+
+
+def _auth_bytes(request):
+    token = request.auth_bytes
+    if token is None:  # a null BYTES field: no token at all
+        raise ProtocolError("malformed SaslAuthenticate request: null auth_bytes")
+    return bytes(token)
+
+
 def _scram_reason(state, exc):
     """What went wrong in a SCRAM exchange, in words."""
     if state.unknown_user:
@@ -387,7 +415,8 @@ def sasl_user(mechanism, token):
         if not user:
             raise ValueError("%s client-first message without a user name" % mechanism)
     if authzid and authzid != user:
-        raise ValueError("%s authorization id differs from user %r" % (mechanism, user))
+        # neither field named: a password one field early would be logged
+        raise ValueError("%s login whose authorization id differs from its user name" % mechanism)
     return user
 
 
@@ -485,8 +514,8 @@ class SaslPassthrough(_ClientSasl):
         if state.exchange is not None and not state.exchange.done:
             return Refuse("a second SaslHandshake while a SASL exchange is unfinished",
                           REFUSED_AUTHENTICATION)
-        mechanism = SaslHandshakeRequest.decode(bytes(head.buf[4:]), version=version,
-                                                header=True).mechanism
+        mechanism = _decode(SaslHandshakeRequest, head.buf[4:], version=version,
+                            header=True).mechanism
         if mechanism not in self.mechanisms:
             # the proxy could not tell whom the broker authenticated
             response = SaslHandshakeResponse[version](
@@ -505,8 +534,8 @@ class SaslPassthrough(_ClientSasl):
         exchange = conn.auth.exchange
         if exchange is None or exchange.handshake_version == 0 or exchange.done:
             return None  # the broker answers ILLEGAL_SASL_STATE; nothing is bound
-        request = SaslAuthenticateRequest.decode(bytes(head.buf[4:]), version=version, header=True)
-        verdict = self._client_token(conn, exchange, bytes(request.auth_bytes))
+        request = _decode(SaslAuthenticateRequest, head.buf[4:], version=version, header=True)
+        verdict = self._client_token(conn, exchange, _auth_bytes(request))
         if verdict is None:
             inflight.note = (exchange, exchange.tokens)
         return verdict
@@ -538,7 +567,7 @@ class SaslPassthrough(_ClientSasl):
             return frame
         exchange, step = note
         body = response_body_offset(frame, version >= 2)
-        answer = SaslAuthenticateResponse[version].decode(bytes(frame[body:]))
+        answer = _decode(SaslAuthenticateResponse[version], frame[body:])
         if answer.error_code:
             log.info("the broker refused %s authentication of %r: %s", exchange.mechanism,
                      exchange.user, answer.error_message)
@@ -617,11 +646,11 @@ class UpstreamSaslLogin(Filter):
                           self._token_answered)
 
     def _handshake_answered(self, conn, frame):
-        answer = SaslHandshakeResponse[1].decode(bytes(frame[8:]))
+        answer = _decode(SaslHandshakeResponse[1], frame[8:])
         if answer.error_code:
             conn.upstream_ready(False, "the broker refused SASL mechanism %s (error %d; it offers "
                                 "%s)" % (self.mechanism, answer.error_code,
-                                         ", ".join(answer.mechanisms)))
+                                         ", ".join(answer.mechanisms or ())))
             return
         if self.mechanism == "PLAIN":
             conn.auth_upstream = None
@@ -662,7 +691,7 @@ class UpstreamSaslLogin(Filter):
     def _token_answered(self, conn, frame):
         from scramp import ScramException
 
-        answer = SaslAuthenticateResponse[1].decode(bytes(frame[8:]))
+        answer = _decode(SaslAuthenticateResponse[1], frame[8:])
         if answer.error_code:
             conn.upstream_ready(False, "the broker refused the proxy's %s login as %r: %s"
                                 % (self.mechanism, self.username, answer.error_message))

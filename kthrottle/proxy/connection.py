@@ -47,6 +47,10 @@ class _Side:
             self.transport.pause_reading()
         self.reasons.add(reason)
 
+    def reassert(self):
+        if self.reasons and self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
     def resume(self, reason):
         self.reasons.discard(reason)
         if not self.reasons and self.transport is not None and not self.transport.is_closing():
@@ -101,6 +105,9 @@ class ClientConnection(asyncio.Protocol):
         self.address = peer[0] if peer else "?"
         self.accepted_at = self.loop.time()
         self.client.pause("connecting")
+        # uvloop starts reading right after connection_made, whatever was
+        # asked there: say it again once it has
+        self.loop.call_soon(self.client.reassert)
         server = self.server
         server.connections.add(self)
         if not self.counted:  # a TLS listener's acceptor counts before the handshake

@@ -454,6 +454,7 @@ class Connection:
         self.bytes_from_client = 0
         self.bytes_from_broker = 0
         self._early = []  # client bytes that came before the broker connection
+        self._early_bytes = 0
         self._unread = None  # client bytes received since a mute began, in order
         self._mute_due = 0  # ms to mute for once the request being read is in
         self._held = None  # responses held back for an old client's throttle
@@ -556,6 +557,13 @@ class Connection:
             phase = self.phase
             if phase is Phase.CONNECTING:
                 self._early.append(data)
+                self._early_bytes += len(data)
+                if self._early_bytes > self.max_receive_before_auth:
+                    self._actions = []
+                    return self._close("%d bytes sent before the broker connection was up, more "
+                                       "than the %d a frame may have then"
+                                       % (self._early_bytes, self.max_receive_before_auth),
+                                       REFUSED_MALFORMED_REQUEST)
                 return ()
             if self._unread is not None:  # muted: read on when the mute ends
                 self._unread.append(data)
@@ -1038,9 +1046,12 @@ class Connection:
             # the proxy's own answers, due before this response
             while pending and pending[0].answer is not None:
                 self._to_client.append(pending.popleft().answer)
-        if self._raw_in_flight and pending and pending[0].raw_answer is not None:
-            self._gathering = pending.popleft()  # a raw answer: no correlation id
-            return WHOLE
+        if self._raw_in_flight:
+            if pending and pending[0].raw_answer is not None:
+                self._gathering = pending.popleft()  # a raw answer: no correlation id
+                return WHOLE
+            if len(head) < 8:  # raw framing admits empty frames; a response has an id
+                raise ProtocolError("response frame of %d bytes" % (len(head) - 4))
         correlation_id = INT32.unpack_from(head, 4)[0]
         if not pending or pending[0].correlation_id != correlation_id:
             if correlation_id in self.unanswered:
