@@ -206,7 +206,7 @@ def test_a_bad_certificate_file_is_a_clear_error(tmp_path, pki):
 
 
 
-def test_upstream_sasl_ssl_with_the_proxys_own_credentials(broker, tmp_path, pki):
+def test_upstream_sasl_ssl_with_the_proxys_own_credentials(broker, tmp_path, pki, request):
     """A plaintext proxy whose upstream is SASL_SSL with its own identity, in
     front of a terminating SASL_SSL proxy, in front of Tansu."""
     creds = tmp_path / "creds.toml"
@@ -215,6 +215,7 @@ def test_upstream_sasl_ssl_with_the_proxys_own_credentials(broker, tmp_path, pki
                             "SCRAM-SHA-512=[password=edge-secret]")
     assert done.returncode == 0, done.stderr
     inner = _proxy(broker, tmp_path, pki, "SASL_SSL", "--credentials-file", str(creds)).start()
+    request.addfinalizer(inner.stop)  # however the test ends
     password = tmp_path / "password"
     password.write_text("edge-secret\n")
     upstream = ["--upstream-security-protocol", "SASL_SSL", "--upstream-ssl-ca", pki["ca"],
@@ -247,7 +248,6 @@ def test_upstream_sasl_ssl_with_the_proxys_own_credentials(broker, tmp_path, pki
         assert "not-it" not in bad.log()
     finally:
         bad.stop()
-        inner.stop()
 
 
 def test_requested_client_certificates_are_optional(broker, tmp_path, pki):
