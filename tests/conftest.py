@@ -99,3 +99,18 @@ def zookeeper(tmp_path_factory):
     z.start()
     yield z
     z.stop()
+
+
+# Hypothesis profiles for the fuzz tests (tests/test_fuzz_*.py). "ci", the
+# default: a fixed example count per test (set by each test), derandomized and
+# without an example database, so that every run tries the same examples.
+# KTHROTTLE_FUZZ_EXAMPLES=N selects "long": N examples per test, randomized.
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+_FUZZ_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+settings.register_profile("ci", derandomize=True, database=None, deadline=None,
+                          suppress_health_check=_FUZZ_HEALTH, print_blob=True)
+settings.register_profile("long", derandomize=False, database=None, deadline=None,
+                          suppress_health_check=_FUZZ_HEALTH, print_blob=True,
+                          max_examples=int(os.environ.get("KTHROTTLE_FUZZ_EXAMPLES") or 100))
+settings.load_profile("long" if os.environ.get("KTHROTTLE_FUZZ_EXAMPLES") else "ci")

@@ -32,6 +32,8 @@ def parse_api_versions(frame, version=PROBE_VERSION):
         raise ProtocolError("malformed ApiVersions response: %s" % exc) from None
     if answer.error_code:
         raise ProtocolError("the broker answered ApiVersions with error %d" % answer.error_code)
+    if answer.api_keys is None:  # ApiKeys is not nullable (ApiVersionsResponse.json)
+        raise ProtocolError("malformed ApiVersions response: null api_keys")
     return tuple(sorted((int(k[0]), int(k[1]), int(k[2])) for k in answer.api_keys))
 
 
