@@ -25,8 +25,7 @@ Properties:
    bytes that came (as tests/test_fuzz_codecs.py checks the codecs).
 
 Bugs found in kthrottle/proxy are pinned at the end of this module, each as
-its smallest case: the ones fixed as regression tests, the one still open as
-a strict xfail (and KnownBug keeps the fuzzing going past it).
+its smallest case, as regression tests.
 
 Runs as tests/test_fuzz_codecs.py does: the "ci" profile by default; the
 environment variable ``KTHROTTLE_FUZZ_EXAMPLES=N`` runs N randomized examples
@@ -36,7 +35,7 @@ import os
 import struct
 
 import pytest
-from hypothesis import given, reject
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kafka_frames import filled_response
@@ -352,19 +351,6 @@ class Broker:
             self.tx += answer
 
 
-# -- bugs known in kthrottle/proxy (reproduced by the strict xfail at the end) ---------
-
-class KnownBug(Exception):
-    """An example ran into a known bug: it is discarded, so that the search
-    goes on for others (remove the check once its reproducer passes)."""
-
-
-# A Close, then SendToClient, in broker_data's actions: the client's early
-# bytes, replayed once the proxy's own login ends, closed the connection
-# after queueing an answer (test_known_bug_send_after_close_when_early_bytes_close)
-SEND_AFTER_CLOSE_IN_REPLAY = "broker_data: SendToClient after Close, replaying early bytes"
-
-
 # -- the driver ---------------------------------------------------------------------------
 
 # What happens next, weighted; the client rarely goes away mid-way (it does
@@ -390,16 +376,12 @@ class Driver:
         self.client = bytearray()  # what the client still has to send
         self.later = b""  # and what it sends once authenticated (or impatient)
         self.broker = Broker()
-        self.replaying = False
 
     def run(self, actions):
         assert isinstance(actions, (list, tuple))
-        closed_before = self.closed
         for action in actions:
             assert isinstance(action, ACTIONS), action
             if self.closed:
-                if (not closed_before and self.replaying and isinstance(action, SendToClient)):
-                    raise KnownBug(SEND_AFTER_CLOSE_IN_REPLAY)
                 assert not isinstance(action, (SendToBroker, SendToClient, Close)), (
                     "%r after the connection was closed" % (action,))
             if isinstance(action, Close):
@@ -422,10 +404,6 @@ class Driver:
 
     def call(self, method, *args):
         """One input to the connection; its actions checked and carried out."""
-        # broker_data while the client waits for the proxy's own login: may
-        # replay the client's early bytes
-        self.replaying = (method.__name__ == "broker_data"
-                          and self.conn.phase is Phase.CONNECTING)
         self.run(method(*args))
 
     def step(self, data):
@@ -523,10 +501,7 @@ def _fuzz(config, data, steps=40):
 @examples(400)
 @given(data=st.data())
 def test_any_bytes_from_either_side_never_raise_and_close_once(config, data):
-    try:
-        _fuzz(config, data)
-    except KnownBug:
-        reject()
+    _fuzz(config, data)
 
 
 # -- property 2 through the pipeline: a size or count costs what arrived ----------------
@@ -573,10 +548,7 @@ def test_a_huge_count_or_size_in_a_request_costs_what_arrived(case, lie_about_si
 
     def run():
         driver = drivers.pop()
-        try:
-            driver.call(driver.conn.client_data, request, 0.0)
-        except KnownBug:
-            pass
+        driver.call(driver.conn.client_data, request, 0.0)
 
     run_bounded(run, len(request), traced_dir=KTHROTTLE_DIR)
 
@@ -669,12 +641,10 @@ def test_found_an_empty_frame_from_the_broker_while_a_raw_token_is_in_flight_clo
 PROXY_BUG = "kthrottle/proxy bug (fuzzing): "
 
 
-@pytest.mark.xfail(strict=True, raises=KnownBug, reason=PROXY_BUG + (
-    "client bytes that came before the proxy's own login to the broker ended are replayed "
-    "inside broker_data (upstream_ready from the login's last answer); when they close the "
-    "connection (a malformed frame) after a request the proxy answers itself, broker_data "
-    "appends SendToClient with that answer after the Close"))
-def test_known_bug_send_after_close_when_early_bytes_close():
+def test_fixed_bug_send_after_close_when_early_bytes_close():
+    """Client bytes that came before the proxy's own login ended are replayed
+    inside broker_data; when they close the connection after a request the
+    proxy answers itself, nothing may be sent after the Close."""
     driver = _driver("upstream-login")
     conn = driver.conn
     # before the login is through: an ApiVersions too new (answered by the
@@ -686,5 +656,5 @@ def test_known_bug_send_after_close_when_early_bytes_close():
     (_offset, (_key, _version, correlation_id)) = driver.broker.seen[-1]
     # SaslAuthenticate: no error, no message, no bytes, session lifetime 0
     driver.call(conn.broker_data, _sasl_answer(correlation_id, b"\x00\x00\xff\xff\x00\x00\x00\x00"
-                                               + bytes(8)), 0.0)  # raises KnownBug today
+                                               + bytes(8)), 0.0)
     driver.finish()

@@ -645,6 +645,8 @@ class Connection:
             self._to_client = None
             return self._close(str(exc))
         self._to_client = None
+        if self.phase is Phase.CLOSED:  # the client's bytes replayed after a login closed it
+            return actions
         if self._internal and self.requests_in.at_boundary:
             # requests of the proxy's own, sent from a response callback
             requests = []
