@@ -638,9 +638,6 @@ def test_found_an_empty_frame_from_the_broker_while_a_raw_token_is_in_flight_clo
     driver.finish()
 
 
-PROXY_BUG = "kthrottle/proxy bug (fuzzing): "
-
-
 def test_fixed_bug_send_after_close_when_early_bytes_close():
     """Client bytes that came before the proxy's own login ended are replayed
     inside broker_data; when they close the connection after a request the

@@ -70,7 +70,10 @@ class Phase(enum.Enum):
     CLOSED = "closed"
 
 
-_READY = Phase.READY  # a global is read faster than an Enum member (hot path)
+# globals are read faster than Enum members (hot path)
+_READY = Phase.READY
+_CONNECTING = Phase.CONNECTING
+_CLOSED = Phase.CLOSED
 
 
 # What a frame needs from a filter (ordered: the strongest need wins).
@@ -578,7 +581,7 @@ class Connection:
             cutter.feed(data, out)
             if self._internal or self._mute_due or self._wait_due:
                 self._at_request_boundary(out)
-            elif self.phase is Phase.CONNECTING:
+            elif self.phase is _CONNECTING:
                 self._await_upstream()
             pending = self.pending
             if pending and pending[0].answer is not None:
@@ -645,7 +648,7 @@ class Connection:
             self._to_client = None
             return self._close(str(exc))
         self._to_client = None
-        if self.phase is Phase.CLOSED:  # the client's bytes replayed after a login closed it
+        if self.phase is _CLOSED:  # the client's bytes replayed after a login closed it
             return actions
         if self._internal and self.requests_in.at_boundary:
             # requests of the proxy's own, sent from a response callback
