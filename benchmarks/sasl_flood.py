@@ -1092,7 +1092,6 @@ def main(argv=None):
     started = time.monotonic()
     try:
         broker.start()
-        files = {}
         for i, tree in enumerate(trees):  # each tree writes its own credentials files
             d = log_dir / ("tree%d" % i)
             d.mkdir()

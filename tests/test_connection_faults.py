@@ -4,8 +4,6 @@ connection instead of leaving a paused client and two sockets open."""
 import asyncio
 import logging
 
-import pytest
-
 from kthrottle.config import ProxyConfig
 from kthrottle.embedded import free_port
 from kthrottle.proxy.server import ProxyServer

@@ -62,7 +62,6 @@ from kthrottle.proxy.pipeline import (
     HoldResponses,
     NodesSeen,
     PauseClient,
-    Phase,
     ResumeBroker,
     ResumeClient,
     RunJob,

@@ -300,8 +300,6 @@ def test_an_unknown_scram_user_gets_a_server_first_message_and_fails_at_the_proo
 
 
 def test_frames_are_capped_before_authentication_and_not_after():
-    from kthrottle.proxy.pipeline import Connection as Pipeline
-
     h = SaslHarness()
     h.conn.max_receive_before_auth = 4096  # as --sasl-server-max-receive-size
     h.conn.requests_in.max_frame_size = 4096

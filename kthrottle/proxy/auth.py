@@ -291,8 +291,7 @@ class SaslTerminate(_ClientSasl):
             return answer(conn, None, _AuthenticationFailed(
                 "PLAIN login for user %r: %s" % (user, reason)))
 
-        remembered = getattr(credentials, "check_plain_remembered", None)
-        verdict = remembered(user, password) if remembered is not None else None
+        verdict = credentials.check_plain_remembered(user, password)
         if verdict is not None:  # no derivation needed: answered at once
             return Answer(checked(conn, verdict, None))
         return Pending(partial(self.offload, credentials.check_plain, user, password), checked)

@@ -149,7 +149,6 @@ class ProxyServer:
         task.add_done_callback(self._starting.discard)
 
     async def _serve_node(self, node_id, sock):
-        loop = asyncio.get_running_loop()
         server = await self._serve(sock, "node %d" % node_id, lambda: self._node_route(node_id))
         self.listeners[node_id] = server
         log.info(
