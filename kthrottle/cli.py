@@ -64,6 +64,24 @@ def _add_limit_flags(p):
         "names are resolved at start)")
 
 
+def _add_lifecycle_flags(p):
+    g = p.add_argument_group(
+        "stopping and reloading",
+        "SIGTERM (or SIGINT) stops gracefully: every listener stops accepting, so new "
+        "connections are refused; no connection reads a request after the one it is reading "
+        "(as a Kafka broker shutting down stops reading requests: a client sends what was not "
+        "read again, elsewhere); each connection is closed as soon as its client has every "
+        "response it is owed, one owed none at once; then the process exits 0. A second "
+        "SIGTERM closes what is left at once. SIGHUP re-reads --quota-file, --credentials-file "
+        "and the TLS certificate, key and CA of the listeners and of the admin endpoint, each "
+        "also re-read when its file changes: live connections stay up, new ones use the new "
+        "material; a file that does not load is logged and the material in force stays.")
+    g.add_argument(
+        "--drain-timeout-ms", type=int, metavar="MS",
+        help="how long a graceful stop waits for the responses still owed before it closes "
+        "the connections waiting for them (default 30000; 0 closes them at once)")
+
+
 def _add_proxy_flags(p, bootstrap_required_text):
     p.add_argument(
         "--bootstrap-server", dest="bootstrap_servers", action="append",
@@ -258,6 +276,7 @@ def _add_proxy_flags(p, bootstrap_required_text):
         "KTHROTTLE_UPSTREAM_SASL_PASSWORD; never a flag)",
     )
     _add_limit_flags(p)
+    _add_lifecycle_flags(p)
     p.add_argument(
         "--config", metavar="FILE",
         help="TOML file with the same keys as the long flags (bootstrap-server = [...], "
@@ -307,6 +326,7 @@ def _flag_values(args):
         "advertised_host": args.advertised_host,
         "max_frame_size": args.max_frame_size,
         "upstream_connect_timeout_ms": args.upstream_connect_timeout_ms,
+        "drain_timeout_ms": args.drain_timeout_ms,
         "sasl_server_max_receive_size": args.sasl_server_max_receive_size,
         "connections_max_idle_ms": args.connections_max_idle_ms,
         "handshake_timeout_ms": args.handshake_timeout_ms,
@@ -395,6 +415,8 @@ async def _serve(config, on_ready, stack):
     from .proxy import ProxyServer
     from .proxy.admin import AdminServer
 
+    followed = []  # what SIGHUP re-reads at once (files; ZooKeeper sends its changes)
+    _on_sighup(stack, followed)
     source = manager = None
     if config.quota_file or config.zookeeper:
         from .sources import FileQuotaSource, ZooKeeperQuotaSource
@@ -404,6 +426,8 @@ async def _serve(config, on_ready, stack):
         manager = QuotaManager(None, config.quota_settings())
         # quotas are in force before the first client is accepted
         await _started(stack, source, source.start, manager.update)
+        if hasattr(source, "reload"):
+            followed.append(source)
     authenticator = None
     if config.sasl_enabled and config.sasl_mode == "passthrough":
         from .proxy.auth import SaslPassthrough
@@ -419,6 +443,8 @@ async def _serve(config, on_ready, stack):
         current = [Credentials({})]
         await _started(stack, credentials, credentials.start,
                        lambda snapshot: current.__setitem__(0, snapshot))
+        if hasattr(credentials, "reload"):
+            followed.append(credentials)
         authenticator = SaslTerminate(config.sasl_enabled_mechanisms, lambda: current[0],
                                       config.failed_authentication_delay_ms)
     storage = cluster_state = None
@@ -452,6 +478,10 @@ async def _serve(config, on_ready, stack):
     except ValueError as exc:  # the TLS files
         raise SystemExit("kthrottle: error: %s" % exc) from None
     stack.push_async_callback(server.close)
+    tls = server.tls_files()
+    if tls is not None:  # the certificate, key and CA just loaded, followed from now on
+        await _started(stack, tls, tls.start, server.use_tls)
+        followed.append(tls)
     try:
         try:
             await server.start()
@@ -467,12 +497,23 @@ async def _serve(config, on_ready, stack):
                 raise SystemExit("kthrottle: error: %s" % exc) from None
             await admin.start()
             stack.push_async_callback(admin.close)
+            if config.admin_ssl_cert:
+                followed.append(await _admin_tls_files(stack, config, admin))
     except OSError as exc:
         raise SystemExit("kthrottle: error: cannot listen: %s" % exc) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    stopping = []  # the signal that started the drain
+
+    def on_stop(sig):
+        if stopping:
+            server.cut_drain(sig.name)
+        else:
+            stopping.append(sig.name)
+            stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_stop, sig)
     if fleet is not None:
         fleet.start_reports(server)
     if on_ready is not None:
@@ -491,6 +532,49 @@ async def _serve(config, on_ready, stack):
                 fleet.tick()
             if manager is not None and (not every_second or ticks % 60 == 0):
                 manager.expire(loop.time())
+    await server.drain(config.drain_timeout_ms / 1000.0, stopping[0])
+
+
+def _on_sighup(stack, followed):
+    """SIGHUP re-reads what is in ``followed`` by then (from the start: a
+    SIGHUP while starting must not end the process, SIGHUP's default)."""
+    loop = asyncio.get_running_loop()
+    reloads = set()
+
+    def on_reload():
+        task = loop.create_task(_reload(followed))
+        reloads.add(task)  # held until done
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_reload)
+    stack.callback(lambda: [task.cancel() for task in list(reloads)])
+
+
+async def _admin_tls_files(stack, config, admin):
+    """The admin endpoint's certificate, key and CA, followed live."""
+    from .proxy.admin import admin_tls_context
+    from .proxy.server import TlsFiles
+
+    cert, key, ca = config.admin_ssl_cert, config.admin_ssl_key, config.admin_ssl_ca
+    files = TlsFiles("the admin endpoint's TLS", [p for p in (cert, key, ca) if p],
+                     lambda: admin_tls_context(cert, key, ca),
+                     logger=logging.getLogger("kthrottle.admin"))
+    await _started(stack, files, files.start, admin.use_tls)
+    return files
+
+
+async def _reload(followed):
+    """SIGHUP: each followed file is looked at now, not at its next poll."""
+    log = logging.getLogger("kthrottle")
+    if not followed:
+        log.info("SIGHUP: nothing to re-read (no --quota-file, --credentials-file or TLS files)")
+        return
+    log.info("SIGHUP: re-reading %s", "; ".join(f.describe for f in followed))
+    for files in followed:
+        try:
+            await files.reload()
+        except Exception:  # a bug: said, and the next file is still re-read
+            log.exception("SIGHUP: re-reading %s failed", files.describe)
 
 
 def main(argv=None):

@@ -13,6 +13,9 @@ DEFAULT_SASL_SERVER_MAX_RECEIVE_SIZE = 524288
 DEFAULT_CONNECTIONS_MAX_IDLE_MS = 600_000
 # how long a TLS handshake plus SASL exchange may take from accept
 DEFAULT_HANDSHAKE_TIMEOUT_MS = 10_000
+# how long in-flight requests may take to finish on SIGTERM (Kafka Streams'
+# and Kubernetes' 30 s grace period)
+DEFAULT_DRAIN_TIMEOUT_MS = 30_000
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 UPSTREAM_PASSWORD_ENV = "KTHROTTLE_UPSTREAM_SASL_PASSWORD"
@@ -125,6 +128,9 @@ class ProxyConfig:
     # how long one broker address may take to accept a connection before the
     # next is tried (Kafka's socket.connection.setup.timeout.ms default)
     upstream_connect_timeout_ms: int = 10_000
+    # SIGTERM: how long in-flight requests may take to finish before the
+    # connections still waiting are closed
+    drain_timeout_ms: int = DEFAULT_DRAIN_TIMEOUT_MS
     # limits of every listener (Kafka's names; None: no limit)
     sasl_server_max_receive_size: int = DEFAULT_SASL_SERVER_MAX_RECEIVE_SIZE
     connections_max_idle_ms: int = DEFAULT_CONNECTIONS_MAX_IDLE_MS
@@ -247,6 +253,9 @@ class ProxyConfig:
             raise ConfigError("max-frame-size must be a positive number of bytes")
         if self.upstream_connect_timeout_ms <= 0:
             raise ConfigError("upstream-connect-timeout-ms must be a positive number of ms")
+        if self.drain_timeout_ms < 0:
+            raise ConfigError("drain-timeout-ms must not be negative, got %r"
+                              % self.drain_timeout_ms)
         if self.node_port_base is not None and not 0 < self.node_port_base < 65536:
             raise ConfigError("node-port-base must be a port number")
         if self.quota_file and self.zookeeper:
@@ -417,6 +426,7 @@ _KEYS = {
     "advertised-host": "advertised_host",
     "max-frame-size": "max_frame_size",
     "upstream-connect-timeout-ms": "upstream_connect_timeout_ms",
+    "drain-timeout-ms": "drain_timeout_ms",
     "sasl-server-max-receive-size": "sasl_server_max_receive_size",
     "connections-max-idle-ms": "connections_max_idle_ms",
     "handshake-timeout-ms": "handshake_timeout_ms",
@@ -504,7 +514,8 @@ def _convert(key, value):
             raise ConfigError("%s must be a non-empty string" % key)
         return value
     if key in ("node-port-base", "max-frame-size", "quota-window-num", "max-throttle-ms",
-               "upstream-connect-timeout-ms", "failed-authentication-delay-ms",
+               "upstream-connect-timeout-ms", "drain-timeout-ms",
+               "failed-authentication-delay-ms",
                "storage-max-age-ms", "storage-pause-max-ms", "usage-interval",
                "share-max-age-ms", "sasl-server-max-receive-size", "connections-max-idle-ms",
                "handshake-timeout-ms", "max-connections", "max-connections-per-ip"):

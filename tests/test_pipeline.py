@@ -28,6 +28,7 @@ from kthrottle.proxy.pipeline import (
     ResumeBroker,
     ResumeClient,
     RunJob,
+    WHOLE_RESPONSE_MAX,
     SendToBroker,
     SendToClient,
 )
@@ -105,11 +106,13 @@ def generic_resp(cid, body=b"\x00\x00\x00\x00\x00\x00"):
 # a harness that carries out actions the way the adapter does --------------
 
 class Harness:
-    def __init__(self, snapshot=None, settings=None, filters=None, connect=True):
+    def __init__(self, snapshot=None, settings=None, filters=None, connect=True,
+                 whole_response_max=WHOLE_RESPONSE_MAX):
         self.manager = QuotaManager(snapshot, settings) if snapshot is not None else None
         table = FilterTable(filters if filters is not None
                             else standard_filters(advertise, self.manager))
-        self.conn = Connection(table, MAX_FRAME, self.manager)
+        self.conn = Connection(table, MAX_FRAME, self.manager,
+                               whole_response_max=whole_response_max)
         self.now = 0.0
         self.to_broker = bytearray()
         self.to_client = bytearray()
@@ -273,9 +276,44 @@ def test_too_new_api_versions_is_answered_at_once_when_nothing_is_pending():
     assert struct.unpack_from(">h", answer, 8)[0] == 35  # UNSUPPORTED_VERSION
 
 
+@pytest.mark.parametrize("chunk", [None, 1, 100, 4096])
+def test_a_response_goes_to_the_client_only_once_it_is_whole(chunk):
+    h = Harness()
+    h.client(fetch_req(1) + fetch_req(2))
+    first, second = fetch_resp(1, records=b"r" * 20000), fetch_resp(2, records=b"s" * 9000)
+    h.broker(first[:-1], chunk)
+    assert h.to_client == b""
+    h.broker(first[-1:] + second[:5000], chunk)
+    assert h.take_client() == first  # the first whole, nothing of the second
+    h.broker(second[5000:], chunk)
+    assert h.take_client() == second
+
+
+def test_a_broker_gone_mid_response_leaves_the_client_no_part_of_it():
+    h = Harness()
+    h.client(fetch_req(1) + fetch_req(2))
+    first, second = fetch_resp(1, records=b"r" * 300), fetch_resp(2, records=b"s" * 9000)
+    h.broker(first + second[:4000])
+    h.run(h.conn.close("broker connection lost"))
+    assert h.closed == "broker connection lost"
+    assert h.take_client() == first
+
+
+def test_a_response_above_the_whole_limit_streams():
+    h = Harness(whole_response_max=10000)
+    h.client(fetch_req(1) + fetch_req(2))
+    big, small = fetch_resp(1, records=b"r" * 20000), fetch_resp(2, records=b"s" * 900)
+    h.broker(big[:15000])
+    assert h.take_client() == big[:15000]  # streams: above the limit
+    h.broker(big[15000:] + small[:500])
+    assert h.take_client() == big[15000:]  # and the small one waits to be whole
+    h.broker(small[500:])
+    assert h.take_client() == small
+
+
 @pytest.mark.parametrize("chunk", [None, 1, 100, 700])
 def test_a_local_answer_waits_behind_a_response_being_streamed(chunk):
-    h = Harness()
+    h = Harness(whole_response_max=0)  # every response streams
     too_new = apis.MAX_DECODABLE_VERSION[apis.API_VERSIONS] + 1
     h.client(fetch_req(1))
     big = fetch_resp(1, records=b"r" * 5000)
@@ -472,7 +510,7 @@ def test_metadata_addresses_are_rewritten_and_reported_before_the_client_sees_th
 
 @pytest.mark.parametrize("chunk", [None, 1, 100, 4096])
 def test_fetch_v16_endpoints_are_rewritten_while_the_records_stream(chunk):
-    h = Harness()
+    h = Harness(whole_response_max=0)  # every response streams
     h.client(fetch_req(1, version=16))
     resp = fetch_resp(1, version=16, records=b"r" * 20000)
     h.broker(resp[:3000], chunk)

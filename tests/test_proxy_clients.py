@@ -281,7 +281,7 @@ def test_unreachable_broker_closes_the_client_with_a_reason(tmp_path):
         s.sendall(_api_versions_request(3, 1))
         assert s.recv(100) == b""
         s.close()
-        p.wait_for_log("no broker reachable (127.0.0.1:%d" % dead)
+        p.wait_for_log("bootstrap listener: no broker answers (127.0.0.1:%d" % dead)
         assert p.alive()
     finally:
         p.stop()

@@ -72,7 +72,8 @@ class FrameCutter:
     """
 
     __slots__ = ("on_head", "on_whole", "max_frame_size", "min_frame_size",
-                 "stop_after_frame", "rest", "_head", "_need", "_mode", "_left", "_whole")
+                 "stop_after_frame", "rest", "_head", "_need", "_mode", "_left", "_whole",
+                 "_frame_out", "_frame_len")
 
     def __init__(self, on_head, on_whole, max_frame_size=DEFAULT_MAX_FRAME_SIZE,
                  min_frame_size=MIN_RESPONSE_SIZE):
@@ -90,6 +91,8 @@ class FrameCutter:
         # caller to feed again later (a throttled client is not read further).
         self.stop_after_frame = False
         self.rest = None
+        self._frame_out = 0  # where in ``out`` the frame in progress starts
+        self._frame_len = 0  # and its length
 
     @property
     def buffered(self):
@@ -100,6 +103,22 @@ class FrameCutter:
     def at_boundary(self):
         """True between frames (nothing of a next frame seen yet)."""
         return not self._left and not self._head
+
+    def take_partial(self, out, limit):
+        """The bytes of a frame still in progress that ``feed`` put in
+        ``out``, cut from it, when the frame is at most ``limit`` bytes long
+        in all (None otherwise): for a caller that sends a frame only once it
+        is whole. Give them back first in the next ``out``."""
+        if not self._left or self._whole is not None or self._frame_len > limit:
+            return None
+        mode = self._mode
+        if mode == DROP:
+            return None
+        start = self._frame_out
+        partial = out[start:]
+        del out[start:]
+        self._frame_out = 0  # the next output starts with them
+        return partial
 
     def eof(self):
         """The peer closed its side; a partial frame left over is an error."""
@@ -139,6 +158,8 @@ class FrameCutter:
         self._need = HEAD_SIZE
         if mode is DEFER:
             return _DEFERRED
+        self._frame_out = len(out)
+        self._frame_len = total
         skip = 0
         cls = mode.__class__
         if cls is not int:

@@ -490,6 +490,18 @@ def _state(name, factor, what):
 
 # the proxy's side -----------------------------------------------------------------
 
+class FailSafeReason(NamedTuple):
+    """Why the fail-safe applies: ``cause`` stays the same for as long as the
+    cause does (a stale snapshot's cause does not change as it ages, so a
+    reader logs it once); ``text`` says it in words, with the figures of the
+    moment."""
+    cause: tuple
+    text: str
+
+    def __str__(self):
+        return self.text
+
+
 class StoragePolicy:
     """What a proxy makes of the cluster state: the state a producer meets,
     given the scope, the snapshot's age and the fail-safe for what is
@@ -516,31 +528,38 @@ class StoragePolicy:
         self.state = state
 
     def unknown(self, now):
-        """Why the fail-safe applies to the whole cluster now, or None. A
-        snapshot dated ahead of ``now`` by more than MAX_CLOCK_SKEW (this
-        clock was set back after it was read) is as good as none."""
+        """Why the fail-safe applies to the whole cluster now (a
+        FailSafeReason), or None. A snapshot dated ahead of ``now`` by more
+        than MAX_CLOCK_SKEW (this clock was set back after it was read) is as
+        good as none."""
         state = self.state
         if state is None:
-            return "no cluster state yet"
+            return FailSafeReason(("none",), "no cluster state yet")
         age = now - state.generated_at
         if not math.isfinite(age):
-            return "the cluster state's time %r is not a time" % state.generated_at
+            return FailSafeReason(("not a time",), "the cluster state's time %r is not a time"
+                                  % state.generated_at)
         if -age > MAX_CLOCK_SKEW:
-            return ("the cluster state is dated %.0f s ahead of this proxy's clock (at most "
-                    "%.0f s of clock skew is allowed)" % (-age, MAX_CLOCK_SKEW))
+            return FailSafeReason(("ahead",), (
+                "the cluster state is dated %.0f s ahead of this proxy's clock (at most "
+                "%.0f s of clock skew is allowed)" % (-age, MAX_CLOCK_SKEW)))
         if age > self.max_age:
-            return "the cluster state is %.0f s old (max %.0f s)" % (age, self.max_age)
+            return FailSafeReason(("stale",), "the cluster state is %.0f s old (max %.0f s)"
+                                  % (age, self.max_age))
         return None
 
     def cluster(self, now):
-        """(State, reason the fail-safe applied or None) for the whole cluster."""
+        """(State, FailSafeReason the fail-safe applied or None) for the whole
+        cluster."""
         reason = self.unknown(now)
         if reason is not None:
             return self.fail_safe_state, reason
         state = self.state
         if state.unknown_brokers:
-            reason = "no fresh volume report from broker(s) %s" % ", ".join(
-                map(str, state.unknown_brokers))
+            reason = FailSafeReason(
+                ("unknown brokers", state.unknown_brokers),
+                "no fresh volume report from broker(s) %s" % ", ".join(
+                    map(str, state.unknown_brokers)))
             if self.fail_safe == PAUSE:
                 return PAUSE_STATE, reason
             return state.cluster, reason

@@ -112,6 +112,14 @@ class ProxyCollector:
         for reason, count in sorted(getattr(server, "refused", {}).items()):
             refused.add_metric([str(reason)], count)
         yield refused
+        reachable = GaugeMetricFamily(
+            "kthrottle_broker_reachable",
+            "1 while a broker behind the listener answers; 0 while the listener refuses "
+            "connections because none does", labels=["listener"])
+        for listener in list(getattr(server, "listeners", {}).values()):
+            if hasattr(listener, "reachable"):
+                reachable.add_metric([listener.name], 1 if listener.reachable else 0)
+        yield reachable
         if self.source is not None:
             yield GaugeMetricFamily(
                 "kthrottle_quota_source_healthy",
@@ -122,11 +130,34 @@ class ProxyCollector:
                 "kthrottle_quota_source_rejected",
                 "quota entries or file versions rejected since start",
                 value=self.source.rejected)
+        yield from _zookeeper_metrics((
+            ("quotas", self.source), ("cluster_state", self.cluster_state),
+            ("quota_shares", getattr(self.fleet, "watch", None))))
         storage = getattr(server, "storage", None)
         if storage is not None:
             yield from _storage_metrics(storage, self.cluster_state)
         if self.fleet is not None:
             yield from _fleet_metrics(self.fleet, manager)
+
+
+def _zookeeper_metrics(followers):
+    """Each ZooKeeper session the proxy holds (one per thing it follows):
+    connected now, and how often it was lost (Kafka's SessionState and
+    ZooKeeperDisconnectsPerSec, as a gauge and a counter)."""
+    followers = [(name, f) for name, f in followers if hasattr(f, "disconnects")]
+    if not followers:
+        return
+    connected = GaugeMetricFamily(
+        "kthrottle_zookeeper_connected", "1 while the ZooKeeper session that follows this "
+        "source is connected; 0 while what was last read stays in force", labels=["source"])
+    disconnects = CounterMetricFamily(
+        "kthrottle_zookeeper_disconnects", "Times the ZooKeeper connection following this "
+        "source was lost (suspended or expired)", labels=["source"])
+    for name, follower in followers:
+        connected.add_metric([name], 1 if follower.connected else 0)
+        disconnects.add_metric([name], follower.disconnects)
+    yield connected
+    yield disconnects
 
 
 def _fleet_metrics(fleet, manager):
@@ -355,6 +386,23 @@ class AdminServer:
                 "(--admin-token-file) and/or client certificates (--admin-ssl-cert, "
                 "--admin-ssl-key, --admin-ssl-ca), or listen on 127.0.0.1 "
                 "(--admin-listen PORT)", *self.address)
+
+    def use_tls(self, loaded):
+        """New admin connections are served with ``loaded.context`` (a
+        certificate, key or CA reloaded: server.TlsFiles); live ones keep
+        theirs. The listening socket keeps the context it started with, whose
+        SNI callback (OpenSSL calls it in every handshake, whether or not the
+        client names a server) hands the handshake to the current one."""
+        if self._ssl is None:
+            return
+        self._tls_now = loaded.context
+        if self._ssl.sni_callback is None:
+            self._ssl.sni_callback = self._current_tls
+
+    def _current_tls(self, ssl_object, server_name, context):
+        current = self._tls_now
+        if current is not context:
+            ssl_object.context = current
 
     async def close(self):
         if self._runner is not None:

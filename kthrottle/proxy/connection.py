@@ -198,7 +198,13 @@ class ClientConnection(asyncio.Protocol):
             )
             self._run(self.pipeline.broker_connected(self.loop.time()))
             return
-        self.close("no broker reachable (%s)" % "; ".join(errors or ["no address known"]))
+        errors = errors or ["no address known"]
+        listener = self.server.listener_named(self.listener_name)
+        if listener is not None:
+            listener.unreachable(errors)  # logged there, once for the whole outage
+        if not self.closed:
+            self.pipeline.close("no broker reachable")  # its only action: Close
+            self._closed("no broker reachable (%s)" % "; ".join(errors), quiet=True)
 
     def _connect_done(self, task):
         if task.cancelled():
@@ -315,7 +321,7 @@ class ClientConnection(asyncio.Protocol):
             self._run(self.pipeline.close(reason))
             self._closed(reason)
 
-    def _closed(self, reason, refused=None):
+    def _closed(self, reason, refused=None, quiet=False):
         if self.closed:
             return
         self.closed = True
@@ -337,7 +343,7 @@ class ClientConnection(asyncio.Protocol):
                 self.peer, self.conn_id, self.listener_name), refused, reason)
             return
         p = self.pipeline
-        log.info(
+        (log.debug if quiet else log.info)(
             "connection %d closed: %s (client %s, broker %s, %d requests, %d bytes in, %d bytes out)",
             self.conn_id, reason, self.peer, self.upstream_addr, p.requests,
             p.bytes_from_client, p.bytes_from_broker,
@@ -360,11 +366,19 @@ class UpstreamConnection(asyncio.Protocol):
         self.owner.upstream_data(data)
 
     def eof_received(self):
-        self.owner.close("broker closed the connection")
+        self._lost("broker closed the connection")
         return False
 
     def connection_lost(self, exc):
-        self.owner.close("broker connection lost: %s" % exc if exc else "broker closed the connection")
+        self._lost("broker connection lost: %s" % exc if exc else "broker closed the connection")
+
+    def _lost(self, reason):
+        owner = self.owner
+        if not owner.closed:  # the broker went first: is it still there?
+            listener = owner.server.listener_named(owner.listener_name)
+            if listener is not None:
+                listener.check()
+            owner.close(reason)
 
     def pause_writing(self):
         self.owner.client.pause("broker write buffer full")

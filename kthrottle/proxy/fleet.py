@@ -12,7 +12,9 @@ the quotas set once, in ZooKeeper, for the whole cluster. A member:
   event loop (where the buckets live) and sent by the blocking
   ``sources.kafka_publisher.KafkaPublisher`` on a thread of its own, with
   the proxy's upstream security settings; a publication still running when
-  the next report is due makes that report wait for the one after.
+  the next report is due makes that report wait for the one after. A
+  cluster that cannot be reached fails the reports: the error is logged
+  once (and once per new reason), and once more when they go through again.
 - follows its shares, ``<cluster-state-znode>/shares/<proxy-id>`` in
   ZooKeeper (``sources.cluster_state.shares_znode``), which ``kthrottle
   spark-sync`` writes each cycle, with a kazoo data watch, and applies them
@@ -37,11 +39,12 @@ import time
 
 from ..policy.fleet import BucketUsage, UsageReport, estimate_demand, parse_shares_document
 from ..sources.cluster_state import ZnodeWatch
+from ..sources.outage import Outage
 
 log = logging.getLogger("kthrottle.fleet")
 
-PUBLISH_TIMEOUT = 10.0  # one publication in all: connecting, the topic, the ack
-ERROR_LOG_EVERY = 60.0  # a publisher that keeps failing is logged at most this often
+PUBLISH_TIMEOUT = 10.0  # one publication in all at most: connecting, the topic, the ack
+MIN_PUBLISH_TIMEOUT = 3.0
 LAST, EQUAL, WHOLE = "last", "equal", "whole"
 
 
@@ -188,6 +191,8 @@ class SharesWatch(ZnodeWatch):
     ZnodeWatch``): a document for another proxy id is refused too."""
 
     what = "the quota shares"
+    fail_safe = ("the last shares stay in force until they are older than --share-max-age-ms, "
+                 "then --share-fail-safe applies")
 
     def __init__(self, hosts, znode, proxy_id, timeout=10.0):
         super().__init__(hosts, znode, timeout)
@@ -255,10 +260,21 @@ class _PublisherThread:
         self._thread.join(timeout)
 
 
-def publisher_for(config, timeout=PUBLISH_TIMEOUT):
+def publish_timeout(interval):
+    """How long one publication may take: two report intervals, within
+    MIN_PUBLISH_TIMEOUT-PUBLISH_TIMEOUT. Reports are skipped while one is
+    being sent, and a report older than two intervals is superseded anyway;
+    a cluster that went away is then seen as failing within that time."""
+    return min(PUBLISH_TIMEOUT, max(MIN_PUBLISH_TIMEOUT, 2 * interval))
+
+
+def publisher_for(config, timeout=None):
     """The KafkaPublisher of a proxy's usage reports: the upstream brokers
     and the proxy's upstream security settings."""
     from ..sources.kafka_publisher import KafkaPublisher, client_config, describe_connection
+
+    if timeout is None:
+        timeout = publish_timeout(config.usage_interval_ms / 1000.0)
 
     protocol = config.upstream_security_protocol or "PLAINTEXT"
     sasl = protocol.startswith("SASL_")
@@ -303,8 +319,7 @@ class FleetMember:
         self.skipped = 0  # reports not sent: the previous one was still being sent
         self._thread = None
         self._task = None
-        self._failing = False
-        self._last_error_log = None
+        self._outage = Outage()  # failed publications: logged once per reason, and the end
 
     # shares
 
@@ -378,24 +393,30 @@ class FleetMember:
                 log.exception("fleet: cannot build the usage report")
 
     def _published(self, ok, result):
-        """On the event loop, after each publication."""
+        """On the event loop, after each publication. A cluster that stays
+        unreachable fails every report: one line when that starts (why),
+        one per new reason, one when a report is published again."""
         if ok:
             self.reports += 1
-            if self._failing:
-                log.info("fleet: the usage reports reach the cluster again")
+            failed = self._outage.recovered()
+            if failed:
+                log.info("fleet: usage reports reach the cluster again (%s-%d at offset %d), "
+                         "after %d failed publication(s)", result.topic, result.partition,
+                         result.offset, failed)
             elif self.reports == 1:
                 log.info("fleet: published the first usage report of proxy %s to %s-%d at "
                          "offset %d", self.proxy_id, result.topic, result.partition, result.offset)
-            self._failing = False
             return
         self.errors += 1
-        now = time.monotonic()
-        if not self._failing or self._last_error_log is None \
-                or now - self._last_error_log >= ERROR_LOG_EVERY:
-            log.error("fleet: usage report not published%s: %s",
-                      " (still failing)" if self._failing else "", result)
-            self._last_error_log = now
-        self._failing = True
+        reason = str(result) or type(result).__name__
+        if self._outage.failed(reason):
+            if self._outage.failures == 1:
+                log.error("fleet: usage report not published: %s; the next reports are tried "
+                          "in turn, logged again when the reason changes and once they are "
+                          "published", reason)
+            else:
+                log.error("fleet: usage reports still not published (%d failed so far), now: %s",
+                          self._outage.failures, reason)
 
     async def stop(self):
         if self._task is not None:

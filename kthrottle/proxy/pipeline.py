@@ -44,6 +44,13 @@ from ..codecs.wire import INT16_INT16_INT32, INT32
 # fetch.max.bytes, 50 MiB by default); only an absurd size is refused.
 MAX_RESPONSE_SIZE = 1 << 30
 
+# A response up to this size goes to the client only once it is whole, so that
+# a broker that dies in the middle of it never leaves the client half a frame
+# (the client sees the connection close between frames). A larger one (a
+# Fetch of many partitions) streams through as it comes, bounding what one
+# connection holds to about this much.
+WHOLE_RESPONSE_MAX = 1 << 20
+
 # acks=0 Produce correlation ids remembered in case the broker answers them.
 UNANSWERED_IDS_KEPT = 1024
 
@@ -421,7 +428,8 @@ _RAW = object()  # a raw token being gathered (see Connection.raw_request)
 class Connection:
     """The pipeline of one client connection and its broker connection."""
 
-    def __init__(self, table, max_frame_size, quotas=None, max_receive_before_auth=None):
+    def __init__(self, table, max_frame_size, quotas=None, max_receive_before_auth=None,
+                 whole_response_max=WHOLE_RESPONSE_MAX):
         self.table = table
         self.quota_manager = quotas  # policy QuotaManager, or None
         self.phase = Phase.CONNECTING
@@ -465,6 +473,8 @@ class Connection:
         self._actions = None  # the actions of the current input
         self._to_broker = None  # the request output of the current input
         self._to_client = None  # the response output of the current input
+        self._partial = None  # a response not yet whole (see WHOLE_RESPONSE_MAX)
+        self.whole_response_max = whole_response_max
         self._internal = []  # the proxy's own requests waiting for a frame boundary
         self._next_internal_id = INTERNAL_CORRELATION_BASE
         self._gathering = None  # the InFlight whose response is being gathered whole
@@ -633,11 +643,18 @@ class Connection:
             return ()
         self.now = now
         actions = self._actions = []
-        out = self._to_client = []
+        out = self._partial
+        if out is None:
+            out = []
+        else:
+            self._partial = None
+        self._to_client = out
         try:
             self.responses_in.feed(data, out)
             if self._streaming is not None:
                 self._finish_stream()
+            if not self.responses_in.at_boundary:
+                self._partial = self.responses_in.take_partial(out, self.whole_response_max)
             pending = self.pending
             if pending and pending[0].answer is not None:
                 self._flush_answers()
@@ -732,6 +749,34 @@ class Connection:
         except ProtocolError as exc:
             return self._close("client disconnected: %s" % exc)
         return self._close("client disconnected")
+
+    # a proxy that drains on SIGTERM (ProxyServer.drain): asked once per
+    # connection and per look, never on the request path
+
+    @property
+    def in_flight(self):
+        """Responses the client is still owed: requests not yet answered
+        (by the broker, a job or the proxy), a response arriving, and
+        responses held back for an old client's throttle (counted as one)."""
+        owed = len(self.pending)
+        responses = self.responses_in
+        if not responses.at_boundary and (not responses.buffered or self._gathering is not None):
+            owed += 1  # a response past its head: its request has left the queue
+        if self._held:
+            owed += 1
+        return owed
+
+    def stop_reading(self):
+        """Read no request after the one being read, as a broker shutting
+        down stops reading requests. True when none is part-way: the caller
+        stops reading the client now. Otherwise the rest of that request is
+        read and forwarded, then the client is paused (PauseClient(None))
+        and what follows it is left unread."""
+        if self.phase is _CLOSED or self.requests_in.at_boundary:
+            return True
+        self._wait_due = True
+        self.requests_in.stop_after_frame = True
+        return False
 
     def close(self, reason, refused=None):
         """Closed from outside (the broker went away, shutdown, a limit)."""

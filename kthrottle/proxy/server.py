@@ -3,13 +3,18 @@ import asyncio
 import itertools
 import logging
 import socket
+import sys
+from typing import NamedTuple
 
 from ..codecs import ProtocolError
 from ..codecs.frames import MIN_RESPONSE_SIZE
 from ..codecs.versions import api_versions_request, parse_api_versions
 from ..codecs.wire import INT32
+from ..sources import QuotaStoreError
+from ..sources.file import FollowedFile, read_file_bytes
 from .connection import ClientConnection
 from .filters import standard_filters
+from .health import Listener, bound_socket
 from .limits import TLS_HANDSHAKE, ConnectionLimits, RefusalLog
 from .pipeline import FilterTable
 
@@ -103,16 +108,16 @@ class ProxyServer:
             loop, self.config.max_connections_per_ip_overrides)
         host, port = self.config.listen
         bootstrap = list(self.config.bootstrap_servers)
-        sock = _listening_socket(host, port)
+        listener = Listener(self, "bootstrap", bound_socket(host, port), lambda: bootstrap)
         try:
-            server = await self._serve(sock, "bootstrap", lambda: bootstrap)
+            await listener.start()
         except BaseException:
-            sock.close()
+            listener.close()
             raise
+        self.listeners[None] = listener
         self._sweeper = loop.create_task(self._sweep())
         if self.authenticates_clients:
             self.api_versions.refresh()  # before the first client asks
-        self.listeners[None] = server
         log.info(
             "listening on %s:%d for bootstrap, brokers %s; node N gets port %d+N",
             *self.bootstrap_address, ",".join("%s:%d" % a for a in bootstrap), self.node_port_base,
@@ -135,26 +140,31 @@ class ProxyServer:
                 self._open_node_listener(node.node_id)
 
     def _open_node_listener(self, node_id):
+        if self.draining:  # stopping: a new node's port stays closed
+            return
         host, port = self.config.listen[0], self.node_port_base + node_id
         try:
-            sock = _listening_socket(host, port)
+            sock = bound_socket(host, port)
         except OSError as exc:
             self.listeners[node_id] = None  # do not retry on every response
             log.error("cannot listen for node %d on %s:%d: %s", node_id, host, port, exc)
             return
-        self.listeners[node_id] = sock  # replaced by the Server once it runs
-        loop = asyncio.get_running_loop()
-        task = loop.create_task(self._serve_node(node_id, sock))
+        listener = Listener(self, "node %d" % node_id, sock, lambda: self._node_route(node_id))
+        self.listeners[node_id] = listener
+        task = self.loop.create_task(self._serve_node(node_id, listener))
         self._starting.add(task)
         task.add_done_callback(self._starting.discard)
 
-    async def _serve_node(self, node_id, sock):
-        server = await self._serve(sock, "node %d" % node_id, lambda: self._node_route(node_id))
-        self.listeners[node_id] = server
-        log.info(
-            "listening on %s:%d for node %d (broker %s:%d)",
-            *sock.getsockname()[:2], node_id, *self.nodes[node_id],
-        )
+    async def _serve_node(self, node_id, listener):
+        await listener.start()
+        log.info("listening on %s:%d for node %d (broker %s:%d)",
+                 *listener.address, node_id, *self.nodes[node_id])
+
+    def listener_named(self, name):
+        """The Listener a connection was accepted on (by its name)."""
+        if name == "bootstrap":
+            return self.listeners.get(None)
+        return self.listeners.get(int(name[5:]))  # "node N"
 
     async def _serve(self, sock, name, route):
         """Serve a listening socket: the loop's server for PLAINTEXT; for
@@ -186,6 +196,103 @@ class ProxyServer:
             for conn in list(self.connections):
                 conn.sweep(now, idle, handshake)
 
+    # graceful stop (SIGTERM) and reload (SIGHUP) ----------------------------
+
+    DRAIN_POLL_SECONDS = 0.01  # how often a drain looks at its connections
+    draining = False  # set by drain: no listener is opened any more
+    _drain_cut = None  # why a drain is to end now (a second signal)
+
+    async def drain(self, timeout, why="SIGTERM"):
+        """Stop gracefully, as a broker shutting down stops reading requests:
+        every listener stops accepting (new connections are refused), no
+        connection reads a request after the one it is reading, and each
+        closes as soon as its client has every response it is owed (one
+        owed nothing closes at once). Those still owed responses after
+        ``timeout`` seconds, or at ``cut_drain()``, are closed then. Requests
+        a client sent after that point were never read, so never reached a
+        broker: its client sends them again elsewhere, as when a broker
+        stops. A look every DRAIN_POLL_SECONDS, not a hook on the request
+        path. One log line as it starts, one as it ends."""
+        loop = self.loop
+        started = loop.time()
+        self.draining = True
+        await asyncio.gather(*self._starting, return_exceptions=True)  # node listeners opening
+        for listener in list(self.listeners.values()):
+            if isinstance(listener, asyncio.AbstractServer):
+                listener.close()
+        seen = {}  # connection -> (responses owed, requests read) when first seen
+        reading = set()  # connections reading to the end of a request
+
+        def look(conn):
+            p = conn.pipeline
+            if conn not in seen:
+                seen[conn] = (p.in_flight, p.requests)
+                if p.stop_reading():
+                    conn.client.pause("draining")
+                else:
+                    reading.add(conn)
+            if conn in reading:
+                if not p.requests_in.at_boundary:
+                    return
+                conn.client.pause("draining")  # what the client sends next stays unread
+                reading.discard(conn)
+            transport = conn.client.transport
+            if (not p.in_flight and not transport.get_write_buffer_size()
+                    and not _unacknowledged(transport)):
+                conn.close("proxy stopping (%s), no response owed" % why)
+
+        connections = list(self.connections)
+        log.info("%s: draining %d connections with %d requests in flight: listeners closed, no "
+                 "new request read; each connection closes once its responses are delivered, "
+                 "the rest in %d ms (drain-timeout-ms)", why, len(connections),
+                 sum(conn.pipeline.in_flight for conn in connections), round(timeout * 1000))
+        for conn in connections:
+            look(conn)
+        deadline = started + timeout
+        while self.connections and self._drain_cut is None and loop.time() < deadline:
+            await asyncio.sleep(self.DRAIN_POLL_SECONDS)
+            for conn in list(self.connections):
+                look(conn)
+        cut_by = self._drain_cut or "drain-timeout-ms"
+        finished = cut = lost = 0
+        for conn, (owed, requests) in seen.items():
+            p = conn.pipeline
+            left = p.in_flight
+            if not conn.closed:
+                cut += left
+                conn.close("proxy stopping (%s), %d responses still owed at %s"
+                           % (why, left, cut_by))
+            else:
+                lost += left  # its client, or its broker, closed it first
+            finished += max(0, owed + p.requests - requests - left)
+        log.info("drained in %d ms: %d requests finished, %d cut at %s%s",
+                 round((loop.time() - started) * 1000), finished, cut, cut_by,
+                 "; %d lost with connections closed by their client or broker" % lost
+                 if lost else "")
+
+    def cut_drain(self, why):
+        """End the drain now, or as soon as it starts (a second SIGTERM):
+        what is still in flight is cut."""
+        if self._drain_cut is None:
+            self._drain_cut = why
+            log.info("%s again: closing the remaining connections now", why)
+
+    def tls_files(self):
+        """The listeners' certificate, key and CA followed live (start it
+        with use_tls), or None: PLAINTEXT and SASL_PLAINTEXT listeners have
+        no TLS to reload (``_serve`` gave them the loop's plain server)."""
+        if self.ssl_context is None:
+            return None
+        config = self.config
+        paths = [p for p in (config.ssl_cert, config.ssl_key, config.ssl_ca) if p]
+        return TlsFiles("the listeners' TLS", paths, lambda: tls_context(config))
+
+    def use_tls(self, loaded):
+        """New TLS connections, on every listener, present this certificate
+        (each takes ``ssl_context`` as it is when accepted:
+        _TlsAcceptor._handshake); live ones keep the one they began with."""
+        self.ssl_context = loaded.context
+
     async def close(self):
         if self._sweeper is not None:
             self._sweeper.cancel()
@@ -209,6 +316,22 @@ class ProxyServer:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+def _unacknowledged(transport):
+    """Bytes handed to the kernel that the client's TCP has not acknowledged
+    yet (Linux's SIOCOUTQ; 0 where it cannot be asked). A socket closed with
+    unread input is reset, and a reset drops what the kernel still holds:
+    a draining connection closes only once its client has it all."""
+    import fcntl
+    import termios
+
+    sock = transport.get_extra_info("socket")
+    try:
+        return int.from_bytes(fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4)),
+                              sys.byteorder, signed=True)
+    except (AttributeError, OSError, ValueError):
+        return 0
+
+
 def _lowest_priority():
     """The key-derivation worker yields the CPU to everything else (Linux
     takes a thread id for a process id here): logins that fail by the
@@ -220,20 +343,6 @@ def _lowest_priority():
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except (AttributeError, OSError) as exc:
         log.debug("key-derivation worker keeps its priority: %s", exc)
-
-
-def _listening_socket(host, port):
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(1024)
-        sock.setblocking(False)
-    except OSError as exc:
-        sock.close()
-        raise OSError(exc.errno, "%s:%d: %s" % (host, port, exc.strerror or exc)) from None
-    return sock
 
 
 class _TlsAcceptor(asyncio.AbstractServer):
@@ -451,3 +560,64 @@ def upstream_tls_context(config):
         raise ValueError("cannot load the upstream TLS CA or certificate (%s, %s): %s"
                          % (config.upstream_ssl_ca, config.upstream_ssl_cert, exc)) from None
     return context
+
+
+# TLS material followed live --------------------------------------------------
+
+class LoadedTls(NamedTuple):
+    context: object  # an ssl.SSLContext
+    certificate: str  # its certificate's subject and expiry, for log lines
+
+
+class TlsFiles(FollowedFile):
+    """A certificate (chain), its key and a CA bundle, PEM files followed
+    live as the quota file is (FollowedFile: by content, a version taken
+    once two reads agree). A version whose files load together is handed
+    on (``on_update(LoadedTls)``) for new connections to use; one that does
+    not (a file unreadable or not PEM, a key that does not match the
+    certificate) is logged once and the last good one stays in force.
+    ``reload()`` (SIGHUP) looks at once."""
+
+    noun = "TLS certificate and key"
+
+    def __init__(self, what, paths, build, logger=log, poll_interval=1.0):
+        super().__init__(_PemFiles(paths, build), "%s (%s)" % (what, ", ".join(paths)),
+                         poll_interval)
+        self.log = logger
+
+    def summary(self, loaded):
+        return loaded.certificate
+
+
+class _PemFiles:
+    """TlsFiles' store: the files' content tells a version; ``build()``
+    loads them from their paths (Python's ssl reads a key only from a
+    file), so a change between the two is a new version, loaded next."""
+
+    kind = "TLS file"
+
+    def __init__(self, paths, build):
+        self.paths = list(paths)
+        self.build = build
+
+    def read_bytes(self):
+        parts = [read_file_bytes(path, self.kind) for path in self.paths]
+        return b"".join(len(part).to_bytes(8, "big") + part for part in parts)
+
+    def parse(self, data):
+        from cryptography import x509
+
+        from ..policy.principal import x500_principal_name
+
+        pem = data[8:8 + int.from_bytes(data[:8], "big")]  # the certificate file
+        try:
+            cert = x509.load_pem_x509_certificates(pem)[0]
+        except ValueError:
+            raise QuotaStoreError("%s holds no PEM certificate" % self.paths[0]) from None
+        try:
+            context = self.build()
+        except ValueError as exc:
+            raise QuotaStoreError(str(exc)) from None
+        return LoadedTls(context, "%s, valid until %s" % (
+            x500_principal_name(cert.subject) or "no subject",
+            cert.not_valid_after_utc.strftime("%Y-%m-%d %H:%M:%S UTC")))

@@ -41,6 +41,7 @@ DEFAULT_BASE_RATE = 1024 * 1024  # bytes/s kept at factor 1 by producers without
 DEFAULT_PAUSE_MAX_MS = 10_000
 DEFAULT_RECHECK_MS = 250
 RATE_IDLE_SECONDS = 3600.0
+FACTOR_LOG_STEP = 0.1  # a THROTTLE factor moved this much is logged at INFO again
 
 
 class StorageThrottle(Filter):
@@ -61,7 +62,9 @@ class StorageThrottle(Filter):
         self.current = OPEN_STATE  # what a Produce request meets (see refresh)
         self.watch_partitions = False  # partition scope: some partition is not OPEN
         self.wall_offset = 0.0  # epoch seconds minus the pipeline's clock
-        self.reason = None  # why the fail-safe applies, when it does
+        self.reason = None  # why the fail-safe applies, when it does (FailSafeReason)
+        self._cause = None  # the cause last logged (None: the state is known)
+        self._logged_state = OPEN_STATE  # the state last logged at INFO
         self.rates = {}  # (principal, client-id) -> [SampledRate, last used]
         self.deferred = 0  # Produce requests held back (each check counts)
         self.released_at_cap = 0
@@ -71,24 +74,34 @@ class StorageThrottle(Filter):
 
     def refresh(self, wall_now, now=None):
         """Work out the state in force at ``wall_now`` (epoch seconds: the
-        snapshot's age); log each change. Returns (State, fail-safe reason).
-        Until a first snapshot has been read the state is OPEN: a cluster
-        without the Spark job is not held (a snapshot that later goes
-        missing or stale is unknown, and the fail-safe applies)."""
+        snapshot's age); log each change once (a snapshot growing older is
+        not a change: its reason's cause stays). Returns (State, fail-safe
+        reason or None). Until a first snapshot has been read the state is
+        OPEN: a cluster without the Spark job is not held (a snapshot that
+        later goes missing or stale is unknown, and the fail-safe applies)."""
         if self.policy.state is None:
             state, reason = OPEN_STATE, None
         else:
             state, reason = self.policy.cluster(wall_now)
-        if state != self.current or reason != self.reason:
-            if reason is not None and reason != self.reason:
+        cause = reason.cause if reason is not None else None
+        if cause != self._cause:
+            if reason is not None:
                 log.warning("storage: %s; the fail-safe (%s) applies where the state is "
                             "unknown", reason, self.policy.fail_safe)
-            elif reason is None and self.reason is not None:
+            else:
                 log.info("storage: the cluster state is known again")
-            if state != self.current:
-                log.info("storage: producers now meet %s%s", state.state,
-                         " (factor %.3f)" % state.factor if state.state not in (OPEN, PAUSE)
-                         else "")
+            self._cause = cause
+        if state != self.current:
+            logged = self._logged_state
+            # a factor drifting with every snapshot of a filling volume is
+            # one line per FACTOR_LOG_STEP, not one per job cycle
+            news = state.state != logged.state or abs(state.factor - logged.factor) >= \
+                FACTOR_LOG_STEP
+            (log.info if news else log.debug)(
+                "storage: producers now meet %s%s", state.state,
+                " (factor %.3f)" % state.factor if state.state not in (OPEN, PAUSE) else "")
+            if news:
+                self._logged_state = state
         self.current, self.reason = state, reason
         snapshot = self.policy.state
         self.watch_partitions = snapshot is not None and bool(
@@ -129,7 +142,7 @@ class StorageThrottle(Filter):
                 self.deferred += 1
                 return Defer(max(1, min(self.recheck_ms, to_ms(left))),
                              "storage PAUSE (%s)" % (self.reason or "a volume is past its "
-                                                     "hard limit"))
+                                                     "hard limit",))
             conn.deferred_since = None
             self.released_at_cap += 1
             return None

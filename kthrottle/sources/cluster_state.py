@@ -38,9 +38,13 @@ class ZnodeWatch:
     would never age) and handed to the event loop. What does not parse or is
     dated ahead is refused with a log line (once per content) and counted;
     the last good value stays in force. A deleted or emptied znode keeps it
-    too (it ages; its reader decides what that means)."""
+    too (it ages; its reader decides what that means), and so does a lost
+    connection to ZooKeeper: logged once when lost and once when back, when
+    kazoo reads the znode again."""
 
     what = "the cluster state"  # for log lines
+    fail_safe = ("the last snapshot stays in force until it is older than --storage-max-age-ms, "
+                 "then --storage-fail-safe applies")  # what applies meanwhile
 
     def __init__(self, hosts, znode, timeout=10.0):
         self.hosts = hosts
@@ -48,15 +52,22 @@ class ZnodeWatch:
         self.store = ZooKeeperQuotaStore(hosts, timeout)
         self.rejected = 0
         self.updates = 0
+        self.disconnects = 0  # connections to ZooKeeper lost (suspended or expired)
         self.seen = False  # a good value was read at least once
         self._loop = None
         self._on_update = None
         self._last_bad = None
         self._stopped = False
+        self._down = False
 
     @property
     def healthy(self):
         return self.store.zk.connected and not self._stopped
+
+    @property
+    def connected(self):
+        """Whether the ZooKeeper session is connected now (a metric)."""
+        return self.store.zk.connected
 
     def parse(self, data):
         raise NotImplementedError
@@ -73,6 +84,34 @@ class ZnodeWatch:
             await self.stop()
             raise QuotaStoreError("cannot watch %s in ZooKeeper %s: %s"
                                   % (self.znode, self.hosts, exc)) from None
+        # kazoo's DataWatch reads the znode again itself once reconnected
+        self.store.zk.add_listener(self._state_changed)
+
+    def _state_changed(self, state):
+        """On kazoo's thread (must not block): one line when the connection
+        is lost (SUSPENDED, then maybe LOST: one outage) and one when it is
+        back, whatever kazoo's retries do in between."""
+        from kazoo.protocol.states import KazooState
+
+        if self._stopped or self._loop is None:
+            return
+        if state == KazooState.CONNECTED:
+            if self._down:
+                self._down = False
+                self._say(log.info, "ZooKeeper is back (%s): following %s in %s again",
+                          self.hosts, self.what, self.znode)
+        elif not self._down:
+            self._down = True
+            self.disconnects += 1
+            self._say(log.warning, "ZooKeeper connection %s (%s): %s in %s is not followed "
+                      "until it is back; %s", str(state).lower(), self.hosts, self.what,
+                      self.znode, self.fail_safe)
+
+    def _say(self, fn, *args):
+        try:  # logged on the event loop, in order with what the watch hands it
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: shutting down
+            pass
 
     async def stop(self):
         self._stopped = True
@@ -93,11 +132,11 @@ class ZnodeWatch:
             value = self.parse(data)
             value.check_clock(time.time())
         except (ValueError, UnicodeDecodeError, OSError, EOFError) as exc:  # gzip: OSError, EOF
-            self.rejected += 1
             if data != self._last_bad:
                 self._last_bad = data
                 log.error("refused %s in %s (version %d): %s; the previous one stays",
                           self.what, self.znode, stat.version, exc)
+            self.rejected += 1  # after the line: whoever sees the count finds it logged
             return None
         self._last_bad = None
         self.seen = True

@@ -128,6 +128,7 @@ class FollowedFile:
         self._seen = None  # what the previous poll read
         self._refused = None  # the settled version last refused (logged already)
         self._task = None
+        self._on_update = None  # what start was given (reload hands new versions to it)
 
     def summary(self, value):
         raise NotImplementedError
@@ -147,6 +148,7 @@ class FollowedFile:
             raise error
         value = self.store.parse(data)  # a bad file at start is an error for the command
         on_update(value)
+        self._on_update = on_update
         self._applied = self._seen = version
         self.healthy = True
         self.log.info("%s from %s: %s", self.noun, self.describe, self.summary(value))
@@ -189,6 +191,19 @@ class FollowedFile:
             self.log.info("%s is valid again", self.describe)
         self.healthy = True
         self.log.info("%s reloaded from %s: %s", self.noun, self.describe, self.summary(value))
+
+    async def reload(self):
+        """Look at the file now rather than at the next poll (SIGHUP). A
+        new version is applied as a poll would once a second read agrees
+        with this one; a version refused before is logged again."""
+        if self._on_update is None:  # not started
+            return
+        version = (await asyncio.to_thread(self._read))[0]
+        self._seen, self._refused = version, None
+        if version == self._applied and self.healthy:
+            self.log.info("%s unchanged: the %s in force stay", self.describe, self.noun)
+            return
+        await self.poll(self._on_update)
 
     async def stop(self):
         if self._task is not None:

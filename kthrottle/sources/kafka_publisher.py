@@ -3,9 +3,13 @@
 What the volume agent (``kthrottle volume-agent``: per-broker volume usage)
 and the proxy (``--proxy-id``: its usage reports for fleet-wide quotas) both
 publish with. The topic is created on first contact, compacted
-(cleanup.policy=compact), one partition, the cluster's default replication
-factor; a cluster that refuses the config gets it without, one that refuses
-to create topics (ACLs) is logged and the produce decides. A failed
+(cleanup.policy=compact), one partition, and the cluster's
+default.replication.factor (read from the controller with DescribeConfigs,
+capped to the live brokers; min(3, live brokers) when it cannot be read), all
+explicit, as CreateTopics below v4 (Kafka < 2.4) requires. A cluster that
+refuses the config gets the topic without it; one that refuses to create it
+(ACLs) is logged with the broker's error, the spec tried and the kafka-topics
+command that would create it, and the produce decides. A failed
 publication raises PublishError with why (the last connection error
 kafka-python logged, the password scrubbed), drops the producer, and the
 next publication connects afresh. Each publication is bounded by ``timeout``
@@ -22,6 +26,10 @@ log = logging.getLogger("kthrottle.publisher")
 
 TOPIC_CONFIGS = {"cleanup.policy": "compact"}
 DEFAULT_TIMEOUT = 10.0
+DEFAULT_REPLICATION_FACTOR = "default.replication.factor"
+# when the cluster's default cannot be read: Kafka's own recommendation for
+# durable topics, never more than the brokers there are
+FALLBACK_REPLICATION_FACTOR = 3
 
 
 class PublishError(Exception):
@@ -95,6 +103,57 @@ def client_config(bootstrap_servers, client_id, security_protocol="PLAINTEXT", s
     return config
 
 
+def _error_text(exc):
+    """"Name: message" of an exception, kafka-python's "[Error N] " dropped."""
+    name = type(exc).__name__
+    text = re.sub(r"^\[Error -?\d+\] ", "", str(exc)).rstrip(".")
+    return text if text.startswith(name) else "%s: %s" % (name, text) if text else name
+
+
+def choose_replication_factor(default, live_brokers):
+    """(factor, why) for a new topic: ``default`` (the cluster's
+    default.replication.factor, None when it could not be read) capped to
+    ``live_brokers`` (a broker refuses more replicas than there are brokers),
+    else min(FALLBACK_REPLICATION_FACTOR, live brokers)."""
+    live = max(1, live_brokers)
+    brokers = "%d live broker%s" % (live, "" if live == 1 else "s")
+    if default is None:
+        return (min(FALLBACK_REPLICATION_FACTOR, live),
+                "min(%d, %s)" % (FALLBACK_REPLICATION_FACTOR, brokers))
+    if default > live:
+        return live, "%s %d capped to the %s" % (DEFAULT_REPLICATION_FACTOR, default, brokers)
+    return default, "the cluster's %s" % DEFAULT_REPLICATION_FACTOR
+
+
+def refusal_warning(topic, described, configs, first, second, create_command, bootstrap):
+    """The WARNING when the cluster did not create ``topic`` as asked, None
+    when it did. ``described``: the spec tried, in words; ``configs``: its
+    "k=v,..." (may be empty); ``first``: the broker's error with the configs
+    as (kafka-python's class, "Name: message"), None once created;
+    ``second``: the same without them (None: created; ``first`` itself: not
+    tried). It says the broker's error and the one command that would help:
+    kafka-configs when only the configs were refused, else kafka-topics."""
+    from kafka import errors as Errors
+
+    if first is None or first[0] is Errors.TopicAlreadyExistsError:
+        return None
+    if issubclass(first[0], Errors.AuthorizationError):
+        return ("not allowed to create topic %s with %s (%s): publishing anyway; a principal "
+                "allowed to create it can run: %s" % (topic, described, first[1], create_command))
+    if second is None:
+        return ("the cluster refused topic %s with %s (%s): created it without, so old records "
+                "go by retention, not compaction; to add it: kafka-configs --bootstrap-server %s "
+                "--alter --entity-type topics --entity-name %s --add-config %s"
+                % (topic, configs, first[1], bootstrap, topic, configs))
+    if second[0] is Errors.TopicAlreadyExistsError:
+        return None
+    tried = first[1]
+    if second is not first:
+        tried += "; without %s: %s" % (configs, second[1])
+    return ("could not create topic %s with %s (%s): publishing anyway; once what the broker "
+            "names is fixed, create it with: %s" % (topic, described, tried, create_command))
+
+
 def describe_connection(bootstrap_servers, security_protocol="PLAINTEXT", sasl_mechanism=None,
                         sasl_username=None, ssl_cert=None):
     """One line for the log: where and as whom, never the password."""
@@ -108,9 +167,10 @@ def describe_connection(bootstrap_servers, security_protocol="PLAINTEXT", sasl_m
 
 
 class KafkaPublisher:
-    """Sends records with kafka-python; creates the topic (compacted) the
-    first time it reaches the cluster. After a failure the producer is
-    dropped and the next publication connects afresh.
+    """Sends records with kafka-python; creates the topic (compacted, 1
+    partition, the cluster's default replication factor) the first time it
+    reaches the cluster. After a failure the producer is dropped and the
+    next publication connects afresh.
 
     ``config`` is kafka-python's (``client_config``); ``describe`` says in
     error messages where and as whom; ``secret`` (the SASL password) is
@@ -129,6 +189,7 @@ class KafkaPublisher:
         self.topic_configs = dict(TOPIC_CONFIGS if topic_configs is None else topic_configs)
         self.producer = None
         self.topic_ready = False
+        self._last_warning = None
 
     def _scrub(self, text):
         text = str(text)
@@ -181,11 +242,24 @@ class KafkaPublisher:
                       delivery_timeout_ms=int(self.timeout * 1000), retry_backoff_ms=200)
         return KafkaProducer(**config)
 
+    def _warn(self, text, *args):
+        """A WARNING the first time, DEBUG while it repeats: a publication
+        retried every few seconds must not repeat the same lines."""
+        message = self._scrub(text % args)
+        if message == self._last_warning:
+            self.log.debug("%s", message)
+        else:
+            self._last_warning = message
+            self.log.warning("%s", message)
+
     def _ensure_topic(self, deadline):
-        """Create the topic if it is missing: compacted, 1 partition, the
-        cluster's default replication factor. A cluster that refuses the
-        config gets the topic without it; one that refuses to create topics
-        at all (ACLs) is logged and the produce decides."""
+        """Create the topic if it is missing: 1 partition, compacted, the
+        replication factor that ``_replication_factor`` chooses. Both are
+        always explicit: CreateTopics below v4 (Kafka < 2.4) has no "broker
+        default" (-1, KIP-464). A cluster that refuses the config gets the
+        topic without it; one that refuses to create it (ACLs, or anything
+        else the broker names) is logged with the broker's error and the
+        spec tried, and the produce decides."""
         from kafka import KafkaAdminClient
         from kafka import errors as Errors
 
@@ -197,35 +271,113 @@ class KafkaPublisher:
             if topic in admin.list_topics():
                 self.topic_ready = True
                 return
-            spec = {"num_partitions": 1, "replication_factor": -1}
-            timeout_ms = self._remaining_ms(deadline)
+            factor, why = self._replication_factor(admin)
+            spec = {"num_partitions": 1, "replication_factor": factor}
             configs = ",".join("%s=%s" % kv for kv in sorted(self.topic_configs.items()))
-            try:
-                admin.create_topics({topic: dict(spec, configs=dict(self.topic_configs))},
-                                    timeout_ms=timeout_ms)
-                self.log.info("created topic %s (%s)", topic, configs)
-            except Errors.TopicAlreadyExistsError:
-                pass
-            except Errors.AuthorizationError as exc:
-                self.log.warning("not allowed to create topic %s (%s): publishing anyway; create "
-                                 "it with %s", topic, type(exc).__name__, configs)
-            except Errors.KafkaTimeoutError:
-                raise
-            except Errors.KafkaError as exc:
-                self.log.warning("the cluster refused to create topic %s with %s (%s): creating "
-                                 "it without configs; set them with kafka-configs --alter "
-                                 "--add-config %s", topic, configs, self._scrub(exc), configs)
-                try:
-                    admin.create_topics({topic: spec}, timeout_ms=timeout_ms)
-                    self.log.info("created topic %s (without %s)", topic, configs)
-                except Errors.TopicAlreadyExistsError:
-                    pass
+            layout = "1 partition, replication factor %d = %s" % (factor, why)
+            described = layout + (", " + configs if configs else "")
+            first = self._create(admin, dict(spec, configs=dict(self.topic_configs)), deadline)
+            second = None
+            if first is None:
+                self.log.info("created topic %s%s with %s", topic,
+                              " (%s)" % configs if configs else "", layout)
+            elif not (first[0] is Errors.TopicAlreadyExistsError
+                      or issubclass(first[0], Errors.AuthorizationError)):
+                # the config may be what the cluster refuses: try without it
+                second = self._create(admin, spec, deadline) if configs else first
+            warning = refusal_warning(topic, described, configs, first, second,
+                                      self.create_command(factor), self._bootstrap())
+            if warning:
+                self._warn("%s", warning)
             self.topic_ready = True
         finally:
             try:
                 admin.close()
             except Exception:
                 pass
+
+    def _create(self, admin, spec, deadline):
+        """CreateTopics for this topic: None once created, else the broker's
+        error as (kafka-python's class, "Name: message"). Retriable errors
+        (the broker timed out, no controller) raise: the publication fails
+        and the next one tries again."""
+        from kafka import errors as Errors
+
+        try:
+            result = admin.create_topics({self.topic: spec}, raise_errors=False,
+                                         timeout_ms=self._remaining_ms(deadline))
+        except Errors.IncompatibleBrokerVersion as exc:  # no CreateTopics (Kafka < 0.10.1)
+            return type(exc), self._scrub(_error_text(exc))
+        for answer in result.get("topics", ()):
+            if answer.get("name") == self.topic:
+                error = Errors.for_code(answer.get("error_code", -1))
+                if error is Errors.NoError:
+                    return None
+                message = answer.get("error_message") or error.description
+                if error.retriable:
+                    raise error(message)
+                return error, self._scrub("%s: %s" % (error.__name__, message))
+        return Errors.UnknownError, "UnknownError: no answer for topic %s" % self.topic
+
+    def _replication_factor(self, admin):
+        """(factor, why): the cluster's default.replication.factor, read with
+        DescribeConfigs from the controller (it applies its own default when
+        it creates a topic), capped to the live brokers; min(3, live brokers)
+        when it cannot be read, saying what was missing."""
+        from kafka import errors as Errors
+        from kafka.admin import ConfigResource, ConfigResourceType
+
+        cluster = admin.describe_cluster()
+        live = sorted(b["broker_id"] for b in cluster.get("brokers", ()) if not b.get("is_fenced"))
+        node = cluster.get("controller_id")
+        if node not in live:
+            node = live[0] if live else node
+        default, missing = None, None
+        try:
+            answer = admin.describe_configs(
+                [ConfigResource(ConfigResourceType.BROKER, str(node))], config_filter="all")
+        except Errors.KafkaTimeoutError:
+            raise
+        except Errors.KafkaError as exc:
+            answer = None
+            missing = "broker %s did not answer DescribeConfigs: %s" % (node, _error_text(exc))
+            KAFKA_ERRORS.take()  # that connection's loss is told here, not later
+        if answer is not None:
+            entry = answer.get("broker", {}).get(str(node), {}).get(DEFAULT_REPLICATION_FACTOR)
+            value = entry.get("value") if entry else None
+            if value is None:
+                missing = ("broker %s answered DescribeConfigs without it (the broker does not "
+                           "report it, or this principal may not describe the cluster's configs)"
+                           % node)
+            elif value.isdigit() and int(value) > 0:
+                default = int(value)
+            else:
+                missing = "broker %s reported %r" % (node, value)
+        factor, why = choose_replication_factor(default, len(live))
+        if missing:
+            self._warn("could not read %s: %s; creating topic %s with replication factor %d = %s",
+                       DEFAULT_REPLICATION_FACTOR, missing, self.topic, factor, why)
+        elif factor < default:
+            self._warn("%s is %d on broker %s but only %d broker%s live: creating topic %s with "
+                       "replication factor %d", DEFAULT_REPLICATION_FACTOR, default, node,
+                       len(live), " is" if len(live) == 1 else "s are", self.topic, factor)
+        return factor, why
+
+    def _bootstrap(self):
+        servers = self.config.get("bootstrap_servers") or ["HOST:PORT"]
+        return servers[0]
+
+    def create_command(self, replication_factor):
+        """The kafka-topics command that creates this topic as the publisher
+        would."""
+        command = ("kafka-topics --bootstrap-server %s --create --topic %s --partitions 1 "
+                   "--replication-factor %d" % (self._bootstrap(), self.topic,
+                                                replication_factor))
+        for kv in sorted(self.topic_configs.items()):
+            command += " --config %s=%s" % kv
+        if self.config.get("security_protocol", "PLAINTEXT") != "PLAINTEXT":
+            command += " --command-config CLIENT.properties"
+        return command
 
     def reset(self):
         """Drop the producer (and what it still holds); the next publication

@@ -9,6 +9,7 @@ import threading
 from ..policy.entities import QUOTA_KEYS, parse_entity_path, parse_quota_value
 from ..policy.quota_file import altered, format_value
 from . import QuotaSource, QuotaStore, QuotaStoreError, entity_count, log
+from .outage import Outage
 
 CONFIG_ROOT = "/config"
 CHANGES = "/config/changes"
@@ -239,7 +240,8 @@ class ZooKeeperFollower:
         self._snapshot = {}
         self._last_seq = -1
         self._bad = {}  # znode -> the data last refused, so each content is logged once
-        self._failure = None  # the last failed read, logged once
+        self._outage = Outage()  # failed reads until a resync succeeds: logged once per reason
+        self.disconnects = 0  # connections to ZooKeeper lost (suspended or expired)
         self._retry_delay = retry_interval
         self._retry = None  # threading.Timer of a pending retry
         self._work = queue.Queue()
@@ -274,6 +276,11 @@ class ZooKeeperFollower:
 
     # the machinery ----------------------------------------------------------
 
+    @property
+    def connected(self):
+        """Whether the ZooKeeper session is connected now (a metric)."""
+        return self.store.zk.connected
+
     async def start(self, on_update):
         from kazoo.exceptions import KazooException
 
@@ -304,14 +311,14 @@ class ZooKeeperFollower:
             if self._was_down:
                 self._was_down = False
                 self._work.put(("resync", "reconnect"))
-        else:
+        elif not self._was_down:  # SUSPENDED, then maybe LOST: one outage, one line
             self._was_down = True
+            self.disconnects += 1
             self._loop.call_soon_threadsafe(self._went_away, state)
 
     def _went_away(self, state):
-        if self.healthy:
-            self.log.warning("ZooKeeper connection %s (%s): the last known %s stay in force "
-                             "until it is back", str(state).lower(), self.store.hosts, self.noun)
+        self.log.warning("ZooKeeper connection %s (%s): the last known %s stay in force "
+                         "until it is back", str(state).lower(), self.store.hosts, self.noun)
         self.healthy = False
 
     def _changes(self, children):  # kazoo thread
@@ -331,23 +338,29 @@ class ZooKeeperFollower:
                 self._failed(exc)
                 continue
             # only a whole read makes the source current again after a failure
+            failed = self._outage.recovered()
+            after = " (after %d failed read(s))" % failed if failed else ""
             if arg == "reconnect":
-                note = "ZooKeeper is back (%s): %s resynced, %s" % (
-                    self.store.hosts, self.noun, self.summary(snapshot))
+                note = "ZooKeeper is back (%s): %s resynced%s, %s" % (
+                    self.store.hosts, self.noun, after, self.summary(snapshot))
             else:
-                note = "%s read from %s after all: %s" % (
-                    self.noun, self.describe, self.summary(snapshot))
+                note = "%s read from %s after all%s: %s" % (
+                    self.noun, self.describe, after, self.summary(snapshot))
             self._to_loop(snapshot, healthy=True, note=note, always=arg == "reconnect")
-            self._failure = None
             self._retry_delay = self.retry_interval
 
     def _failed(self, exc):
         reason = str(exc) if isinstance(exc, QuotaStoreError) else _reason(exc)
-        if reason != self._failure:
-            self.log.warning("reading %s from %s failed (%s); the last known %s stay in "
-                             "force until a resync succeeds", self.noun, self.describe, reason,
-                             self.noun)
-            self._failure = reason
+        # retried with a back-off until a resync succeeds: a line per new reason
+        if self._outage.failed(reason):
+            if self._outage.failures == 1:
+                self.log.warning("reading %s from %s failed (%s); the last known %s stay in "
+                                 "force until a resync succeeds", self.noun, self.describe,
+                                 reason, self.noun)
+            else:
+                self.log.warning("reading %s from %s still fails (%d failed reads so far), "
+                                 "now with: %s", self.noun, self.describe,
+                                 self._outage.failures, reason)
         self._to_loop(healthy=False)
         # on a lost connection the reconnect resyncs; otherwise (a permission,
         # a hiccup) try again after a pause, backing off

@@ -30,6 +30,7 @@ from ..sources.kafka_publisher import (
     describe_connection,
     quiet_kafka_logging,
 )
+from ..sources.outage import Outage
 
 log = logging.getLogger("kthrottle.volume_agent")
 
@@ -452,7 +453,13 @@ class Publisher:
 # the agent -----------------------------------------------------------------------
 
 class Agent:
-    """One publication per ``cycle()``: measure, publish, count."""
+    """One publication per ``cycle()``: measure, publish, count.
+
+    Logged once per change, not per cycle: a log dir problem when it appears
+    and when it is gone; publications that fail (the cluster unreachable, or
+    nothing measurable) when they start failing, for each new reason, and on
+    the first success after, with how many failed; the first report published
+    (later ones at DEBUG: the metrics count them)."""
 
     def __init__(self, settings, metrics=None, publisher=None, clock=time.time):
         self.settings = settings
@@ -460,8 +467,10 @@ class Agent:
         self.publisher = publisher or Publisher(settings)
         self.clock = clock
         self.volumes = LocalVolumes()
-        self.failing = False
+        self.outage = Outage()
+        self.published = 0
         self.last_error = None
+        self._problems = set()  # the log dir problems logged, until they are gone
 
     def cycle(self):
         """True if a report reached the cluster."""
@@ -469,30 +478,53 @@ class Agent:
         self.volumes.mounts = read_mounts()
         report, problems = collect_report(s.broker_id, s.log_dirs, s.soft, s.hard,
                                           self.clock(), volume_of=self.volumes)
-        for problem in problems:
-            log.error("%s", problem)
+        self._log_problems(problems)
         self.metrics.observe(report, problems)
         if not report.volumes:
             self.metrics.failed(unreachable=False)
-            log.error("nothing to publish: none of the log dirs (%s) could be measured",
-                      ", ".join(s.log_dirs))
             self.last_error = "none of the log dirs could be measured"
+            self._failed("nothing to publish: none of the log dirs (%s) could be measured"
+                         % ", ".join(s.log_dirs))
             return False
         try:
             meta = self.publisher.publish(report)
         except PublishError as exc:
             self.metrics.failed()
-            log.error("%s", exc)
             self.last_error = str(exc)
-            self.failing = True
+            self._failed(self.last_error)
             return False
-        if self.failing:
-            log.info("the cluster is reachable again")
-        self.failing = False
+        failed = self.outage.recovered()
+        self.published += 1
         self.metrics.published(report.snapshot_at)
-        log.info("published the report of broker %d to %s-%d at offset %d: %s",
-                 s.broker_id, meta.topic, meta.partition, meta.offset, summary(report))
+        if failed:
+            log.info("published again, after %d failed publication(s): the report of broker %d "
+                     "to %s-%d at offset %d: %s", failed, s.broker_id, meta.topic,
+                     meta.partition, meta.offset, summary(report))
+        else:
+            (log.info if self.published == 1 else log.debug)(
+                "published the report of broker %d to %s-%d at offset %d: %s",
+                s.broker_id, meta.topic, meta.partition, meta.offset, summary(report))
         return True
+
+    def _failed(self, reason):
+        if not self.outage.failed(reason):
+            return  # counted (the metrics), said already
+        if self.outage.failures == 1:
+            log.error("%s%s", reason, "" if self.settings.once else
+                      "; retried every %gs, logged again when the reason changes and once a "
+                      "report is published" % self.settings.interval)
+        else:
+            log.error("still not published (%d failed so far), now: %s", self.outage.failures,
+                      reason)
+
+    def _log_problems(self, problems):
+        current = set(problems)
+        for problem in problems:
+            if problem not in self._problems:
+                log.error("%s", problem)
+        for problem in sorted(self._problems - current):
+            log.info("resolved: %s", problem)
+        self._problems = current
 
     def close(self):
         self.publisher.close()
@@ -640,8 +672,9 @@ def add_parser(sub):
                        "(a listener the agent can reach, e.g. the control-plane one)")
     where.add_argument("--topic", default=DEFAULT_TOPIC, metavar="NAME",
                        help="topic of the reports (default %(default)s); created if missing, "
-                       "with cleanup.policy=compact, 1 partition and the cluster's default "
-                       "replication factor")
+                       "with cleanup.policy=compact, 1 partition and the cluster's "
+                       "default.replication.factor (capped to the live brokers; min(3, live "
+                       "brokers) if the brokers do not tell it)")
     where.add_argument("--timeout", type=_argtype(parse_duration), default=DEFAULT_TIMEOUT,
                        metavar="DURATION",
                        help="how long one publication may take in all: connecting, creating "

@@ -1,0 +1,236 @@
+"""The proxy's listening ports, and whether the brokers behind them answer.
+
+A client that connects straight to a broker that is down gets "connection
+refused" at once, and its client library moves on (another broker, the
+group's new coordinator). A proxy that accepts the connection and only then
+finds no broker behind it looks up, then drops the client half-way through
+its ApiVersions: clients treat that as a flaky broker and wait longer. So a
+listener whose brokers do not answer stops listening while keeping its port
+bound (a bound TCP socket that does not listen is answered with a reset:
+"connection refused", as the broker's own port would be), probes the brokers
+with TCP connections, and listens again as soon as one answers.
+
+What reveals a broker is down: a client connection for which no broker
+address answered (``unreachable``), or a broker connection lost under a
+client (``check``: one probe, at once). Each change is logged once, at
+WARNING, with how many client connections were turned away.
+"""
+import asyncio
+import logging
+import socket
+
+log = logging.getLogger("kthrottle.proxy")
+
+LISTEN_BACKLOG = 1024
+# Probes while the brokers are down: 20 ms, doubling to 100 ms. A client
+# retries a refused broker after its reconnect backoff (Kafka's Java client:
+# reconnect.backoff.ms 50 ms growing to reconnect.backoff.max.ms 1 s), so a
+# proxy that listens again within 100 ms of the broker adds little to its
+# recovery; a probe of a broker that is down costs one refused SYN.
+PROBE_FIRST_SECONDS = 0.02
+PROBE_MAX_SECONDS = 0.1
+# A broker connection lost under a client is checked with one probe, at most
+# this often while the brokers are thought up (a broker restart drops every
+# connection at once: one probe, not one each).
+CHECK_INTERVAL_SECONDS = 1.0
+REFUSED_BROKER_UNREACHABLE = "broker_unreachable"
+
+
+def bound_socket(host, port, listening=True):
+    """A TCP socket bound to (host, port); listening, or only holding the
+    port (connections to it are refused)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        if listening:
+            sock.listen(LISTEN_BACKLOG)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, "%s:%d: %s" % (host, port, exc.strerror or exc)) from None
+    return sock
+
+
+class Listener(asyncio.AbstractServer):
+    """One listening port of the proxy (the bootstrap one, or one per node
+    id) and the broker addresses behind it (``route()``, tried in order).
+
+    ``sock`` is the proxy's own bound socket: it listens while the brokers
+    answer, and only holds the port while none does. The loop's server runs
+    on a duplicate of it, so stopping that server never gives the port up.
+    """
+
+    def __init__(self, server, name, sock, route):
+        self.server = server
+        self.name = name
+        self.route = route
+        self.sock = sock
+        self.address = sock.getsockname()[:2]
+        self.reachable = True
+        self.turned_away = 0  # client connections refused while the brokers were down
+        self.down_since = None
+        self._serving = None  # the loop's server, or the proxy's TLS acceptor
+        self._probe = None
+        self._checked_at = None
+        self._closed = False
+
+    @property
+    def sockets(self):
+        return [self.sock] if self.sock is not None else []
+
+    async def start(self):
+        self._serving = await self.server._serve(self.sock.dup(), self.name, self.route)
+
+    def _brokers(self):
+        return ",".join("%s:%s" % a for a in self.route()) or "no address known"
+
+    # what connections report --------------------------------------------------
+
+    def unreachable(self, errors):
+        """A client connection found no broker answering: it is turned away,
+        and the listener stops listening until one does."""
+        self.turned_away += 1
+        counts = self.server.refused
+        counts[REFUSED_BROKER_UNREACHABLE] = counts.get(REFUSED_BROKER_UNREACHABLE, 0) + 1
+        if self.reachable and not self._closed:  # closed: the proxy is stopping
+            self._down(errors)
+
+    def check(self):
+        """A broker connection was lost under a client: is the broker gone?"""
+        if not self.reachable or self._closed or self._probe is not None:
+            return
+        now = self.server.loop.time()
+        if self._checked_at is not None and now - self._checked_at < CHECK_INTERVAL_SECONDS:
+            return
+        self._checked_at = now
+        self._probe = self.server.loop.create_task(self._check_once())
+
+    async def _check_once(self):
+        try:
+            errors = await self._probe_brokers()
+            if errors is not None and self.reachable and not self._closed:
+                self._down(errors, checked=True)
+        finally:
+            if self._probe is asyncio.current_task():
+                self._probe = None
+            if not self.reachable and not self._closed and self._probe is None:
+                self._probe = self.server.loop.create_task(self._wait_for_brokers())
+
+    # the two states -----------------------------------------------------------
+
+    def _down(self, errors, checked=False):
+        loop = self.server.loop
+        self.reachable = False
+        self.down_since = loop.time()
+        self._stop_listening()
+        log.warning(
+            "%s listener: no broker answers (%s); %s:%s refuses connections, as the broker's "
+            "own port would, until one does (%s)",
+            self.name, "; ".join(errors) or self._brokers(), *self.address,
+            "found when a broker connection was lost" if checked
+            else "%d client connection(s) turned away" % self.turned_away)
+        if self._probe is None:
+            self._probe = loop.create_task(self._wait_for_brokers())
+
+    def _stop_listening(self):
+        serving, self._serving = self._serving, None
+        if serving is not None:
+            serving.close()
+        sock = self.sock
+        host, port = self.address
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RD)  # the kernel refuses from now on
+            except OSError:
+                pass
+            sock.close()
+        try:
+            self.sock = bound_socket(host, port, listening=False)
+        except OSError as exc:  # taken meanwhile: bound again when the brokers answer
+            self.sock = None
+            log.error("%s listener: cannot hold %s:%d while the brokers are down: %s",
+                      self.name, host, port, exc)
+
+    async def _wait_for_brokers(self):
+        delay = PROBE_FIRST_SECONDS
+        try:
+            while not self._closed:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, PROBE_MAX_SECONDS)
+                if await self._probe_brokers() is None and await self._listen_again():
+                    return
+        finally:
+            if self._probe is asyncio.current_task():
+                self._probe = None
+
+    async def _listen_again(self):
+        host, port = self.address
+        try:
+            if self.sock is None:
+                self.sock = bound_socket(host, port, listening=False)
+            self.sock.listen(LISTEN_BACKLOG)
+            self._serving = await self.server._serve(self.sock.dup(), self.name, self.route)
+        except OSError as exc:
+            log.error("%s listener: a broker answers again but %s:%d cannot listen: %s",
+                      self.name, host, port, exc)
+            return False
+        down_for = self.server.loop.time() - self.down_since
+        log.warning("%s listener: a broker answers again (%s) after %.1f s: listening on "
+                    "%s:%d again; %d client connection(s) were turned away meanwhile",
+                    self.name, self._brokers(), down_for, host, port, self.turned_away)
+        self.reachable = True
+        self.turned_away = 0
+        self.down_since = None
+        return True
+
+    async def _probe_brokers(self):
+        """None when a broker address accepts a TCP connection, else why
+        each did not."""
+        loop = self.server.loop
+        timeout = self.server.config.upstream_connect_timeout_ms / 1000.0
+        errors = []
+        for host, port in self.route():
+            try:
+                transport, _ = await asyncio.wait_for(
+                    loop.create_connection(asyncio.Protocol, host, port), timeout)
+            except asyncio.TimeoutError:
+                errors.append("%s:%s did not answer within %g s" % (host, port, timeout))
+                continue
+            except OSError as exc:
+                errors.append("%s:%s %s" % (host, port, exc.strerror or exc))
+                continue
+            transport.close()
+            return None
+        return errors or ["no address known"]
+
+    # asyncio.AbstractServer ---------------------------------------------------
+
+    def close(self):
+        self._closed = True
+        if self._probe is not None:
+            self._probe.cancel()
+        if self._serving is not None:
+            self._serving.close()
+        if self.sock is not None:
+            self.sock.close()
+
+    async def wait_closed(self):
+        if self._serving is not None:
+            await self._serving.wait_closed()
+        if self._probe is not None:
+            await asyncio.gather(self._probe, return_exceptions=True)
+
+    def get_loop(self):
+        return self.server.loop
+
+    def is_serving(self):
+        return self._serving is not None and self._serving.is_serving()
+
+    async def start_serving(self):
+        pass
+
+    async def serve_forever(self):
+        while not self._closed:
+            await asyncio.sleep(3600)
