@@ -8,6 +8,7 @@ buffer is over its high mark.
 """
 import asyncio
 import logging
+import socket
 
 from .limits import HANDSHAKE_TIMEOUT, TLS_HANDSHAKE
 from .pipeline import (
@@ -31,6 +32,20 @@ log = logging.getLogger("kthrottle.proxy")
 # 64 KiB mark (asyncio's default) would pause the broker side on every one.
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITE_LOW_WATER = 1024 * 1024
+
+
+def no_delay(transport):
+    """TCP_NODELAY on a transport's socket: a frame leaves at once instead of
+    waiting for the ACK of the previous one (Nagle), which the peer's delayed
+    ACK can hold back for 40 ms. uvloop sets it on every TCP transport;
+    asyncio only on sockets created with proto IPPROTO_TCP, which the proxy's
+    own listening sockets, and so the sockets they accept, are not."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:  # the socket is already gone: connection_lost follows
+            pass
 
 
 class _Side:
@@ -99,6 +114,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_made(self, transport):
         self.client.transport = transport
+        no_delay(transport)
         transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
         peer = transport.get_extra_info("peername")
         self.peer = "%s:%s" % peer[:2] if peer else "?"
@@ -359,6 +375,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.owner = owner
 
     def connection_made(self, transport):
+        no_delay(transport)
         transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
         self.owner.upstream.transport = transport
 
