@@ -26,6 +26,7 @@ Example (about 2 minutes)::
 """
 import argparse
 import asyncio
+import os
 import socket
 import statistics
 import sys
@@ -174,6 +175,7 @@ def main():
         import conftest
 
         conftest.ROOT = args.proxy_src.resolve()  # ProxyProcess's PYTHONPATH
+        os.chdir(conftest.ROOT)  # and `python -m` puts the working directory first
 
     work = Path(tempfile.mkdtemp(prefix="kthrottle-failover-"))
     s3 = MotoS3Server(log_path=work / "moto.log").start()
@@ -202,16 +204,16 @@ def main():
             time.sleep(3)  # steady state
             killed = time.monotonic()
             broker.kill()
-            refused = {}
+            refused = {}  # while the broker is down: are its ports refused?
             watchers = [threading.Thread(target=lambda k=k, port=port: refused.__setitem__(
-                k, refused_after(port, killed))) for k, port in
+                k, refused_after(port, killed, args.down_seconds * 0.9))) for k, port in
                 (("proxy", proxy.node_port), ("direct", broker.port))]
             for w in watchers:
                 w.start()
+            time.sleep(max(0.0, args.down_seconds - (time.monotonic() - killed)))
             for w in watchers:
                 w.join()
             proxy_refused, direct_refused = refused["proxy"], refused["direct"]
-            time.sleep(max(0.0, args.down_seconds - (time.monotonic() - killed)))
             broker.start()  # returns once the port listens
             up = time.monotonic()
             deadline = up + 60

@@ -118,6 +118,57 @@ def test_sigterm_answers_what_is_in_flight_reads_nothing_new_and_exits_0(broker,
         p.stop()
 
 
+def test_clients_carry_on_across_a_proxy_restart(broker, tmp_path, topic):
+    """The proxy is stopped (SIGTERM) and started again on the same ports
+    under a running producer and consumer: neither is restarted, every
+    record acknowledged is read back once, in order."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log").start()
+
+    async def send(producer, value, deadline):
+        while True:  # what a client does when its broker goes away: retry
+            try:
+                return await asyncio.wait_for(producer.send_and_wait(topic, value), 10)
+            except Exception:
+                assert time.monotonic() < deadline, p.log()[-2000:]
+                await asyncio.sleep(0.1)
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        producer = AIOKafkaProducer(bootstrap_servers=p.bootstrap, acks="all",
+                                    request_timeout_ms=5000, retry_backoff_ms=100)
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=p.bootstrap,
+                                    auto_offset_reset="earliest")
+        await producer.start()
+        await consumer.start()
+        got = []
+        try:
+            deadline = time.monotonic() + 60
+            for i in range(20):
+                await send(producer, b"%03d" % i, deadline)
+            await loop.run_in_executor(None, p.stop)
+            assert p.proc.returncode == 0
+            await loop.run_in_executor(None, p.start)
+            for i in range(20, 40):
+                await send(producer, b"%03d" % i, deadline)
+            while len(got) < 40:
+                assert time.monotonic() < deadline, got
+                for messages in (await consumer.getmany(timeout_ms=500)).values():
+                    got += [m.value for m in messages]
+        finally:
+            await producer.stop()
+            await consumer.stop()
+        return got
+
+    try:
+        assert asyncio.run(run()) == [b"%03d" % i for i in range(40)]
+    finally:
+        p.stop()
+
+
 def test_drain_timeout_ms_comes_from_the_flag_or_the_config_file(tmp_path):
     path = tmp_path / "kthrottle.toml"
     path.write_text('bootstrap-server = ["k1:9092"]\ndrain-timeout-ms = 5000\n')

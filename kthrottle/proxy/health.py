@@ -22,13 +22,12 @@ import socket
 log = logging.getLogger("kthrottle.proxy")
 
 LISTEN_BACKLOG = 1024
-# Probes while the brokers are down: 20 ms, doubling to 100 ms. A client
-# retries a refused broker after its reconnect backoff (Kafka's Java client:
-# reconnect.backoff.ms 50 ms growing to reconnect.backoff.max.ms 1 s), so a
-# proxy that listens again within 100 ms of the broker adds little to its
-# recovery; a probe of a broker that is down costs one refused SYN.
-PROBE_FIRST_SECONDS = 0.02
-PROBE_MAX_SECONDS = 0.1
+# Probes while the brokers are down: every 25 ms. A client retries a refused
+# broker after its reconnect backoff (Kafka's Java client: reconnect.backoff.ms
+# 50 ms growing to reconnect.backoff.max.ms 1 s), and a proxy that listened
+# again later than that would add its delay to the client's recovery; a probe
+# of a broker that is down costs one refused SYN.
+PROBE_INTERVAL_SECONDS = 0.025
 # A broker connection lost under a client is checked with one probe, at most
 # this often while the brokers are thought up (a broker restart drops every
 # connection at once: one probe, not one each).
@@ -154,11 +153,9 @@ class Listener(asyncio.AbstractServer):
                       self.name, host, port, exc)
 
     async def _wait_for_brokers(self):
-        delay = PROBE_FIRST_SECONDS
         try:
             while not self._closed:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, PROBE_MAX_SECONDS)
+                await asyncio.sleep(PROBE_INTERVAL_SECONDS)
                 if await self._probe_brokers() is None and await self._listen_again():
                     return
         finally:
