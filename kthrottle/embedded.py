@@ -68,6 +68,17 @@ def wait_for_port(host, port, timeout=15.0, proc=None):
     raise TimeoutError("nothing listening on %s:%d after %.0f s" % (host, port, timeout))
 
 
+def stop_process(proc, grace=5.0):
+    """SIGTERM, then SIGKILL if ``proc`` is still there ``grace`` seconds later."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 class TansuBroker:
     """A Tansu broker process on 127.0.0.1, in-memory storage unless
     ``storage_url`` says otherwise (``s3://BUCKET/``, with the S3 server's
@@ -111,13 +122,7 @@ class TansuBroker:
         )
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
         self.proc = None
 
     def kill(self):
@@ -197,13 +202,7 @@ class MotoS3Server:
         return self
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, grace=10.0)
         self.proc = None
 
     def __enter__(self):

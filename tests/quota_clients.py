@@ -156,3 +156,24 @@ def scram_credentials_file(path, users, mechanisms=("SCRAM-SHA-256", "SCRAM-SHA-
                                     "--add-config", "%s=[password=%s]" % (mechanism, password))
             assert done.returncode == 0, done.stderr
     return path
+
+
+def scram_login(bootstrap, user, password):
+    """True once ``user`` authenticates (SCRAM-SHA-512), False when refused."""
+    import confluent_kafka
+
+    errors = []
+    producer = confluent_kafka.Producer({
+        "bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user, "sasl.password": password,
+        "error_cb": errors.append})
+    deadline, last = time.monotonic() + 15, None
+    while time.monotonic() < deadline:
+        producer.poll(0.1)  # serves error_cb
+        if any(e.code() == confluent_kafka.KafkaError._AUTHENTICATION for e in errors):
+            return False
+        try:
+            return bool(producer.list_topics(timeout=1.0).brokers)
+        except confluent_kafka.KafkaException as exc:
+            last = exc
+    raise AssertionError("neither authenticated nor refused: %s %s" % (errors, last))

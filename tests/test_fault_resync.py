@@ -332,17 +332,13 @@ class Command:
                 self.kill()
 
 
-class StorageJob:
-    """Plays ``kthrottle spark-sync`` for the cluster state, as its cycle
-    does: the latest report of each broker in the report topic, then
-    ``cluster_snapshot`` over them, written whole to the snapshot znode, every
-    ``interval`` while running. ``pause`` stands for the job going away."""
+class _PlayedJob:
+    """A thread standing in for a periodic job: ``_cycle`` every ``interval``
+    while running; ``pause`` stands for the job going away."""
 
-    def __init__(self, bootstrap, topic, zk, freshness, interval=0.5):
-        self.bootstrap, self.topic, self.zk = bootstrap, topic, zk
-        self.freshness, self.interval = freshness, interval
+    def __init__(self, interval):
+        self.interval = interval
         self.running = threading.Event()
-        self.written = 0
         self.error = None
         self._quit = threading.Event()
         self._thread = threading.Thread(target=self._main, daemon=True)
@@ -365,35 +361,60 @@ class StorageJob:
         self._thread.join(10)
 
     def _main(self):
-        from kafka import KafkaConsumer, TopicPartition
-
-        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
-        latest, assigned = {}, False
         try:
-            while not self._quit.is_set():
-                self.running.wait()
-                if self._quit.is_set():
-                    break
-                if not assigned and consumer.partitions_for_topic(self.topic):
-                    tp = TopicPartition(self.topic, 0)
-                    consumer.assign([tp])
-                    consumer.seek_to_beginning(tp)
-                    assigned = True
-                if assigned:
-                    for records in consumer.poll(timeout_ms=100).values():
-                        for r in records:
-                            report = parse_report(r.value)
-                            latest[report.broker_id] = report
-                if latest:
-                    now = time.time()
-                    set_znode(self.zk, DEFAULT_ZNODE, encode_snapshot(cluster_snapshot(
-                        latest, [TANSU_NODE_ID], {}, now, self.freshness)))
-                    self.written += 1
-                time.sleep(self.interval)
+            self._run()
         except Exception as exc:  # reported by the test
             self.error = exc
+
+    def _run(self):
+        while not self._quit.is_set():
+            self.running.wait()
+            if not self._quit.is_set():
+                self._cycle()
+            time.sleep(self.interval)
+
+
+class StorageJob(_PlayedJob):
+    """Plays ``kthrottle spark-sync`` for the cluster state, as its cycle
+    does: the latest report of each broker in the report topic, then
+    ``cluster_snapshot`` over them, written whole to the snapshot znode, every
+    ``interval`` while running."""
+
+    def __init__(self, bootstrap, topic, zk, freshness, interval=0.5):
+        super().__init__(interval)
+        self.bootstrap, self.topic, self.zk = bootstrap, topic, zk
+        self.freshness = freshness
+        self.written = 0
+        self._latest = {}
+        self._consumer = None
+
+    def _run(self):
+        from kafka import KafkaConsumer
+
+        self._consumer = KafkaConsumer(bootstrap_servers=self.bootstrap,
+                                       enable_auto_commit=False)
+        try:
+            super()._run()
         finally:
-            consumer.close()
+            self._consumer.close()
+
+    def _cycle(self):
+        from kafka import TopicPartition
+
+        consumer = self._consumer
+        if not consumer.assignment() and consumer.partitions_for_topic(self.topic):
+            tp = TopicPartition(self.topic, 0)
+            consumer.assign([tp])
+            consumer.seek_to_beginning(tp)
+        if consumer.assignment():
+            for records in consumer.poll(timeout_ms=100).values():
+                for r in records:
+                    report = parse_report(r.value)
+                    self._latest[report.broker_id] = report
+        if self._latest:
+            set_znode(self.zk, DEFAULT_ZNODE, encode_snapshot(cluster_snapshot(
+                self._latest, [TANSU_NODE_ID], {}, time.time(), self.freshness)))
+            self.written += 1
 
 
 class TrickleProducer:
@@ -519,53 +540,25 @@ def test_a_cluster_state_no_longer_refreshed_takes_the_fail_safe_then_resyncs(
         zk.close()
 
 
-class SharesJob:
+class SharesJob(_PlayedJob):
     """Plays ``kthrottle spark-sync`` for one fleet member's quota shares:
     a shares document (``shares_document``, as the job writes it) every
     ``interval`` while running."""
 
     def __init__(self, zk, proxy_id, entries, proxies, interval=0.5):
+        super().__init__(interval)
         self.zk, self.znode = zk, shares_znode(proxy_id)
         self.shares = ProxyShares(proxy_id, tuple(proxies), 1.0 / len(proxies), entries)
-        self.interval = interval
-        self.running = threading.Event()
         self.cycle = 0
-        self.error = None
-        self._quit = threading.Event()
-        self._thread = threading.Thread(target=self._main, daemon=True)
 
     def start(self):
-        self.running.set()
-        self._write()  # in force before the proxy starts
-        self._thread.start()
-        return self
+        self._cycle()  # in force before the proxy starts
+        return super().start()
 
-    def _write(self):
+    def _cycle(self):
         self.cycle += 1
         set_znode(self.zk, self.znode, encode_shares_document(
             shares_document(self.shares, time.time(), self.cycle)))
-
-    def _main(self):
-        try:
-            while not self._quit.is_set():
-                self.running.wait()
-                if not self._quit.is_set():
-                    self._write()
-                time.sleep(self.interval)
-        except Exception as exc:  # reported by the test
-            self.error = exc
-
-    def pause(self):
-        self.running.clear()
-        time.sleep(self.interval)
-
-    def resume(self):
-        self.running.set()
-
-    def close(self):
-        self._quit.set()
-        self.running.set()
-        self._thread.join(10)
 
 
 @needs_zookeeper

@@ -17,7 +17,7 @@ import trustme
 from conftest import ProxyProcess
 from kthrottle.config import ConfigError, build_config, load_toml
 from kthrottle.embedded import free_port
-from quota_clients import produce_quotas, scram_credentials_file, wait_until
+from quota_clients import produce_quotas, scram_credentials_file, scram_login, wait_until
 from test_pipeline import (
     Harness,
     api_versions_req,
@@ -266,27 +266,6 @@ def test_sighup_rereads_the_quota_file_and_keeps_live_connections(broker, tmp_pa
         p.stop()
 
 
-def _login(bootstrap, user, password):
-    """True once ``user`` authenticates (SCRAM-SHA-512), False when refused."""
-    import confluent_kafka
-
-    errors = []
-    producer = confluent_kafka.Producer({
-        "bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT",
-        "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user, "sasl.password": password,
-        "error_cb": errors.append})
-    deadline, last = time.monotonic() + 15, None
-    while time.monotonic() < deadline:
-        producer.poll(0.1)  # serves error_cb
-        if any(e.code() == confluent_kafka.KafkaError._AUTHENTICATION for e in errors):
-            return False
-        try:
-            return bool(producer.list_topics(timeout=1.0).brokers)
-        except confluent_kafka.KafkaException as exc:
-            last = exc
-    raise AssertionError("neither authenticated nor refused: %s %s" % (errors, last))
-
-
 def test_sighup_rereads_the_credentials_file_and_keeps_live_logins(broker, tmp_path, topic):
     import confluent_kafka
 
@@ -302,13 +281,13 @@ def test_sighup_rereads_the_credentials_file_and_keeps_live_logins(broker, tmp_p
     try:
         alice.produce(topic, b"before", partition=0)
         assert alice.flush(30) == 0
-        assert not _login(p.bootstrap, "bob", "bob-secret")
+        assert not scram_login(p.bootstrap, "bob", "bob-secret")
 
         scram_credentials_file(credentials, {"bob": "bob-secret"}, ("SCRAM-SHA-512",))
         os.kill(p.proc.pid, signal.SIGHUP)
         p.wait_for_log("SIGHUP: re-reading credentials file %s" % credentials)
         p.wait_for_log("credentials reloaded from credentials file %s: 2 users" % credentials)
-        assert _login(p.bootstrap, "bob", "bob-secret")
+        assert scram_login(p.bootstrap, "bob", "bob-secret")
 
         logins = p.log().count("client authenticated as 'alice'")
         alice.produce(topic, b"after", partition=0)

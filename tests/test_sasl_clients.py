@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from conftest import ProxyProcess
-from quota_clients import kthrottle_quotas, scram_credentials_file
+from quota_clients import kthrottle_quotas, scram_credentials_file, scram_login
 
 USERS = {"alice": "alice-secret", "bob": "bob-secret"}
 MECHANISMS = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -177,8 +177,6 @@ def test_credentials_from_zookeeper_are_followed_live(broker, zookeeper, tmp_pat
     """Terminate mode with the SCRAM credentials Kafka keeps in ZooKeeper:
     a password changed with ``kthrottle quotas alter --zookeeper`` holds for
     the next login, without restarting the proxy."""
-    import confluent_kafka
-
     chroot = "/kt-%s" % uuid.uuid4().hex[:8]
     hosts = zookeeper.hosts + chroot
 
@@ -192,30 +190,14 @@ def test_credentials_from_zookeeper_are_followed_live(broker, zookeeper, tmp_pat
     p = ProxyProcess(broker.bootstrap, tmp_path / "zk-proxy.log",
                      ["--security-protocol", "SASL_PLAINTEXT", "--zookeeper", hosts]).start()
 
-    def login(password):
-        errors = []
-        producer = confluent_kafka.Producer({
-            "bootstrap.servers": p.bootstrap, "security.protocol": "SASL_PLAINTEXT",
-            "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "carol",
-            "sasl.password": password, "error_cb": errors.append})
-        deadline, last = time.monotonic() + 15, None
-        while time.monotonic() < deadline:
-            producer.poll(0.1)  # serves error_cb
-            if any(e.code() == confluent_kafka.KafkaError._AUTHENTICATION for e in errors):
-                return False
-            try:
-                return bool(producer.list_topics(timeout=1.0).brokers)
-            except confluent_kafka.KafkaException as exc:
-                last = exc
-        raise AssertionError("neither authenticated nor refused: %s %s" % (errors, last))
-
     try:
-        assert login("first-secret")
+        assert scram_login(p.bootstrap, "carol", "first-secret")
         set_password("second-secret")
         deadline = time.monotonic() + 10
-        while login("first-secret") and time.monotonic() < deadline:
+        while scram_login(p.bootstrap, "carol", "first-secret") and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert login("second-secret") and not login("first-secret")
+        assert scram_login(p.bootstrap, "carol", "second-secret")
+        assert not scram_login(p.bootstrap, "carol", "first-secret")
         assert "first-secret" not in p.log() and "second-secret" not in p.log()
     finally:
         p.stop()

@@ -5,7 +5,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from kthrottle.embedded import _die_with_parent, free_port, wait_for_port
+from kthrottle.embedded import _die_with_parent, free_port, stop_process, wait_for_port
 
 JARS = ["/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-log4j12.jar",
         "/usr/share/java/log4j-1.2.jar"]
@@ -68,11 +68,5 @@ class ZooKeeperServer:
                 zk.close()
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, grace=10.0)
         self.proc = None
