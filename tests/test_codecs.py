@@ -457,3 +457,20 @@ def test_frame_cutter_stops_after_the_frame_in_progress_and_hands_back_the_rest(
         assert len(seen) == stop_at + 1
         # what was handed back and what had not been fed are the rest of the stream
         assert rest + stream[pos:] == b"".join(frames[stop_at + 1 :])
+
+
+def test_the_proxys_own_metadata_request_asks_for_brokers_only_and_its_answer_parses():
+    from kthrottle.codecs._kafka import MetadataRequest, MetadataResponse
+    from kthrottle.codecs.versions import metadata_request, parse_metadata_brokers
+
+    frame = metadata_request(42)
+    request = MetadataRequest[1].decode(frame[4:], header=True)
+    assert request.topics == []  # [] is no topic; null would be all of them
+    R = MetadataResponse[1]
+    body = R(brokers=[R.MetadataResponseBroker(node_id=7, host="kafka-7.internal", port=9092,
+                                                rack=None)],
+             controller_id=7, topics=[]).encode()
+    answer = (len(body) + 4).to_bytes(4, "big") + (42).to_bytes(4, "big") + bytes(body)
+    assert parse_metadata_brokers(answer) == [(7, "kafka-7.internal", 9092)]
+    with pytest.raises(ProtocolError):
+        parse_metadata_brokers(answer[:20])

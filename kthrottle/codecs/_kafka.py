@@ -13,6 +13,7 @@ with warnings.catch_warnings():
         ApiVersionsRequest,
         ApiVersionsResponse,
         FindCoordinatorResponse,
+        MetadataRequest,
         MetadataResponse,
     )
     from kafka.protocol.producer import ProduceRequest, ProduceResponse
@@ -25,6 +26,7 @@ __all__ = [
     "FetchRequest",
     "FetchResponse",
     "FindCoordinatorResponse",
+    "MetadataRequest",
     "MetadataResponse",
     "ProduceRequest",
     "ProduceResponse",

@@ -1,4 +1,4 @@
-"""ApiVersions requests and answers the proxy makes itself.
+"""ApiVersions (and Metadata) requests and answers the proxy makes itself.
 
 A proxy that authenticates clients before it connects to a broker answers
 their ApiVersions request itself (clients send it before SASL, KIP-511), from
@@ -6,9 +6,10 @@ the version ranges a broker gave it earlier, clamped to what the proxy can
 decode. The answer's header is always v0, whatever the request's version
 (KIP-511).
 """
-from ._kafka import ApiVersionsRequest, ApiVersionsResponse
+from ._kafka import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, MetadataResponse
 from . import apis
 from .errors import ProtocolError
+from .rewrite import Node
 from .wire import INT32
 
 # The version the proxy asks a broker with: every broker since 0.10 has it,
@@ -56,3 +57,25 @@ def api_versions_answer(correlation_id, version, ranges):
         fields["throttle_time_ms"] = 0
     body = cls(**fields).encode()
     return INT32.pack(len(body) + 4) + INT32.pack(correlation_id) + bytes(body)
+
+
+# Metadata v1 (every broker since 0.10): an empty topic list asks for the
+# brokers alone (from v1 a null list, not an empty one, means every topic).
+METADATA_PROBE_VERSION = 1
+
+
+def metadata_request(correlation_id, client_id="kthrottle"):
+    """A framed Metadata v1 request for the brokers and no topic."""
+    request = MetadataRequest[METADATA_PROBE_VERSION](topics=[])
+    request.with_header(correlation_id=correlation_id, client_id=client_id)
+    return bytes(request.encode(header=True, framed=True))
+
+
+def parse_metadata_brokers(frame):
+    """A framed Metadata v1 response -> [Node, ...]; ProtocolError if it
+    does not decode."""
+    try:
+        answer = MetadataResponse[METADATA_PROBE_VERSION].decode(bytes(frame[8:]))
+        return [Node(int(b.node_id), b.host, int(b.port)) for b in answer.brokers or ()]
+    except Exception as exc:  # kafka-python raises several types on bad input
+        raise ProtocolError("malformed Metadata response: %s" % exc) from None

@@ -163,6 +163,8 @@ class Listener(asyncio.AbstractServer):
                 self._probe = None
 
     async def _listen_again(self):
+        if self._closed:  # closed while the probe was out: the proxy is stopping
+            return True
         host, port = self.address
         try:
             if self.sock is None:

@@ -8,7 +8,12 @@ from typing import NamedTuple
 
 from ..codecs import ProtocolError
 from ..codecs.frames import MIN_RESPONSE_SIZE
-from ..codecs.versions import api_versions_request, parse_api_versions
+from ..codecs.versions import (
+    api_versions_request,
+    metadata_request,
+    parse_api_versions,
+    parse_metadata_brokers,
+)
 from ..codecs.wire import INT32
 from ..sources import QuotaStoreError
 from ..sources.file import FollowedFile, read_file_bytes
@@ -43,6 +48,8 @@ class ProxyServer:
                                                config.upstream_sasl_username,
                                                config.upstream_sasl_password())
         self.api_versions = ApiVersionsCache(self)
+        # brokers that take Metadata before any SASL exchange: node listeners open at start
+        self.discovery = None if upstream_protocol.startswith("SASL_") else NodeDiscovery(self)
         self._pool = None  # the key-derivation worker, made when first needed
         self.authenticates_clients = hasattr(authenticator, "offload")
         if self.authenticates_clients:
@@ -118,6 +125,8 @@ class ProxyServer:
         self._sweeper = loop.create_task(self._sweep())
         if self.authenticates_clients:
             self.api_versions.refresh()  # before the first client asks
+        if self.discovery is not None:
+            self.discovery.start()
         log.info(
             "listening on %s:%d for bootstrap, brokers %s; node N gets port %d+N",
             *self.bootstrap_address, ",".join("%s:%d" % a for a in bootstrap), self.node_port_base,
@@ -296,6 +305,8 @@ class ProxyServer:
     async def close(self):
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self.discovery is not None:
+            self.discovery.close()
         for task in list(self._starting):
             await task
         servers = [s for s in self.listeners.values() if isinstance(s, asyncio.AbstractServer)]
@@ -482,33 +493,89 @@ class ApiVersionsCache:
             self._fetching.cancel()
 
     async def _ask(self):
+        try:
+            ranges = await ask_bootstrap(self.server, api_versions_request(1),
+                                         parse_api_versions, "ApiVersions")
+        except ConnectionError as exc:
+            log.warning("no broker answered ApiVersions: %s", exc)
+            raise
+        self._ranges, self._at = ranges, self.server.loop.time()
+        return ranges
+
+
+async def ask_bootstrap(server, request, parse, what):
+    """Send one request to the first bootstrap broker that takes a
+    connection (over the upstream TLS settings), and return ``parse`` of its
+    answer; ConnectionError, saying why, when none answers."""
+    config = server.config
+    timeout = config.upstream_connect_timeout_ms / 1000.0
+    tls = server.upstream_ssl_context
+    errors = []
+    for host, port in config.bootstrap_servers:
+        writer = None
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(
+                host, port, ssl=tls, server_hostname=host if tls else None), timeout)
+            writer.write(request)
+            size = INT32.unpack(await asyncio.wait_for(reader.readexactly(4), timeout))[0]
+            if not MIN_RESPONSE_SIZE <= size <= ApiVersionsCache.MAX_ANSWER:
+                raise ProtocolError("a %s answer of %d bytes" % (what, size))
+            body = await asyncio.wait_for(reader.readexactly(size), timeout)
+            return parse(INT32.pack(size) + body)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError,
+                ProtocolError) as exc:
+            errors.append("%s:%s %s" % (host, port, exc or type(exc).__name__))
+        finally:
+            if writer is not None:
+                writer.close()
+    raise ConnectionError("; ".join(errors) or "no broker address")
+
+
+class NodeDiscovery:
+    """Opens the node listeners at start, from a Metadata request of the
+    proxy's own to a bootstrap broker, and again every REFRESH_SECONDS: a
+    proxy restarted under running clients has their node listeners before
+    any of them asks for metadata again (a client with the cluster's
+    metadata cached reconnects to the node ports it knows, and some, such as
+    aiokafka, never fall back to the bootstrap address). Not possible
+    towards brokers that require SASL (Metadata needs authentication there):
+    then the listeners open with the first Metadata a client gets."""
+
+    REFRESH_SECONDS = 300.0
+    RETRY_SECONDS = 2.0
+
+    def __init__(self, server):
+        self.server = server
+        self._task = None
+
+    def start(self):
+        self._task = self.server.loop.create_task(self._run())
+
+    async def _run(self):
         server = self.server
-        config = server.config
-        timeout = config.upstream_connect_timeout_ms / 1000.0
-        tls = server.upstream_ssl_context
-        errors = []
-        for host, port in config.bootstrap_servers:
-            writer = None
+        failing = None  # why the last ask failed: logged once, not at every retry
+        while True:
             try:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(
-                    host, port, ssl=tls, server_hostname=host if tls else None), timeout)
-                writer.write(api_versions_request(1))
-                size = INT32.unpack(await asyncio.wait_for(reader.readexactly(4), timeout))[0]
-                if not MIN_RESPONSE_SIZE <= size <= self.MAX_ANSWER:
-                    raise ProtocolError("an ApiVersions answer of %d bytes" % size)
-                body = await asyncio.wait_for(reader.readexactly(size), timeout)
-                ranges = parse_api_versions(INT32.pack(size) + body)
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError,
-                    ProtocolError) as exc:
-                errors.append("%s:%s %s" % (host, port, exc or type(exc).__name__))
+                nodes = await ask_bootstrap(server, metadata_request(1), parse_metadata_brokers,
+                                            "Metadata")
+            except ConnectionError as exc:
+                if failing is None:
+                    log.warning("cannot ask a bootstrap broker for its nodes (%s): their "
+                                "listeners open with the first Metadata a client gets; "
+                                "asking again every %g s", exc, self.RETRY_SECONDS)
+                failing = exc
+                await asyncio.sleep(self.RETRY_SECONDS)
                 continue
-            finally:
-                if writer is not None:
-                    writer.close()
-            self._ranges, self._at = ranges, server.loop.time()
-            return ranges
-        log.warning("no broker answered ApiVersions: %s", "; ".join(errors))
-        raise ConnectionError("; ".join(errors) or "no broker address")
+            if failing is not None:
+                log.info("a bootstrap broker named its nodes: %s",
+                         ", ".join("%d" % n.node_id for n in nodes) or "none")
+                failing = None
+            server.learn_nodes(nodes)
+            await asyncio.sleep(self.REFRESH_SECONDS)
+
+    def close(self):
+        if self._task is not None:
+            self._task.cancel()
 
 
 def _retrieved(task):
