@@ -49,6 +49,23 @@ def read_sasl_password(path, env, flag, protocol, environ=None):
     return password
 
 
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)?\s*$", re.I)
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text):
+    """Seconds from ``30s``, ``5m``, ``500ms``, ``1h`` or plain seconds (``30``,
+    ``0.5``); ValueError if it is not a positive duration."""
+    m = _DURATION.match(str(text))
+    if not m:
+        raise ValueError("not a duration: %r (like 30s, 5m, 500ms or a number of seconds)"
+                         % (text,))
+    seconds = float(m.group(1)) * _DURATION_UNITS[(m.group(2) or "s").lower()]
+    if seconds <= 0:
+        raise ValueError("a duration must be positive, got %r" % (text,))
+    return seconds
+
+
 def parse_host_port(value, what):
     """Parse ``HOST:PORT`` (``[v6addr]:PORT`` for IPv6)."""
     if not isinstance(value, str) or ":" not in value:

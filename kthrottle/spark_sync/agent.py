@@ -6,7 +6,7 @@ stored on each, and publishes the result (``policy.storage.BrokerReport`` as
 JSON) as one record keyed by the broker id to a compacted topic, where the
 Spark job (``kthrottle spark-sync``) reads the latest report of every broker.
 
-Pure parts (no I/O, unit-testable): ``parse_duration``, ``settings_from_args``,
+Pure parts (no I/O, unit-testable): ``settings_from_args``,
 ``parse_mountinfo``, ``collect_report`` (the file system calls and the clock
 are passed in). The I/O: ``Publisher`` (kafka-python, with the KafkaPublisher of
 ``sources/kafka_publisher`` the proxy shares), ``AgentMetrics``
@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 
-from ..config import ConfigError, parse_host_port, read_sasl_password
+from ..config import ConfigError, parse_duration, parse_host_port, read_sasl_password
 from ..policy.storage import BrokerReport, VolumeReport, parse_limit, split_partition_dir
 from ..sources.kafka_publisher import (
     KafkaPublisher,
@@ -62,23 +62,6 @@ Each record: key = the broker id ("3"), value = JSON like
 
 
 # durations, flags, settings (pure) -----------------------------------------------
-
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)?\s*$", re.I)
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text):
-    """Seconds from ``30s``, ``5m``, ``500ms``, ``1h`` or plain seconds (``30``,
-    ``0.5``); ValueError if it is not a positive duration."""
-    m = _DURATION.match(str(text))
-    if not m:
-        raise ValueError("not a duration: %r (like 30s, 5m, 500ms or a number of seconds)"
-                         % (text,))
-    seconds = float(m.group(1)) * _DURATION_UNITS[(m.group(2) or "s").lower()]
-    if seconds <= 0:
-        raise ValueError("a duration must be positive, got %r" % (text,))
-    return seconds
-
 
 def _argtype(fn):
     def parse(value):

@@ -26,7 +26,13 @@ import signal
 import sys
 import time
 
-from ..config import ConfigError, parse_host_port, parse_zookeeper, read_sasl_password
+from ..config import (
+    ConfigError,
+    parse_duration,
+    parse_host_port,
+    parse_zookeeper,
+    read_sasl_password,
+)
 from ..policy.fleet import (
     DEFAULT_FLOOR_FRACTION,
     encode_shares_document,
@@ -51,10 +57,6 @@ DEFAULT_MASTER = "local[2]"
 PASSWORD_ENV = "KTHROTTLE_SPARK_SASL_PASSWORD"
 ZNODE_MAX_BYTES = 1048575 - 1024  # ZooKeeper's default jute.maxbuffer, less some room
 
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)?\s*$", re.I)
-_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "": 1.0}
-
-
 class CycleError(Exception):
     """A cycle failed; the text says why, on one line."""
 
@@ -71,17 +73,6 @@ def _source():
         raise CycleError("%s: install the spark extra: pip install 'kthrottle[spark]' "
                          "(pyspark and pyarrow)" % exc) from None
     return kafka_source
-
-
-def parse_duration(text):
-    """Seconds from ``30s``, ``5m``, ``500ms``, ``1h`` or a number of seconds."""
-    m = _DURATION.match(str(text))
-    if not m:
-        raise ValueError("not a duration: %r (like 30s, 5m, 500ms or seconds)" % (text,))
-    seconds = float(m.group(1)) * _UNIT[(m.group(2) or "").lower()]
-    if seconds <= 0:
-        raise ValueError("a duration must be positive, got %r" % (text,))
-    return seconds
 
 
 def _duration(text):
