@@ -1,10 +1,7 @@
 """The ``kthrottle`` command."""
 import argparse
-import asyncio
 import logging
-import signal
 import sys
-import time
 
 from . import __version__, quotas_command
 from .config import (
@@ -377,206 +374,6 @@ def _flag_values(args):
     }
 
 
-def run_loop(main):
-    """Run ``main()`` on uvloop when it is installed."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main())
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main())
-
-
-async def _started(stack, component, start, *args):
-    """Start a source (or the like) and have the stack stop it; a
-    QuotaStoreError (ZooKeeper or a file out of reach) is the command's
-    error, and what was started before is stopped."""
-    from .sources import QuotaStoreError
-
-    stack.push_async_callback(component.stop)
-    try:
-        await start(*args)
-    except QuotaStoreError as exc:
-        raise SystemExit("kthrottle: error: %s" % exc) from None
-    return component
-
-
-async def serve(config, on_ready=None):
-    from contextlib import AsyncExitStack
-
-    async with AsyncExitStack() as stack:
-        await _serve(config, on_ready, stack)
-
-
-async def _serve(config, on_ready, stack):
-    """Everything started is stopped by ``stack``, in reverse order, however
-    this ends (an error at start, a signal)."""
-    from .policy.quotas import QuotaManager
-    from .proxy import ProxyServer
-    from .proxy.admin import AdminServer
-
-    followed = []  # what SIGHUP re-reads at once (files; ZooKeeper sends its changes)
-    _on_sighup(stack, followed)
-    source = manager = None
-    if config.quota_file or config.zookeeper:
-        from .sources import FileQuotaSource, ZooKeeperQuotaSource
-
-        source = (FileQuotaSource(config.quota_file) if config.quota_file
-                  else ZooKeeperQuotaSource(config.zookeeper))
-        manager = QuotaManager(None, config.quota_settings())
-        # quotas are in force before the first client is accepted
-        await _started(stack, source, source.start, manager.update)
-        if hasattr(source, "reload"):
-            followed.append(source)
-    authenticator = None
-    if config.sasl_enabled and config.sasl_mode == "passthrough":
-        from .proxy.auth import SaslPassthrough
-
-        authenticator = SaslPassthrough(config.sasl_enabled_mechanisms,
-                                        config.failed_authentication_delay_ms)
-    elif config.sasl_enabled:
-        from .proxy.auth import SaslTerminate
-        from .sources.credentials import Credentials, credential_source
-
-        credentials = credential_source(config.credentials_file,
-                                        None if config.credentials_file else config.zookeeper)
-        current = [Credentials({})]
-        await _started(stack, credentials, credentials.start,
-                       lambda snapshot: current.__setitem__(0, snapshot))
-        if hasattr(credentials, "reload"):
-            followed.append(credentials)
-        authenticator = SaslTerminate(config.sasl_enabled_mechanisms, lambda: current[0],
-                                      config.failed_authentication_delay_ms)
-    storage = cluster_state = None
-    if config.storage_enabled:
-        from .policy.storage import StoragePolicy
-        from .proxy.storage import StorageThrottle
-        from .sources.cluster_state import ClusterStateSource
-
-        settings = config.quota_settings()
-        storage = StorageThrottle(
-            StoragePolicy(config.storage_scope, config.storage_fail_safe,
-                          config.storage_max_age_ms / 1000.0),
-            config.storage_excluded_principals, config.storage_base_rate,
-            config.storage_pause_max_ms, samples=settings.samples, window=settings.window)
-
-        def new_state(state):
-            storage.policy.update(state)
-            storage.refresh(time.time(), asyncio.get_running_loop().time())
-
-        cluster_state = ClusterStateSource(config.zookeeper, config.cluster_state_znode)
-        await _started(stack, cluster_state, cluster_state.start, new_state)
-    fleet = None
-    if config.fleet_enabled:
-        from .proxy.fleet import FleetMember
-
-        fleet = FleetMember(config, manager)
-        # the shares are in force before the first client is accepted
-        await _started(stack, fleet, fleet.start)
-    try:
-        server = ProxyServer(config, manager, authenticator, storage)
-    except ValueError as exc:  # the TLS files
-        raise SystemExit("kthrottle: error: %s" % exc) from None
-    stack.push_async_callback(server.close)
-    tls = server.tls_files()
-    if tls is not None:  # the certificate, key and CA just loaded, followed from now on
-        await _started(stack, tls, tls.start, server.use_tls)
-        followed.append(tls)
-    try:
-        try:
-            await server.start()
-        except ValueError as exc:  # max-connections-per-ip-overrides naming an unknown host
-            raise SystemExit("kthrottle: error: %s" % exc) from None
-        if config.admin_listen:
-            try:  # the token file and the TLS files: start errors of their own
-                admin = AdminServer(server, *config.admin_listen, source=source,
-                                    cluster_state=cluster_state, fleet=fleet,
-                                    token=config.admin_token(), ssl_cert=config.admin_ssl_cert,
-                                    ssl_key=config.admin_ssl_key, ssl_ca=config.admin_ssl_ca)
-            except (ConfigError, ValueError) as exc:
-                raise SystemExit("kthrottle: error: %s" % exc) from None
-            await admin.start()
-            stack.push_async_callback(admin.close)
-            if config.admin_ssl_cert:
-                followed.append(await _admin_tls_files(stack, config, admin))
-    except OSError as exc:
-        raise SystemExit("kthrottle: error: cannot listen: %s" % exc) from None
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    stopping = []  # the signal that started the drain
-
-    def on_stop(sig):
-        if stopping:
-            server.cut_drain(sig.name)
-        else:
-            stopping.append(sig.name)
-            stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_stop, sig)
-    if fleet is not None:
-        fleet.start_reports(server)
-    if on_ready is not None:
-        on_ready(server)
-    stack.callback(logging.getLogger("kthrottle").info, "shutting down")
-    ticks = 0
-    every_second = storage is not None or fleet is not None
-    while not stop.is_set():
-        try:  # once a second: the cluster state and the quota shares age
-            await asyncio.wait_for(stop.wait(), 1 if every_second else 60)
-        except asyncio.TimeoutError:
-            ticks += 1
-            if storage is not None:
-                storage.refresh(time.time(), loop.time())
-            if fleet is not None:
-                fleet.tick()
-            if manager is not None and (not every_second or ticks % 60 == 0):
-                manager.expire(loop.time())
-    await server.drain(config.drain_timeout_ms / 1000.0, stopping[0])
-
-
-def _on_sighup(stack, followed):
-    """SIGHUP re-reads what is in ``followed`` by then (from the start: a
-    SIGHUP while starting must not end the process, SIGHUP's default)."""
-    loop = asyncio.get_running_loop()
-    reloads = set()
-
-    def on_reload():
-        task = loop.create_task(_reload(followed))
-        reloads.add(task)  # held until done
-        task.add_done_callback(reloads.discard)
-
-    loop.add_signal_handler(signal.SIGHUP, on_reload)
-    stack.callback(lambda: [task.cancel() for task in list(reloads)])
-
-
-async def _admin_tls_files(stack, config, admin):
-    """The admin endpoint's certificate, key and CA, followed live."""
-    from .proxy.admin import admin_tls_context
-    from .proxy.server import TlsFiles
-
-    cert, key, ca = config.admin_ssl_cert, config.admin_ssl_key, config.admin_ssl_ca
-    files = TlsFiles("the admin endpoint's TLS", [p for p in (cert, key, ca) if p],
-                     lambda: admin_tls_context(cert, key, ca),
-                     logger=logging.getLogger("kthrottle.admin"))
-    await _started(stack, files, files.start, admin.use_tls)
-    return files
-
-
-async def _reload(followed):
-    """SIGHUP: each followed file is looked at now, not at its next poll."""
-    log = logging.getLogger("kthrottle")
-    if not followed:
-        log.info("SIGHUP: nothing to re-read (no --quota-file, --credentials-file or TLS files)")
-        return
-    log.info("SIGHUP: re-reading %s", "; ".join(f.describe for f in followed))
-    for files in followed:
-        try:
-            await files.reload()
-        except Exception:  # a bug: said, and the next file is still re-read
-            log.exception("SIGHUP: re-reading %s failed", files.describe)
-
-
 def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
@@ -602,43 +399,12 @@ def main(argv=None):
     except ConfigError as exc:
         parser.exit(2, "kthrottle: error: %s\n" % exc)
 
+    from .proxy.app import run_local, run_loop, serve
+
     if args.command == "proxy":
         run_loop(lambda: serve(config))
         return 0
-    return _run_local(config)
-
-
-def _run_local(config):
-    from .embedded import TansuBroker
-
-    broker = TansuBroker()
-    try:
-        broker.start()
-    except Exception as exc:
-        print("kthrottle: error: cannot start the local Tansu broker: %s" % exc, file=sys.stderr)
-        return 1
-    config.bootstrap_servers = [(broker.host, broker.port)]
-
-    def ready(server):
-        host, port = server.bootstrap_address
-        print(
-            "kthrottle local: Tansu broker (pid %d) on %s, proxy on %s:%d\n"
-            "Point clients at bootstrap.servers=%s:%d   (Ctrl-C stops both)"
-            % (broker.proc.pid, broker.bootstrap, host, port, host, port),
-            flush=True,
-        )
-        if config.quota_file or config.zookeeper:
-            print("Quotas from %s" % (config.quota_file or "ZooKeeper " + config.zookeeper),
-                  flush=True)
-        if config.admin_listen:
-            print("Metrics on http://%s:%d/metrics, live connections on /quotas"
-                  % config.admin_listen, flush=True)
-
-    try:
-        run_loop(lambda: serve(config, ready))
-    finally:
-        broker.stop()
-    return 0
+    return run_local(config)
 
 
 if __name__ == "__main__":
