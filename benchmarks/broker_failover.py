@@ -24,26 +24,16 @@ Example (about 2 minutes)::
 
     python benchmarks/broker_failover.py --rounds 5
 """
-import argparse
 import asyncio
-import os
 import socket
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from conftest import ProxyProcess  # noqa: E402
-
-from kthrottle.embedded import MotoS3Server, TansuBroker  # noqa: E402
-
-DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results"
+from harness import Run, add_output_dir, check_src, markdown_table, names, parser, write_results
 
 
 class Group(threading.Thread):
@@ -155,91 +145,54 @@ def refused_after(port, since, timeout=10.0):
     return None
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3, help="kills of the broker (default 3)")
-    parser.add_argument("--down-seconds", type=float, default=2.0,
-                        help="how long the broker stays down each time (default 2)")
-    parser.add_argument("--libraries", default="aiokafka,confluent-kafka",
-                        help="client libraries, comma-separated (default both)")
-    parser.add_argument("--proxy-src", type=Path, metavar="TREE",
-                        help="run the proxy from this source tree (a worktree of an older "
-                        "commit, say) instead of this one")
-    parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT,
-                        help="where broker_failover.md goes (broker_failover_other_tree.md with "
-                        "--proxy-src; default benchmarks/results)")
-    args = parser.parse_args()
-    libraries = [x.strip() for x in args.libraries.split(",") if x.strip()]
+def main(argv=None):
+    p = parser(__doc__.split("\n\n")[0], raw=True)
+    p.add_argument("--rounds", type=int, default=3, help="kills of the broker (default 3)")
+    p.add_argument("--down-seconds", type=float, default=2.0,
+                   help="how long the broker stays down each time (default 2)")
+    p.add_argument("--libraries", default="aiokafka,confluent-kafka",
+                   help="client libraries, comma-separated (default both)")
+    p.add_argument("--proxy-src", type=Path, metavar="TREE",
+                   help="run the proxy from this source tree (a worktree of an older "
+                   "commit, say) instead of this one")
+    add_output_dir(p, help="where broker_failover.md goes (broker_failover_other_tree.md with "
+                   "--proxy-src; default benchmarks/results)")
+    args = p.parse_args(argv)
+    libraries = names(args.libraries)
     if args.proxy_src is not None:
-        import conftest
+        args.proxy_src = check_src(p, "--proxy-src", args.proxy_src)
 
-        conftest.ROOT = args.proxy_src.resolve()  # ProxyProcess's PYTHONPATH
-        os.chdir(conftest.ROOT)  # and `python -m` puts the working directory first
-
-    work = Path(tempfile.mkdtemp(prefix="kthrottle-failover-"))
-    s3 = MotoS3Server(log_path=work / "moto.log").start()
-    broker = TansuBroker(storage_url=s3.storage_url, env=s3.tansu_env(),
-                         log_path=work / "tansu.log")
-    proxy = None
     groups, producer = [], None
     rows = []
-    try:
-        broker.start()
+    with Run("kthrottle-failover", catch=False) as run:
+        s3 = run.s3("moto")
+        broker = run.broker("tansu", storage_url=s3.storage_url, env=s3.tansu_env())
         topic = "failover-%s" % uuid.uuid4().hex[:6]
         broker.create_topic(topic, partitions=1)
-        proxy = ProxyProcess(broker.bootstrap, work / "proxy.log").start()
-        producer = Producer(broker.bootstrap, topic)
-        producer.start()
-        for library in libraries:
-            for path, bootstrap in (("proxy", proxy.bootstrap), ("direct", broker.bootstrap)):
-                groups.append(Group(library, bootstrap, topic, path))
-        for g in groups:
-            g.start()
-        for g in groups:
-            if not g.ready.wait(60) or g.error:
-                raise RuntimeError("%s %s group never got a record: %s"
-                                   % (g.library, g.path, g.error))
-        for round_ in range(1, args.rounds + 1):
-            time.sleep(3)  # steady state
-            killed = time.monotonic()
-            broker.kill()
-            refused = {}  # while the broker is down: are its ports refused?
-            watchers = [threading.Thread(target=lambda k=k, port=port: refused.__setitem__(
-                k, refused_after(port, killed, args.down_seconds * 0.9))) for k, port in
-                (("proxy", proxy.node_port), ("direct", broker.port))]
-            for w in watchers:
-                w.start()
-            time.sleep(max(0.0, args.down_seconds - (time.monotonic() - killed)))
-            for w in watchers:
-                w.join()
-            proxy_refused, direct_refused = refused["proxy"], refused["direct"]
-            broker.start()  # returns once the port listens
-            up = time.monotonic()
-            deadline = up + 60
-            while time.monotonic() < deadline and not all(g.first_after(up) for g in groups):
-                time.sleep(0.05)
+        proxy = run.kthrottle(broker, name="proxy", src=args.proxy_src)
+        try:
+            producer = Producer(broker.bootstrap, topic)
+            producer.start()
+            for library in libraries:
+                for path, bootstrap in (("proxy", proxy.bootstrap), ("direct", broker.bootstrap)):
+                    groups.append(Group(library, bootstrap, topic, path))
             for g in groups:
-                first = g.first_after(killed)
-                rows.append((round_, g.library, g.path, up - killed,
-                             None if first is None else first - killed,
-                             None if first is None else first - up,
-                             proxy_refused if g.path == "proxy" else direct_refused))
-            print("round %d: broker down %.2f s; node port refused after %s (proxy) / %s "
-                  "(broker)" % (round_, up - killed, _ms(proxy_refused), _ms(direct_refused)))
-    finally:
-        if producer is not None:
-            producer.stopping.set()
-        for g in groups:
-            g.stopping.set()
-        for g in groups:
-            g.join(15)
-        if producer is not None:
-            producer.join(15)
-        if proxy is not None:
-            proxy.stop()
-        broker.stop()
-        s3.stop()
+                g.start()
+            for g in groups:
+                if not g.ready.wait(60) or g.error:
+                    raise RuntimeError("%s %s group never got a record: %s"
+                                       % (g.library, g.path, g.error))
+            for round_ in range(1, args.rounds + 1):
+                rows += kill_and_restart(round_, broker, proxy, groups, args.down_seconds)
+        finally:
+            if producer is not None:
+                producer.stopping.set()
+            for g in groups:
+                g.stopping.set()
+            for g in groups:
+                g.join(15)
+            if producer is not None:
+                producer.join(15)
 
     lines = ["# Consumer group recovery after its coordinator is killed",
              "",
@@ -250,29 +203,61 @@ def main():
                             " --proxy-src %s" % args.proxy_src if args.proxy_src else "",
                             args.down_seconds),
              "",
-             "| client | path | first record after the kill, s (median, max) | of which after "
-             "the broker is back, s (median, max) | connection refused after the kill, ms "
-             "(median) |",
-             "|---|---|---|---|---|"]
+             ]
+    table = []
     for library in libraries:
         for path in ("proxy", "direct"):
             mine = [r for r in rows if r[1] == library and r[2] == path]
             firsts = [r[4] for r in mine if r[4] is not None]
             after = [r[5] for r in mine if r[5] is not None]
             refused = [r[6] * 1000 for r in mine if r[6] is not None]
-            lines.append("| %s | %s | %s | %s | %s |" % (
-                library, path, _stats(firsts), _stats(after),
-                "%.1f" % statistics.median(refused) if refused else "never"))
+            table.append((library, path, _stats(firsts), _stats(after),
+                          "%.1f" % statistics.median(refused) if refused else "never"))
+    lines += markdown_table(
+        ("client", "path", "first record after the kill, s (median, max)",
+         "of which after the broker is back, s (median, max)",
+         "connection refused after the kill, ms (median)"), table, align="lllll")
     missing = [r for r in rows if r[4] is None]
     if missing:
         lines.append("")
         lines.append("No record within 60 s after the restart: %d group-round(s)." % len(missing))
     text = "\n".join(lines) + "\n"
     print(text)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    name = "broker_failover_other_tree.md" if args.proxy_src else "broker_failover.md"
-    (args.output_dir / name).write_text(text)
-    return 1 if missing else 0
+    write_results(args.output_dir, "broker_failover_other_tree" if args.proxy_src
+                  else "broker_failover", text)
+    return run.finish(missing)
+
+
+def kill_and_restart(round_, broker, proxy, groups, down_seconds):
+    """Kill the broker, start it again ``down_seconds`` later; one row per group."""
+    time.sleep(3)  # steady state
+    killed = time.monotonic()
+    broker.kill()
+    refused = {}  # while the broker is down: are its ports refused?
+    watchers = [threading.Thread(target=lambda k=k, port=port: refused.__setitem__(
+        k, refused_after(port, killed, down_seconds * 0.9))) for k, port in
+        (("proxy", proxy.node_port), ("direct", broker.port))]
+    for w in watchers:
+        w.start()
+    time.sleep(max(0.0, down_seconds - (time.monotonic() - killed)))
+    for w in watchers:
+        w.join()
+    proxy_refused, direct_refused = refused["proxy"], refused["direct"]
+    broker.start()  # returns once the port listens
+    up = time.monotonic()
+    deadline = up + 60
+    while time.monotonic() < deadline and not all(g.first_after(up) for g in groups):
+        time.sleep(0.05)
+    rows = []
+    for g in groups:
+        first = g.first_after(killed)
+        rows.append((round_, g.library, g.path, up - killed,
+                     None if first is None else first - killed,
+                     None if first is None else first - up,
+                     proxy_refused if g.path == "proxy" else direct_refused))
+    print("round %d: broker down %.2f s; node port refused after %s (proxy) / %s "
+          "(broker)" % (round_, up - killed, _ms(proxy_refused), _ms(direct_refused)))
+    return rows
 
 
 def _ms(seconds):

@@ -18,50 +18,35 @@ Example (about 5 minutes)::
 
     python benchmarks/fleet_convergence.py --proxies 2,3,10
 """
-import argparse
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from conftest import ProxyProcess  # noqa: E402
-from quota_clients import BackgroundProducer, kthrottle_quotas  # noqa: E402
-
-from kthrottle.embedded import TansuBroker  # noqa: E402
-
-DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results"
+import harness
+from quota_clients import BackgroundProducer
 
 
-def run(n, args, broker, zk_hosts, work):
-    from kazoo.client import KazooClient
-
+def run_fleet(n, args, run, broker, zk_hosts, zk):
+    """One fleet of ``n`` proxies under their own ZooKeeper chroot; stops it at the end."""
     chroot = "/conv-%d-%s" % (n, uuid.uuid4().hex[:6])
-    zk = KazooClient(hosts=zk_hosts)
-    zk.start(timeout=10)
     zk.ensure_path(chroot)
     hosts = zk_hosts + chroot
-    done = kthrottle_quotas("alter", "--zookeeper", hosts, "--entity-type", "clients",
-                            "--entity-name", "fleet-app", "--add-config",
-                            "producer_byte_rate=%d" % args.quota)
-    assert done.returncode == 0, done.stderr
+    harness.SourceTree().cli("quotas", "alter", "--zookeeper", hosts, "--entity-type",
+                             "clients", "--entity-name", "fleet-app", "--add-config",
+                             "producer_byte_rate=%d" % args.quota)
     topic = "conv-%d-%s" % (n, uuid.uuid4().hex[:6])
     broker.create_topic(topic, partitions=1)
-    proxies = [ProxyProcess(broker.bootstrap, work / ("proxy-%d-%d.log" % (n, i)),
-                            ["--zookeeper", hosts, "--proxy-id", "p%d" % i,
-                             "--usage-interval", str(args.usage_interval_ms),
-                             "--log-level", "WARNING"]).start() for i in range(n)]
-    producers = [BackgroundProducer(p.bootstrap, topic, "fleet-app") for p in proxies]
-    job = None
+    proxies, producers, job = [], [], None
     samples = []
     try:
-        for p in producers:
-            p.__enter__()
+        for i in range(n):
+            proxies.append(run.kthrottle(
+                broker, ["--zookeeper", hosts, "--proxy-id", "p%d" % i,
+                         "--usage-interval", str(args.usage_interval_ms)],
+                name="proxy-%d-%d" % (n, i), probe=False))
+        for proxy in proxies:
+            producers.append(BackgroundProducer(proxy.bootstrap, topic, "fleet-app").__enter__())
         time.sleep(5)
 
         def total(seconds=1.0):
@@ -70,17 +55,16 @@ def run(n, args, broker, zk_hosts, work):
             return sum(p.rate(t0, time.monotonic()) for p in producers)
 
         before = statistics.median(total() for _ in range(5))
-        log = open(work / ("job-%d.log" % n), "ab")
-        job = subprocess.Popen(
-            [sys.executable, "-m", "kthrottle", "spark-sync", "--bootstrap-server",
-             broker.bootstrap, "--zookeeper", hosts, "--master", "local[2]", "--interval",
-             "%gs" % args.interval, "--usage-freshness", "%gs" % (4 * args.interval + 5)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT))
+        job = harness.spawn_kthrottle(
+            run.procs, "job-%d" % n, "spark-sync", "--bootstrap-server", broker.bootstrap,
+            "--zookeeper", hosts, "--master", "local[2]", "--interval", "%gs" % args.interval,
+            "--usage-freshness", "%gs" % (4 * args.interval + 5))
         shares = chroot + "/kthrottle/cluster-state/shares/p0"
         deadline = time.monotonic() + 180
         while not zk.exists(shares):
             if time.monotonic() > deadline or job.poll() is not None:
-                raise RuntimeError("no shares from the job (see %s)" % log.name)
+                raise RuntimeError("no shares from the job (see %s)"
+                                   % run.path("job-%d.log" % n))
             time.sleep(0.25)
         first = time.monotonic()
         within_since = None
@@ -102,93 +86,73 @@ def run(n, args, broker, zk_hosts, work):
                 "settled": settled, "samples": samples}
     finally:
         if job is not None:
-            job.terminate()
-            try:
-                job.wait(30)
-            except subprocess.TimeoutExpired:
-                job.kill()
+            run.procs.stop(job, timeout=30)
         for p in producers:
             p.__exit__(None, None, None)
-        for p in proxies:
-            p.stop()
-        zk.stop()
-        zk.close()
+        for proxy in proxies:
+            run.procs.stop(proxy.proc, timeout=10)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--proxies", default="2,3,10", help="fleet sizes")
-    p.add_argument("--quota", type=int, default=300_000, help="Q, bytes/s for the client-id")
-    p.add_argument("--interval", type=float, default=5.0, help="the job's interval, seconds")
-    p.add_argument("--usage-interval-ms", type=int, default=1000,
-                   help="the proxies' usage report interval")
-    p.add_argument("--hold", type=int, default=5,
-                   help="seconds the total must stay within 10%% of Q")
-    p.add_argument("--max-seconds", type=float, default=90.0)
-    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT)
-    args = p.parse_args()
+FLAGS = (
+    ("--proxies", harness.int_list, "2,3,10", "fleet sizes"),
+    ("--quota", int, 300_000, "Q, bytes/s for the client-id"),
+    ("--interval", float, 5.0, "the job's interval, seconds"),
+    ("--usage-interval-ms", int, 1000, "the proxies' usage report interval"),
+    ("--hold", int, 5, "seconds the total must stay within 10%% of Q"),
+    ("--max-seconds", float, 90.0, None),
+)
 
-    from zookeeper import ZooKeeperServer, available
 
-    if not available():
-        raise SystemExit("ZooKeeper is not installed: scripts/test installs it")
-    work = Path(tempfile.mkdtemp(prefix="fleet_convergence-"))
-    zk = ZooKeeperServer(work / "zk")
-    broker = TansuBroker(log_path=str(work / "tansu.log"))
+def report(results, args, stopped):
+    lines = ["# Fleet-wide quota: convergence", "",
+             "`%s`: Q = %d B/s for one client-id, one producer per proxy writing as fast as it "
+             "is let, job interval %g s, usage reports every %d ms; all on one 2-core machine. "
+             "Time counted from the job's first shares (its SparkSession start is not included)."
+             % (args.command, args.quota, args.interval, args.usage_interval_ms), ""]
+    rows = []
+    for r in results:
+        settled = r["settled"] or 0
+        rows.append((r["proxies"], "%.0f B/s (%.1f Q)" % (r["before"], r["before"] / args.quota),
+                     "%.0f s" % r["converged_s"] if r["converged_s"] is not None
+                     else "not within %.0f s" % args.max_seconds,
+                     "%.1f" % r["cycles"] if r["cycles"] is not None else "-",
+                     "%.0f B/s (%.2f Q)" % (settled, settled / args.quota)))
+    lines += harness.markdown_table(["proxies", "total before the job", "within 10% of Q after",
+                                     "job cycles", "settled total"], rows, align="r" * 5)
+    if stopped:
+        lines += ["", "Stopped early (%s): only the fleet sizes above were measured." % stopped]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    args = harness.flag_parser(__doc__.split("\n\n")[0], FLAGS, raw=True).parse_args(argv)
+    args.command = harness.command_line("fleet_convergence", argv)
     results = []
-    try:
-        zk.start()
-        broker.start()
-        for n in [int(x) for x in args.proxies.split(",")]:
-            r = run(n, args, broker, zk.hosts, work)
+    with harness.Run("fleet_convergence") as run:
+        zk_server = run.zookeeper()
+        broker = run.broker()
+        zk = harness.zk_client(run.procs, zk_server.hosts)
+        for n in args.proxies:
+            r = run_fleet(n, args, run, broker, zk_server.hosts, zk)
             results.append(r)
             print("  %2d proxies: before %.0f B/s (%.1f Q); within 10%% of Q after %s; settled "
                   "%.0f B/s" % (n, r["before"], r["before"] / args.quota,
                                 "%.0f s (%.1f cycles)" % (r["converged_s"], r["cycles"])
                                 if r["converged_s"] is not None else "never (%.0f s)"
                                 % args.max_seconds, r["settled"] or 0), flush=True)
-    finally:
-        broker.stop()
-        zk.stop()
-
-    lines = ["# Fleet-wide quota: convergence", "",
-             "`python benchmarks/fleet_convergence.py %s`: Q = %d B/s for one client-id, one "
-             "producer per proxy writing as fast as it is let, job interval %g s, usage "
-             "reports every %d ms; all on one 2-core machine. Time counted from the job's "
-             "first shares (its SparkSession start is not included)."
-             % (" ".join(sys.argv[1:]), args.quota, args.interval, args.usage_interval_ms), "",
-             "| proxies | total before the job | within 10% of Q after | job cycles | settled "
-             "total |", "|---:|---:|---:|---:|---:|"]
-    for r in results:
-        lines.append("| %d | %.0f B/s (%.1f Q) | %s | %s | %.0f B/s (%.2f Q) |" % (
-            r["proxies"], r["before"], r["before"] / args.quota,
-            "%.0f s" % r["converged_s"] if r["converged_s"] is not None else "not within %.0f s"
-            % args.max_seconds, "%.1f" % r["cycles"] if r["cycles"] is not None else "-",
-            r["settled"] or 0, (r["settled"] or 0) / args.quota))
-    text = "\n".join(lines) + "\n"
+    if not results:
+        return run.finish(failed=True)
+    text = report(results, args, run.stopped)
     print(text)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "fleet_convergence.md").write_text(text)
-    try:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6.5, 3.5))
-        for r in results:
-            ax.plot([t for t, _ in r["samples"]], [v / args.quota for _, v in r["samples"]],
-                    label="%d proxies" % r["proxies"])
-        ax.axhspan(0.9, 1.1, color="grey", alpha=0.2, label="Q +/- 10%")
-        ax.set_xlabel("seconds since the job's first shares")
-        ax.set_ylabel("fleet total / Q")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.output_dir / "fleet_convergence.png", dpi=110)
-    except ImportError:
-        print("matplotlib is not installed (the bench extra): no plot")
+    draw = harness.line_chart(
+        [("%d proxies" % r["proxies"], [t for t, _ in r["samples"]],
+          [v / args.quota for _, v in r["samples"]]) for r in results],
+        "seconds since the job's first shares", "fleet total / Q",
+        band=(0.9, 1.1, "Q +/- 10%"))
+    harness.write_results(args.output_dir, "fleet_convergence", markdown=text, draw=draw)
+    return run.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -62,38 +62,29 @@ Examples::
     python benchmarks/nothing_lost.py            # 1,000,000 records, about 2 minutes
     python benchmarks/nothing_lost.py --records 200000 --direct --report-name direct.md
 """
-import argparse
 import asyncio
-import json
 import logging
-import shlex
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT / "tests"))  # tests/zookeeper.py starts a real ZooKeeper
-
-from proxy_overhead import (  # noqa: E402
-    Processes,
-    _sigterm_to_interrupt,
-    kthrottle_env,
+from harness import (
+    Run,
+    SourceTree,
+    add_output_dir,
+    command_line,
     machine_facts,
+    metric_sum,
     new_runner,
-    start_kthrottle,
+    parser,
+    storage_snapshot,
+    write_znode,
+    zk_client,
 )
-
-from kthrottle.embedded import MotoS3Server, TansuBroker  # noqa: E402
 
 CLIENT_ID = "nothing-lost"
 CONSUMER_ID = "nothing-lost-reader"
@@ -102,7 +93,6 @@ GIVE_UP_SECONDS = 30.0  # the producer done, nothing more to read for this long:
 NOT_ACKED, NO_OFFSET = -1, -2  # in Producer.ack_offset
 STATE_ZNODE = "/kthrottle/cluster-state"
 STATE_METRIC = 'kthrottle_storage_state{broker="",scope="cluster",volume=""}'
-DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results"
 
 
 @dataclass
@@ -200,43 +190,25 @@ class Cluster:
     def __init__(self, work_dir, scenario):
         self.work = Path(work_dir)
         self.scenario = scenario
-        self.procs = Processes(self.work)
-        self.s3 = MotoS3Server(log_path=str(self.work / "moto-s3.log"))
-        self.zookeeper = None
-        self.broker = None
-        self.proxy = None
-        self.zk = None
+        self.run = Run("nothing_lost", log_dir=self.work)
+        self.s3 = self.zookeeper = self.broker = self.proxy = self.zk = None
 
     def start(self):
-        from zookeeper import ZooKeeperServer, available
-
-        if not available() and not self.scenario.direct:
-            raise RuntimeError("ZooKeeper is not installed (scripts/test installs Debian's "
-                               "zookeeper package)")
-        self.s3.start()
-        self.broker = TansuBroker(log_path=str(self.work / "tansu.log"),
-                                  storage_url=self.s3.storage_url, env=self.s3.tansu_env())
-        self.broker.start()
+        self.s3 = self.run.s3()
+        self.broker = self.run.broker("tansu", storage_url=self.s3.storage_url,
+                                      env=self.s3.tansu_env())
         if self.scenario.direct:
             return self
-        self.zookeeper = ZooKeeperServer(self.work / "zookeeper")
-        self.zookeeper.start()
-        from kazoo.client import KazooClient
-
-        self.zk = KazooClient(hosts=self.zookeeper.hosts)
-        self.zk.start(timeout=15)
+        self.zookeeper = self.run.zookeeper()
+        self.zk = zk_client(self.run.procs, self.zookeeper.hosts, timeout=15)
         self.write_state(open_=True)  # the job's first snapshot: every volume well inside
-        env, cwd = kthrottle_env(ROOT)
-        subprocess.run(
-            [sys.executable, "-m", "kthrottle", "quotas", "alter", "--zookeeper",
-             self.zookeeper.hosts, "--entity-type", "clients", "--entity-name", CLIENT_ID,
-             "--add-config", "producer_byte_rate=%d" % self.scenario.quota],
-            env=env, cwd=cwd, check=True, capture_output=True, timeout=60)
-        self.proxy = start_kthrottle(
-            self.broker, self.procs, ["--zookeeper", self.zookeeper.hosts,
-                                      "--storage-pause-max-ms",
-                                      str(self.scenario.pause_max_ms())],
-            admin=True, name="kthrottle")
+        SourceTree().cli("quotas", "alter", "--zookeeper", self.zookeeper.hosts,
+                         "--entity-type", "clients", "--entity-name", CLIENT_ID,
+                         "--add-config", "producer_byte_rate=%d" % self.scenario.quota)
+        self.proxy = self.run.kthrottle(
+            self.broker, ["--zookeeper", self.zookeeper.hosts,
+                          "--storage-pause-max-ms", str(self.scenario.pause_max_ms())],
+            admin=True)
         return self
 
     @property
@@ -248,42 +220,18 @@ class Cluster:
         self.broker.create_topic(name, partitions=self.scenario.partitions)
 
     def write_state(self, open_):
-        """The cluster-state snapshot as the Spark job writes it: one broker (Tansu is node
-        111) with one volume, under its soft limit (OPEN) or past its hard limit (PAUSE)."""
-        from kthrottle.policy.storage import (
-            BrokerReport,
-            VolumeReport,
-            cluster_snapshot,
-            parse_limit,
-        )
-
-        now = time.time()
-        gb = 10 ** 9
-        report = BrokerReport(111, now, parse_limit("MinFreePercentage:40"),
-                              parse_limit("MinFreePercentage:20"),
-                              (VolumeReport("sda1", 100 * gb, (10 if open_ else 85) * gb),))
-        data = json.dumps(cluster_snapshot({111: report}, [111], {}, now, 60)).encode()
-        if self.zk.exists(STATE_ZNODE):
-            self.zk.set(STATE_ZNODE, data)
-        else:
-            self.zk.create(STATE_ZNODE, data, makepath=True)
-
-    def metrics(self):
-        url = "http://127.0.0.1:%d/metrics" % self.proxy.admin_port
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.read().decode()
+        """The cluster-state snapshot as the Spark job writes it: one broker with one volume,
+        under its soft limit (OPEN) or past its hard limit (PAUSE)."""
+        write_znode(self.zk, STATE_ZNODE, storage_snapshot(10 if open_ else 85))
 
     def storage_state(self):
-        for line in self.metrics().splitlines():
-            if line.startswith(STATE_METRIC + " "):
-                return float(line.rsplit(" ", 1)[1])
-        return None
+        return metric_sum(self.proxy.metrics(), STATE_METRIC)
 
     def proxy_counters(self):
         from prometheus_client.parser import text_string_to_metric_families
 
         out = {}
-        for family in text_string_to_metric_families(self.metrics()):
+        for family in text_string_to_metric_families(self.proxy.metrics()):
             for sample in family.samples:
                 if sample.labels.get("client_id") == CLIENT_ID or sample.name.startswith(
                         "kthrottle_storage_deferred"):
@@ -300,15 +248,7 @@ class Cluster:
         return killed, time.monotonic()
 
     def stop(self):
-        for step in (lambda: self.zk and (self.zk.stop(), self.zk.close()),
-                     self.procs.stop_all,
-                     lambda: self.broker and self.broker.stop(),
-                     lambda: self.zookeeper and self.zookeeper.stop(),
-                     self.s3.stop):
-            try:
-                step()
-            except Exception as exc:  # keep going: the others must be stopped too
-                print("! stopping: %s: %s" % (type(exc).__name__, exc), file=sys.stderr)
+        self.run.procs.stop_all()
 
 
 # --------------------------------------------------------------------------- the clients
@@ -958,11 +898,10 @@ def markdown(out, facts, command, elapsed):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        description="Produce sequence-numbered records through kthrottle (idempotent, "
-        "acks=all) while the producer is throttled, paused for storage once and the broker "
-        "restarts once; check every acknowledged record is consumed back once, in order.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = parser(
+        "Produce sequence-numbered records through kthrottle (idempotent, acks=all) while the "
+        "producer is throttled, paused for storage once and the broker restarts once; check "
+        "every acknowledged record is consumed back once, in order.")
     d = Scenario()
     p.add_argument("--records", type=int, default=d.records, help="records to produce")
     p.add_argument("--record-size", type=int, default=d.record_size,
@@ -990,8 +929,7 @@ def parse_args(argv=None):
                    "during flow (no quota, no pause): what the broker does on its own")
     p.add_argument("--timeout", type=float, default=None,
                    help="give up after this many seconds (default: from records and quota)")
-    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT,
-                   help="where the report is written")
+    add_output_dir(p, help="where the report is written")
     p.add_argument("--report-name", default="nothing_lost.md", help="the report's file name")
     args = p.parse_args(argv)
     if args.records < 10 or args.record_size < 16 or args.partitions < 1 or args.quota < 1000:
@@ -1007,37 +945,25 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _sigterm_to_interrupt)  # same cleanup path as Ctrl-C
-    given = sys.argv[1:] if argv is None else argv
-    command = "python benchmarks/nothing_lost.py" + (" " + shlex.join(given) if given else "")
+    command = command_line("nothing_lost", argv)
     scenario = Scenario(records=args.records, record_size=args.record_size,
                         partitions=args.partitions, quota=args.quota, pause_at=args.pause_at,
                         pause_seconds=args.pause_seconds, restart_during=args.restart_during,
                         restart_at=args.restart_at, down_seconds=args.down_seconds,
                         direct=args.direct, timeout=args.timeout)
     facts = machine_facts()
-    work = Path(tempfile.mkdtemp(prefix="nothing_lost-"))
-    started = time.monotonic()
-    try:
+    with Run("nothing_lost", catch=False) as run:  # run_scenario stops what it starts
         with new_runner() as runner:
-            out = runner.run(run_scenario(scenario, work))
-    except KeyboardInterrupt:
-        print("\ninterrupted; processes stopped, logs in %s" % work, file=sys.stderr)
-        return 1
-    elapsed = time.monotonic() - started
+            out = runner.run(run_scenario(scenario, run.log_dir))
+    if run.interrupted:
+        return run.finish()
     for line in describe(out):
         print(line)
-    print("whole run: %.1f s" % elapsed)
+    print("whole run: %.1f s" % run.elapsed)
     print(out.summary(), flush=True)
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / args.report_name).write_text(markdown(out, facts, command, elapsed))
-    if out.ok():
-        shutil.rmtree(work, ignore_errors=True)
-        return 0
-    print("logs kept in %s" % work, file=sys.stderr)
-    return 1
+    (args.output_dir / args.report_name).write_text(markdown(out, facts, command, run.elapsed))
+    return run.finish(not out.ok())
 
 
 if __name__ == "__main__":

@@ -30,32 +30,26 @@ Example (about 30 s on the 2-core project VM)::
 
     python benchmarks/policy_cost.py
 """
-import argparse
-import gc
 import os
 import platform
 import random
-import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness
+from harness import gc_paused, rank_percentile
 
-from proxy_overhead import cpu_model, git_describe  # noqa: E402
-
-from kthrottle.policy.entities import (  # noqa: E402
+from kthrottle.policy.entities import (
     CONSUMER_BYTE_RATE,
     DEFAULT,
     PRODUCER_BYTE_RATE,
     REQUEST_RATE,
     entity_path,
 )
-from kthrottle.policy.quotas import QuotaManager, QuotaSettings  # noqa: E402
+from kthrottle.policy.quotas import ClientQuotas, QuotaManager, QuotaSettings
 
 MODES = ("token-bucket", "window")
-DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results"
 PRODUCE_BYTES = 16_384 + 120  # one 16 KiB batch plus the request's own header
 FETCH_BYTES = 65_536 + 80
 STEP = 10e-6  # fake clock advance per request: 100,000 requests/s through the proxy
@@ -144,14 +138,10 @@ def timed(fn, repeats):
     """(ns spent in fn) / (calls fn reports), for each of ``repeats`` loops."""
     per_call = []
     for _ in range(repeats):
-        gc.collect()
-        gc.disable()
-        try:
+        with gc_paused():
             t = time.perf_counter_ns()
             calls = fn()
             elapsed = time.perf_counter_ns() - t
-        finally:
-            gc.enable()
         per_call.append(elapsed / calls)
     return per_call
 
@@ -159,18 +149,13 @@ def timed(fn, repeats):
 def p99_single(fn_one, calls):
     """99th percentile of single calls timed one by one (includes the timer)."""
     samples = []
-    gc.collect()
-    gc.disable()
-    try:
-        clock = time.perf_counter_ns
+    clock = time.perf_counter_ns
+    with gc_paused():
         for i in range(calls):
             t = clock()
             fn_one(i)
             samples.append(clock() - t)
-    finally:
-        gc.enable()
-    samples.sort()
-    return samples[int(len(samples) * 0.99)]
+    return rank_percentile(sorted(samples), 99)
 
 
 def timer_cost(calls=200_000):
@@ -179,8 +164,7 @@ def timer_cost(calls=200_000):
     for _ in range(calls):
         t = clock()
         samples.append(clock() - t)
-    samples.sort()
-    return samples[len(samples) // 2]
+    return rank_percentile(sorted(samples), 50)
 
 
 def measure(mode, entities, workload, args, with_extras):
@@ -202,40 +186,29 @@ def measure(mode, entities, workload, args, with_extras):
         q.record_request(now)
         q.record_produce(PRODUCE_BYTES, now)
 
-    def produce_loop():
-        tick = clock.tick
-        for i in range(calls):
+    def request(record, nbytes):
+        """(a timed loop of ``calls`` requests, one request) recording ``nbytes`` with
+        ``record`` (ClientQuotas.record_produce or record_fetch)."""
+        def loop():
+            tick = clock.tick
+            for i in range(calls):
+                q = live[i % n_live]
+                now = tick()
+                q.record_request(now)
+                record(q, nbytes, now)
+            return calls
+
+        def one(i):
             q = live[i % n_live]
-            now = tick()
+            now = clock.tick()
             q.record_request(now)
-            q.record_produce(PRODUCE_BYTES, now)
-        return calls
+            record(q, nbytes, now)
+        return loop, one
 
-    def fetch_loop():
-        tick = clock.tick
-        for i in range(calls):
-            q = live[i % n_live]
-            now = tick()
-            q.record_request(now)
-            q.record_fetch(FETCH_BYTES, now)
-        return calls
-
-    def produce_one(i):
-        q = live[i % n_live]
-        now = clock.tick()
-        q.record_request(now)
-        q.record_produce(PRODUCE_BYTES, now)
-
-    def fetch_one(i):
-        q = live[i % n_live]
-        now = clock.tick()
-        q.record_request(now)
-        q.record_fetch(FETCH_BYTES, now)
-
-    out["produce request"] = (timed(produce_loop, args.repeats),
-                              p99_single(produce_one, calls) if with_extras else None)
-    out["fetch request"] = (timed(fetch_loop, args.repeats),
-                            p99_single(fetch_one, calls) if with_extras else None)
+    for op, record, nbytes in (("produce request", ClientQuotas.record_produce, PRODUCE_BYTES),
+                               ("fetch request", ClientQuotas.record_fetch, FETCH_BYTES)):
+        loop, one = request(record, nbytes)
+        out[op] = (timed(loop, args.repeats), p99_single(one, calls) if with_extras else None)
 
     # first resolution of never-seen (user, client-id) pairs: a fresh batch every loop,
     # half of them with a configured user name, half with names configured nowhere
@@ -246,15 +219,11 @@ def measure(mode, entities, workload, args, with_extras):
         pairs = [(user_name(pair_rng.randrange(users)) if j % 2 else user_name(base + j),
                   client_name(base + j)) for j in range(args.new_clients)]
         client = manager.client
-        gc.collect()
-        gc.disable()
-        try:
+        with gc_paused():
             t0 = time.perf_counter_ns()
             for u, c in pairs:
                 client(u, c)
             new_ns.append((time.perf_counter_ns() - t0) / len(pairs))
-        finally:
-            gc.enable()
     out["new client (first resolution)"] = (new_ns, None)
 
     # the first request of each live client after a configuration update
@@ -265,9 +234,7 @@ def measure(mode, entities, workload, args, with_extras):
         snapshots.append(changed)
     after, update_ns = [], []
     for changed in snapshots:
-        gc.collect()
-        gc.disable()
-        try:
+        with gc_paused():
             t0 = time.perf_counter_ns()
             manager.update(changed)
             t1 = time.perf_counter_ns()
@@ -276,8 +243,6 @@ def measure(mode, entities, workload, args, with_extras):
                 q.record_request(now)
                 q.record_produce(PRODUCE_BYTES, now)
             t2 = time.perf_counter_ns()
-        finally:
-            gc.enable()
         update_ns.append(t1 - t0)
         after.append((t2 - t1) / n_live)
     out["first request after update"] = (after, None)
@@ -330,15 +295,13 @@ def growth_line(results, args):
 
 
 def markdown_report(results, args, elapsed, command, timer_ns):
-    model = cpu_model()
-
     main = args.entities
     lines = [
         "# Policy cost: QuotaManager per request, in process",
         "",
         "Machine: %s CPUs, %s; Python %s (%s%s); kthrottle at %s."
-        % (os.cpu_count(), model, platform.python_version(), platform.python_implementation(),
-           python_build(), git_describe()),
+        % (os.cpu_count(), harness.cpu_model(), platform.python_version(),
+           platform.python_implementation(), python_build(), harness.git_describe()),
         "",
         "Command: `%s`" % command,
         "",
@@ -398,7 +361,8 @@ def markdown_report(results, args, elapsed, command, timer_ns):
     lines += [
         "",
         "Live buckets at the end (per entity count, %s): %s."
-        % (args.modes[0], ", ".join("%s: %d" % (format(n, ","), results[(args.modes[0], n)]["_buckets"])
+        % (args.modes[0], ", ".join("%s: %d" % (format(n, ","),
+                                                 results[(args.modes[0], n)]["_buckets"])
                                     for n in args.scaling)),
         "",
         "Per request the manager does a dict lookup per quota key at most: resolution walks "
@@ -411,37 +375,27 @@ def markdown_report(results, args, elapsed, command, timer_ns):
     return "\n".join(lines) + "\n"
 
 
+FLAGS = (
+    ("--entities", int, 10_000, "configured quota entities for the main table"),
+    ("--scaling", harness.int_list, "100,10000,100000", "comma-separated entity counts for "
+     "the scaling table"),
+    ("--live", int, 1000, "live (user, client-id) pairs"),
+    ("--calls", int, 10_000, "calls per timed loop"),
+    ("--repeats", int, 3, "timed loops per operation in each round"),
+    ("--rounds", int, 3, "rounds over every (entity count, mode), interleaved; each "
+     "operation's figure is the median of rounds x repeats loops"),
+    ("--new-clients", int, 2000, "never-seen (user, client-id) pairs resolved per timed loop"),
+    ("--modes", None, ",".join(MODES), "comma-separated quota modes"),
+    ("--seed", int, 55, "random seed of the workload"),
+)
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        description="Microbenchmark of kthrottle's quota policy (QuotaManager) per request: "
-        "produce and fetch accounting, first resolution of a new client, re-resolution after "
-        "a configuration update, in both quota modes, and how these scale with the number of "
-        "configured quota entities. No I/O; prints a table and writes policy_cost.md.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--entities", type=int, default=10_000,
-                   help="configured quota entities for the main table")
-    p.add_argument("--scaling", default="100,10000,100000",
-                   help="comma-separated entity counts for the scaling table")
-    p.add_argument("--live", type=int, default=1000, help="live (user, client-id) pairs")
-    p.add_argument("--calls", type=int, default=10_000, help="calls per timed loop")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="timed loops per operation in each round")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="rounds over every (entity count, mode), interleaved; each operation's "
-                   "figure is the median of rounds x repeats loops")
-    p.add_argument("--new-clients", type=int, default=2000,
-                   help="never-seen (user, client-id) pairs resolved per timed loop")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated quota modes")
-    p.add_argument("--seed", type=int, default=55, help="random seed of the workload")
-    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT,
-                   help="where policy_cost.md is written")
+    p = harness.flag_parser(__doc__.split("\n\n")[0], FLAGS,
+                            output_help="where policy_cost.md is written")
     args = p.parse_args(argv)
-    try:
-        args.scaling = sorted({int(n) for n in args.scaling.split(",") if n.strip()})
-    except ValueError:
-        p.error("--scaling: comma-separated integers")
-    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    args.scaling = sorted(set(args.scaling))
+    args.modes = harness.names(args.modes)
     if set(args.modes) - set(MODES) or not args.modes:
         p.error("--modes: choose from %s" % ", ".join(MODES))
     if min([args.entities, args.live, args.calls, args.repeats, args.rounds, args.new_clients]
@@ -454,8 +408,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    raw = sys.argv[1:] if argv is None else argv
-    command = "python benchmarks/policy_cost.py" + (" " + shlex.join(raw) if raw else "")
+    command = harness.command_line("policy_cost", argv)
     started = time.monotonic()
     timer_ns = timer_cost()
     counts = sorted(set(args.scaling) | {args.entities})
@@ -496,9 +449,7 @@ def main(argv=None):
     report = markdown_report(results, args, time.monotonic() - started, command, timer_ns)
     print()
     print(report)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "policy_cost.md").write_text(report)
-    print("wrote policy_cost.md in %s" % args.output_dir)
+    harness.write_results(args.output_dir, "policy_cost", markdown=report)
     return 0
 
 

@@ -60,38 +60,53 @@ twice that with ``--baseline-src``. Examples::
     python benchmarks/sasl_flood.py --src /tmp/kthrottle-base          # one tree
     python benchmarks/sasl_flood.py --baseline-src /tmp/kthrottle-base # before/after
 """
-import argparse
 import asyncio
-import json
-import multiprocessing
 import os
-import platform
-import shlex
-import shutil
-import signal
 import statistics
 import struct
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
-import warnings
 from collections import Counter
-from functools import lru_cache
 from pathlib import Path
 
 import psutil
 from scramp import ScramClient
 
-from kthrottle.embedded import TansuBroker, free_port, wait_for_port
+from harness import (
+    MB,
+    MIB,
+    REPO,
+    Run,
+    SourceTree,
+    Workers,
+    add_output_dir,
+    add_rounds,
+    aio_warm_up,
+    cache_client_pbkdf2,
+    call,
+    check_src,
+    command_line,
+    cpu_seconds,
+    frame_of,
+    machine_facts,
+    names,
+    new_runner,
+    parser,
+    rank_percentile,
+    read_frame,
+    sasl_login,
+    sasl_types,
+    settings_of,
+    start_kthrottle,
+    wait_for_port,
+    worker_signals,
+    write_results,
+)
 
-with warnings.catch_warnings():  # kafka.protocol warns about its own deprecations
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from kafka.protocol.sasl import (SaslAuthenticateRequest, SaslAuthenticateResponse,
-                                     SaslHandshakeRequest, SaslHandshakeResponse)
+SaslHandshakeRequest, SaslHandshakeResponse, SaslAuthenticateRequest, \
+    SaslAuthenticateResponse = sasl_types()
 
-TANSU_NODE_ID = 111  # every Tansu broker reports this node id
 GOOD, GOOD_PASSWORD = "good", "good-secret"
 ALICE, ALICE_PASSWORD = "alice", "alice-secret"
 WRONG_PASSWORD = "not-alice-secret"
@@ -100,91 +115,12 @@ PROXY_USER, PROXY_PASSWORD = "proxy", "proxy-secret"
 # PLAIN-same: one wrong password over and over (the issue's looper); SCRAM-SHA-512: one
 # wrong password (the server's work does not depend on it)
 FLOOD_MECHANISMS = ("PLAIN", "PLAIN-same", "SCRAM-SHA-512")
-MB = 1_000_000
-MIB = 1024 * 1024
 PRE_AUTH_CAP = 524288  # Kafka's sasl.server.max.receive.size
 LOGIN_TIMEOUT = 10.0  # seconds; a slower failed login counts as a timeout
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results"
-MP = multiprocessing.get_context("fork")
+CLIENT_ID = "sasl-flood"
 
 
-# --------------------------------------------------------------------------- processes
-
-
-class Processes:
-    """Every server process this script starts, so that each is stopped by its own PID."""
-
-    def __init__(self, log_dir):
-        self.log_dir = Path(log_dir)
-        self._procs = []
-
-    def spawn(self, name, argv, env=None, cwd=None):
-        with open(self.log_dir / ("%s.log" % name), "ab") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env, cwd=cwd,
-                                    start_new_session=True)  # Ctrl-C reaches only us
-        self._procs.append(proc)
-        return proc
-
-    def stop(self, proc, timeout=5.0):
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout)
-        if proc in self._procs:
-            self._procs.remove(proc)
-
-    def stop_all(self):
-        for proc in list(self._procs):
-            try:
-                self.stop(proc)
-            except Exception as exc:  # keep going: the others must be stopped too
-                print("could not stop pid %d: %s" % (proc.pid, exc), file=sys.stderr)
-
-
-class Tree:
-    """One source tree of the project: ``python -m kthrottle`` imported from ``src``."""
-
-    def __init__(self, label, src, extra_front_args=()):
-        self.label = label
-        self.src = Path(src).resolve()
-        self.extra_front_args = list(extra_front_args)
-        path = os.environ.get("PYTHONPATH")
-        self.env = dict(os.environ, PYTHONPATH=str(self.src) + (os.pathsep + path if path
-                                                                    else ""))
-        self.commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=self.src,
-                                     capture_output=True, text=True).stdout.strip() or "unknown"
-
-    def check_import(self):
-        """Raises unless a spawned interpreter imports kthrottle from this tree."""
-        out = subprocess.run([sys.executable, "-c", "import kthrottle; print(kthrottle.__file__)"],
-                             env=self.env, cwd=self.src, capture_output=True, text=True,
-                             timeout=30)
-        if out.returncode != 0:
-            raise RuntimeError("cannot import kthrottle from %s: %s" % (self.src,
-                                                                        out.stderr.strip()))
-        path = Path(out.stdout.strip()).resolve()
-        if self.src / "kthrottle" not in path.parents:
-            raise RuntimeError("with %s first on the path kthrottle comes from %s"
-                               % (self.src, path))
-
-    def kthrottle(self, *argv, timeout=60):
-        return subprocess.run([sys.executable, "-m", "kthrottle", *argv], env=self.env,
-                              cwd=self.src, check=True, capture_output=True, text=True,
-                              timeout=timeout)
-
-    def write_credentials(self, path, users, iterations, mechanisms=("SCRAM-SHA-256",
-                                                                     "SCRAM-SHA-512")):
-        for user, password in users.items():
-            config = ",".join("%s=[iterations=%d,password=%s]" % (m, iterations, password)
-                              for m in mechanisms)
-            self.kthrottle("quotas", "alter", "--credentials-file", str(path),
-                           "--entity-type", "users", "--entity-name", user,
-                           "--add-config", config)
+# --------------------------------------------------------------------------- proxies
 
 
 class Stack:
@@ -226,24 +162,12 @@ class Stack:
             raise
         self.bootstrap = "127.0.0.1:%d" % self.port
 
-    def _start(self, name, upstream, extra, attempts=3):
-        last = None
-        for _ in range(attempts):
-            listen, node = free_port(), free_port()
-            if listen == node or node - TANSU_NODE_ID < 1024:
-                continue
-            proc = self.procs.spawn(name, [
-                sys.executable, "-m", "kthrottle", "proxy", "--bootstrap-server", upstream,
-                "--listen", "127.0.0.1:%d" % listen,
-                "--node-port-base", str(node - TANSU_NODE_ID),  # Tansu is node 111
-                "--log-level", self.log_level, *extra], env=self.tree.env, cwd=self.tree.src)
-            try:
-                wait_for_port("127.0.0.1", listen, timeout=20, proc=proc)
-                return proc, listen, node
-            except Exception as exc:  # most likely a port taken in between
-                last = exc
-                self.procs.stop(proc)
-        raise RuntimeError("%s did not start: %s (log in %s)" % (name, last, self.procs.log_dir))
+    def _start(self, name, upstream, extra):
+        """A proxy of this tree; ready once it listens (its node listener opens with the
+        first Metadata, which needs a login)."""
+        proxy = start_kthrottle(upstream, self.procs, extra, name=name, src=self.tree,
+                                probe=False, log_level=self.log_level)
+        return proxy.proc, proxy.port, proxy.node_port
 
     def alive(self):
         return all(p is not None and p.poll() is None for p in (self.back, self.front))
@@ -257,15 +181,6 @@ class Stack:
 # --------------------------------------------------------------------------- raw Kafka I/O
 
 
-class LoginFailed(Exception):
-    pass
-
-
-def frame_of(request, correlation_id, client_id):
-    request.with_header(correlation_id=correlation_id, client_id=client_id)
-    return bytes(request.encode(header=True, framed=True))
-
-
 def api_versions_v0(correlation_id, client_id=b"sasl-flood"):
     body = struct.pack(">hhih", 18, 0, correlation_id, len(client_id)) + client_id
     return struct.pack(">i", len(body)) + body
@@ -277,49 +192,14 @@ def metadata_v1(correlation_id, client_id=b"sasl-flood-ready"):
     return struct.pack(">i", len(body)) + body
 
 
-async def read_frame(reader):
-    """One response frame (correlation id first); IncompleteReadError on a close."""
-    size = int.from_bytes(await reader.readexactly(4), "big")
-    return await reader.readexactly(size)
-
-
-async def call(reader, writer, request, correlation_id, response_type):
-    writer.write(frame_of(request, correlation_id, "sasl-flood"))
-    frame = await read_frame(reader)
-    got = int.from_bytes(frame[:4], "big")
-    if got != correlation_id:
-        raise LoginFailed("correlation id %d, expected %d" % (got, correlation_id))
-    return response_type.decode(frame[4:])  # response header v0: the correlation id alone
-
-
-async def scram_login(reader, writer, mechanism, user, password, first_correlation=1):
-    """A whole SCRAM login on an open connection; raises LoginFailed if refused."""
-    answer = await call(reader, writer, SaslHandshakeRequest[1](mechanism=mechanism),
-                        first_correlation, SaslHandshakeResponse[1])
-    if answer.error_code:
-        raise LoginFailed("SaslHandshake error %d" % answer.error_code)
-    scram = ScramClient([mechanism], user, password)
-    tokens = [scram.get_client_first().encode()]
-    for step in (0, 1):
-        answer = await call(reader, writer, SaslAuthenticateRequest[1](auth_bytes=tokens[step]),
-                            first_correlation + 1 + step, SaslAuthenticateResponse[1])
-        if answer.error_code:
-            raise LoginFailed("SaslAuthenticate error %d: %s" % (answer.error_code,
-                                                                 answer.error_message))
-        if step == 0:
-            scram.set_server_first(bytes(answer.auth_bytes).decode())
-            tokens.append(scram.get_client_final().encode())
-        else:
-            scram.set_server_final(bytes(answer.auth_bytes).decode())
-
-
 async def ready_probe(port, timeout=20.0):
     """Log in as the good user and ask for Metadata: the response passing through both
     proxies makes them open their node listeners."""
     async def probe():
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
-            await scram_login(reader, writer, "SCRAM-SHA-512", GOOD, GOOD_PASSWORD)
+            await sasl_login(reader, writer, "SCRAM-SHA-512", GOOD, GOOD_PASSWORD,
+                             client_id=CLIENT_ID)
             writer.write(metadata_v1(10))
             await read_frame(reader)
         finally:
@@ -347,7 +227,7 @@ async def failed_login(port, mechanism, api_versions, password=WRONG_PASSWORD):
             correlation += 1
         try:
             answer = await call(reader, writer, SaslHandshakeRequest[1](mechanism=mechanism),
-                                correlation, SaslHandshakeResponse[1])
+                                correlation, SaslHandshakeResponse[1], CLIENT_ID)
         except (asyncio.IncompleteReadError, ConnectionResetError):
             return None, "early-close"
         if answer.error_code:
@@ -360,7 +240,7 @@ async def failed_login(port, mechanism, api_versions, password=WRONG_PASSWORD):
             try:
                 first = await call(reader, writer, SaslAuthenticateRequest[1](
                     auth_bytes=scram.get_client_first().encode()), correlation,
-                    SaslAuthenticateResponse[1])
+                    SaslAuthenticateResponse[1], CLIENT_ID)
             except (asyncio.IncompleteReadError, ConnectionResetError):
                 return None, "early-close"
             if first.error_code:
@@ -368,7 +248,7 @@ async def failed_login(port, mechanism, api_versions, password=WRONG_PASSWORD):
             correlation += 1
             scram.set_server_first(bytes(first.auth_bytes).decode())
             token = scram.get_client_final().encode()  # the proof of the wrong password
-        data = frame_of(SaslAuthenticateRequest[1](auth_bytes=token), correlation, "sasl-flood")
+        data = frame_of(SaslAuthenticateRequest[1](auth_bytes=token), correlation, CLIENT_ID)
         sent = time.monotonic()
         writer.write(data)
         try:
@@ -420,14 +300,12 @@ async def _flood(port, mechanism, connections, api_versions, t_start, t_measure,
 
 
 def flood_main(port, mechanism, connections, api_versions, cache_pbkdf2, go, results):
-    _worker_signals()
-    if cache_pbkdf2:  # the client's PBKDF2 once per (password, salt, iterations)
-        import scramp.core
-        pbkdf2 = lru_cache(maxsize=16)(scramp.core.hi)
-        scramp.core.hi = lambda hf, password, salt, i: pbkdf2(hf, password, salt, int(i))
+    worker_signals()
+    if cache_pbkdf2:
+        cache_client_pbkdf2()
     results.put("ready")
     t_start, t_measure, t_end = go.get()
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+    with new_runner() as runner:
         results.put(("flood", runner.run(_flood(port, mechanism, connections, api_versions,
                                                 t_start, t_measure, t_end))))
 
@@ -445,21 +323,23 @@ def _producer(bootstrap, linger_ms, batch_size=16384):
         sasl_plain_password=GOOD_PASSWORD)
 
 
-async def _warm_up(producer, topic, value, partitions):
-    futures = [await producer.send(topic, value, partition=p) for p in range(partitions)]
-    await asyncio.gather(*futures)
+async def _ready(producer, topic, record_size, partitions, go, results):
+    """Warm ``producer`` up, say "ready", wait for the start: (value, t_start, t_measure,
+    t_end)."""
+    value = os.urandom(record_size)
+    await producer.start()
+    await aio_warm_up(producer, topic, value, partitions)
+    results.put("ready")
+    times = await asyncio.get_running_loop().run_in_executor(None, go.get)
+    return (value, *times)
 
 
 async def _good(bootstrap, topic, record_size, partitions, batching, go, results,
                 max_in_flight=10_000):
-    value = os.urandom(record_size)
     producer = _producer(bootstrap, *batching)
-    await producer.start()
     try:
-        await _warm_up(producer, topic, value, partitions)
-        results.put("ready")
-        loop = asyncio.get_running_loop()
-        t_start, t_measure, t_end = await loop.run_in_executor(None, go.get)
+        value, t_start, t_measure, t_end = await _ready(producer, topic, record_size,
+                                                        partitions, go, results)
         acked = [0, 0]  # ok, failed
 
         def on_ack(fut):
@@ -489,14 +369,10 @@ async def _good(bootstrap, topic, record_size, partitions, batching, go, results
 
 
 async def _probe(bootstrap, topic, record_size, partitions, interval, go, results):
-    value = os.urandom(record_size)
     producer = _producer(bootstrap, linger_ms=0)
-    await producer.start()
     try:
-        await _warm_up(producer, topic, value, partitions)
-        results.put("ready")
-        loop = asyncio.get_running_loop()
-        t_start, t_measure, t_end = await loop.run_in_executor(None, go.get)
+        value, t_start, t_measure, t_end = await _ready(producer, topic, record_size,
+                                                        partitions, go, results)
         await asyncio.sleep(max(0.0, t_measure - time.monotonic()))
         latencies, errors, slot = [], Counter(), time.monotonic()
         while time.monotonic() < t_end:
@@ -520,9 +396,9 @@ async def _probe(bootstrap, topic, record_size, partitions, interval, go, result
 
 def good_main(kind, bootstrap, topic, record_size, partitions, interval, batching, go,
               results):
-    _worker_signals()
+    worker_signals()
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with new_runner() as runner:
             if kind == "good":
                 stats = runner.run(_good(bootstrap, topic, record_size, partitions, batching,
                                          go, results))
@@ -595,7 +471,7 @@ async def _hog(port, claim, t_end, chunk):
 
 
 def hog_main(port, claim, connections, chunk, go, results):
-    _worker_signals()
+    worker_signals()
     results.put("ready")
     t_start, t_measure, t_end = go.get()
 
@@ -604,87 +480,17 @@ def hog_main(port, claim, connections, chunk, go, results):
         return await asyncio.gather(*(_hog(port, claim, t_end, chunk)
                                       for _ in range(connections)), return_exceptions=True)
 
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+    with new_runner() as runner:
         out = runner.run(run())
     results.put(("hog", [o if isinstance(o, dict) else {"error": repr(o)} for o in out]))
-
-
-# --------------------------------------------------------------------------- workers
-
-
-def _worker_signals():
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _loop_factory():
-    try:
-        import uvloop
-        return uvloop.new_event_loop
-    except ImportError:
-        return None
-
-
-class Workers:
-    """Forked worker processes that report "ready", wait for (t_start, t_measure, t_end)
-    and put one (kind, result) each."""
-
-    def __init__(self):
-        self.go, self.results = MP.Queue(), MP.Queue()
-        self.procs = []
-
-    def add(self, target, *args):
-        proc = MP.Process(target=target, args=(*args, self.go, self.results), daemon=True)
-        proc.start()
-        self.procs.append(proc)
-        return proc
-
-    def wait_ready(self, timeout=60):
-        deadline = time.monotonic() + timeout
-        for _ in self.procs:
-            got = self.results.get(timeout=max(1.0, deadline - time.monotonic()))
-            if got != "ready":
-                raise RuntimeError("a worker failed before it was ready: %r" % (got,))
-
-    def start(self, t_start, t_measure, t_end):
-        for _ in self.procs:
-            self.go.put((t_start, t_measure, t_end))
-
-    def collect(self, timeout):
-        out = {}
-        deadline = time.monotonic() + timeout
-        for _ in self.procs:
-            kind, stats = self.results.get(timeout=max(1.0, deadline - time.monotonic()))
-            out[kind] = stats
-        return out
-
-    def stop(self):
-        for proc in self.procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(5)
 
 
 # --------------------------------------------------------------------------- measurements
 
 
 def _pct_ms(values, q):
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] * 1000
-
-
-def _cpu(procs):
-    out = []
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            out.append(t.user + t.system)
-        except psutil.Error:
-            out.append(0.0)
-    return out
+    value = rank_percentile(sorted(values or ()), q)
+    return None if value is None else value * 1000
 
 
 def measure_throughput(case, stack, broker, args):
@@ -713,10 +519,10 @@ def measure_throughput(case, stack, broker, args):
             watched["flood"] = workers.procs[2].pid
         ps = [psutil.Process(pid) for pid in watched.values()]
         time.sleep(max(0.0, t_measure - time.monotonic()))
-        cpu0, w0 = _cpu(ps), time.monotonic()
+        cpu0, w0 = [cpu_seconds(p) or 0.0 for p in ps], time.monotonic()
         time.sleep(max(0.0, t_end - time.monotonic()))
-        cpu1, w1 = _cpu(ps), time.monotonic()
-        stats = workers.collect(timeout=LOGIN_TIMEOUT + 60)
+        cpu1, w1 = [cpu_seconds(p) or 0.0 for p in ps], time.monotonic()
+        stats = dict(workers.collect(timeout=LOGIN_TIMEOUT + 60))
     finally:
         workers.stop()
     cpu = {name: round((b - a) / (w1 - w0) * 100, 1)
@@ -727,8 +533,8 @@ def measure_throughput(case, stack, broker, args):
            "good_records": good.get("records"), "good_failed": good.get("failed"),
            "good_error": good.get("error"),
            "probe_samples": len(probe.get("latencies", ())),
-           "probe_p50_ms": _round(_pct_ms(probe.get("latencies"), 0.50)),
-           "probe_p99_ms": _round(_pct_ms(probe.get("latencies"), 0.99)),
+           "probe_p50_ms": _round(_pct_ms(probe.get("latencies"), 50)),
+           "probe_p99_ms": _round(_pct_ms(probe.get("latencies"), 99)),
            "probe_max_ms": _round(max(probe["latencies"]) * 1000
                                   if probe.get("latencies") else None),
            "probe_errors": probe.get("errors") or probe.get("error")}
@@ -745,7 +551,7 @@ def measure_throughput(case, stack, broker, args):
             "refused_early_s": round(sum(n for k, n in flood["kinds"].items()
                                          if k.startswith("early-")) / args.seconds, 1),
             "flood_error_count": sum(flood["errors"].values()),
-            "answer_p50_ms": _round(_pct_ms(times, 0.50)),
+            "answer_p50_ms": _round(_pct_ms(times, 50)),
             "answer_min_ms": _round(min(times) * 1000 if times else None),
             "answer_max_ms": _round(max(times) * 1000 if times else None),
             # 1 ms of slack: the proxies' event-loop timers have millisecond granularity
@@ -776,7 +582,7 @@ def measure_memory(connections, stack, args):
             peak = max(peak, rss)
             samples.append((round(time.monotonic() - t_start, 3), rss))
             time.sleep(0.02)
-        hogs = workers.collect(timeout=30)["hog"]
+        hogs = dict(workers.collect(timeout=30))["hog"]
     finally:
         workers.stop()
     time.sleep(0.5)
@@ -997,23 +803,14 @@ def markdown_report(summary, trees, cases, facts, args, command, stopped=None):
     return "\n".join(lines) + "\n"
 
 
-def machine_facts():
-    with open("/proc/cpuinfo") as cpuinfo:
-        model = next((line.split(":", 1)[1].strip() for line in cpuinfo
-                      if line.startswith("model name")), "unknown")
-    return {"nproc": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
-            "platform": platform.platform()}
-
-
 # --------------------------------------------------------------------------- main
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        description="Measure what floods of wrong-password logins and unauthenticated "
+    p = parser(
+        "Measure what floods of wrong-password logins and unauthenticated "
         "memory hogs cost a good SCRAM producer through a kthrottle proxy (issue 14). "
-        "Writes sasl_flood.md/.json into --output-dir.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "Writes sasl_flood.md/.json into --output-dir.")
     p.add_argument("--src", type=Path, default=REPO,
                    help="source tree both proxies run from (PYTHONPATH=DIR)")
     p.add_argument("--baseline-src", type=Path,
@@ -1024,7 +821,7 @@ def parse_args(argv=None):
     p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per case")
     p.add_argument("--warmup", type=float, default=1.0,
                    help="seconds of flood before the measured interval")
-    p.add_argument("--rounds", type=int, default=3, help="times every case is measured")
+    add_rounds(p, 3, "times every case is measured")
     p.add_argument("--flood-connections", type=int, default=50)
     p.add_argument("--flood-mechanisms", default=",".join(FLOOD_MECHANISMS),
                    help="comma-separated, of %s" % ", ".join(FLOOD_MECHANISMS))
@@ -1049,51 +846,48 @@ def parse_args(argv=None):
                    help="size prefix of the hogs' SaslHandshake frame")
     p.add_argument("--memory-seconds", type=float, default=3.0)
     p.add_argument("--log-level", default="WARNING", help="of the proxies (logs in a temp dir)")
-    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT)
+    add_output_dir(p)
     args = p.parse_args(argv)
-    args.flood_mechanisms = [m.strip() for m in args.flood_mechanisms.split(",") if m.strip()]
+    args.flood_mechanisms = names(args.flood_mechanisms)
     if any(m not in FLOOD_MECHANISMS for m in args.flood_mechanisms):
         p.error("--flood-mechanisms: of %s" % ", ".join(FLOOD_MECHANISMS))
     try:
-        args.memory_connections = [int(n) for n in args.memory_connections.split(",")
-                                   if n.strip()]
+        args.memory_connections = [int(n) for n in names(args.memory_connections)]
     except ValueError:
         p.error("--memory-connections: comma-separated integers")
     if (args.seconds <= 0 or args.rounds < 1 or args.flood_connections < 1
             or any(n < 1 for n in args.memory_connections) or args.memory_seconds <= 0):
         p.error("--seconds, --rounds, --flood-connections, --memory-* must be positive")
+    args.src = check_src(p, "--src", args.src)
+    if args.baseline_src is not None:
+        args.baseline_src = check_src(p, "--baseline-src", args.baseline_src)
     return args
 
 
-def _sigterm_to_interrupt(signum, frame):
-    raise KeyboardInterrupt
+def source_tree(label, src, extra_front_args=()):
+    """A tree to run both proxies from, checked to be the one imported."""
+    tree = SourceTree(src)
+    tree.imported_from()
+    tree.label = "%s %s" % (label, tree.commit)
+    tree.extra_front_args = list(extra_front_args)
+    return tree
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    command = "python benchmarks/sasl_flood.py %s" % shlex.join(argv)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
+    command = command_line("sasl_flood", argv)
     trees = []
     if args.baseline_src:
-        trees.append(Tree("baseline", args.baseline_src))
-    trees.append(Tree("src" if args.baseline_src else "tree", args.src, args.proxy_arg))
-    for tree in trees:
-        tree.check_import()
-        tree.label = "%s %s" % (tree.label, tree.commit)
+        trees.append(source_tree("baseline", args.baseline_src))
+    trees.append(source_tree("src" if args.baseline_src else "tree", args.src, args.proxy_arg))
     cases = (["alone"] + ["flood-%s" % m for m in args.flood_mechanisms]
              + ["memory-%d" % n for n in args.memory_connections])
     facts = machine_facts()
-    log_dir = Path(tempfile.mkdtemp(prefix="sasl_flood-"))
-    procs = Processes(log_dir)
-    broker = TansuBroker(log_path=str(log_dir / "tansu-broker.log"))
-    results, interrupted, failure = [], False, None
-    started = time.monotonic()
-    try:
-        broker.start()
+    results = []
+    with Run("sasl_flood") as run:
+        broker = run.broker()
         for i, tree in enumerate(trees):  # each tree writes its own credentials files
-            d = log_dir / ("tree%d" % i)
+            d = run.path("tree%d" % i)
             d.mkdir()
             tree.files = {"front_credentials": d / "front-credentials.toml",
                           "back_credentials": d / "back-credentials.toml",
@@ -1103,8 +897,8 @@ def main(argv=None):
                                    {GOOD: GOOD_PASSWORD, ALICE: ALICE_PASSWORD}, args.iterations)
             tree.write_credentials(tree.files["back_credentials"], {PROXY_USER: PROXY_PASSWORD},
                                    args.iterations, mechanisms=("SCRAM-SHA-512",))
-        print("broker pid %d on %s; logs in %s" % (broker.proc.pid, broker.bootstrap, log_dir),
-              flush=True)
+        print("broker pid %d on %s; logs in %s" % (broker.proc.pid, broker.bootstrap,
+                                                   run.log_dir), flush=True)
         for rnd in range(1, args.rounds + 1):
             for case in cases:
                 order = trees if rnd % 2 else trees[::-1]
@@ -1112,7 +906,7 @@ def main(argv=None):
                     name = "r%d-%s-%s" % (rnd, case, tree.label.split()[0])
                     print("round %d, %s, %s ..." % (rnd, case, tree.label), end=" ", flush=True)
                     try:
-                        row = measure_case(case, tree, broker, procs, args, name)
+                        row = measure_case(case, tree, broker, run.procs, args, name)
                     except Exception as exc:  # this cell failed: say so, measure the rest
                         row = {"case": case, "error": "%s: %s" % (type(exc).__name__, exc)}
                         print("failed: %s" % row["error"], flush=True)
@@ -1121,42 +915,20 @@ def main(argv=None):
                     if broker.proc.poll() is not None:
                         raise RuntimeError("the broker exited (code %s)"
                                            % broker.proc.returncode)
-    except KeyboardInterrupt:
-        interrupted = True
-        print("\ninterrupted; stopping processes and writing what was measured",
-              file=sys.stderr)
-    except Exception as exc:  # report it, and what was measured before it
-        failure = "%s: %s" % (type(exc).__name__, exc)
-        print("\nfailed: %s (logs in %s)" % (failure, log_dir), file=sys.stderr)
-    finally:
-        procs.stop_all()
-        broker.stop()
     if not results:
-        return 1
-    elapsed = time.monotonic() - started
+        return run.finish(failed=True)
     summary = summarise(results, trees, cases)
-    report = markdown_report(summary, trees, cases, facts, args, command,
-                             stopped="interrupted" if interrupted else failure)
-    report += "\nWall time of the run: %.0f s.\n" % elapsed
+    report = markdown_report(summary, trees, cases, facts, args, command, stopped=run.stopped)
+    report += "\nWall time of the run: %.0f s.\n" % run.elapsed
     print()
     print(report)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "sasl_flood.md").write_text(report)
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    (args.output_dir / "sasl_flood.json").write_text(json.dumps({
-        "command": command, "machine": facts, "settings": settings,
+    write_results(args.output_dir, "sasl_flood", report, {
+        "command": command, "machine": facts, "settings": settings_of(args),
         "trees": [{"label": t.label, "src": str(t.src), "commit": t.commit,
                    "extra_front_args": t.extra_front_args} for t in trees],
-        "interrupted": interrupted, "failure": failure, "elapsed_s": round(elapsed, 1),
-        "summary": summary, "results": results}, indent=2) + "\n")
-    failed = interrupted or failure or any("error" in r for r in results)
-    print("wrote sasl_flood.md and sasl_flood.json in %s" % args.output_dir)
-    if failed:
-        print("errors, failure or interruption; process logs kept in %s" % log_dir,
-              file=sys.stderr)
-    else:
-        shutil.rmtree(log_dir, ignore_errors=True)
-    return 1 if failed else 0
+        "interrupted": run.interrupted, "failure": run.failure,
+        "elapsed_s": round(run.elapsed, 1), "summary": summary, "results": results})
+    return run.finish(any("error" in r for r in results))
 
 
 if __name__ == "__main__":

@@ -63,43 +63,44 @@ Examples::
     python benchmarks/soak.py                           # 1,000 connections, 10 minutes
     python benchmarks/soak.py --find-limit              # capacity steps, ~6 minutes
 """
-import argparse
 import asyncio
 import json
 import math
-import multiprocessing
 import os
 import queue
 import random
 import re
 import resource
-import shlex
-import signal
 import struct
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 import uuid
 import warnings
 from collections import Counter
 from pathlib import Path
 
-import psutil
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from proxy_overhead import (  # noqa: E402
-    Processes,
-    _recv_exact,
-    _sigterm_to_interrupt,
+from harness import (
+    MB,
+    MIB,
+    MP,
+    RESULTS,
+    TANSU_NODE_ID,
+    CpuSampler,
+    Run,
+    add_flags,
+    admin_get,
+    busy_percent,
+    command_line,
+    handle_signals,
+    machine_cpu,
     machine_facts,
+    metric_sum,
     new_runner,
-    start_kthrottle,
+    node_address,
+    parser,
+    worker_signals,
 )
-
-from kthrottle.embedded import TansuBroker  # noqa: E402
 
 with warnings.catch_warnings():  # kafka.protocol warns about its own deprecations
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -109,22 +110,17 @@ with warnings.catch_warnings():  # kafka.protocol warns about its own deprecatio
     from kafka.protocol.producer import ProduceRequest, ProduceResponse
     from kafka.record.default_records import DefaultRecordBatchBuilder
 
-TANSU_NODE_ID = 111  # every Tansu broker reports this node id
 PRODUCE, FETCH, METADATA, API_VERSIONS = 0, 1, 3, 18
 # Produce v9 and Fetch v12: flexible versions past KIP-219's (Produce v6, Fetch v8), so the
 # client itself waits out throttle_time_ms; Fetch v12 is the last that names topics.
 VERSIONS = {API_VERSIONS: 3, METADATA: 9, PRODUCE: 9, FETCH: 12}
 API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", METADATA: "Metadata", API_VERSIONS: "ApiVersions"}
 GROUPS = ("producer", "producer-throttled", "consumer", "consumer-throttled")
-MB = 1_000_000
-MIB = 1024 * 1024
 RECONNECT_DELAY = 1.0
 CLOSE_AFTER = 1.0  # seconds after the measured interval that clients close
 SETUP_ATTEMPTS = 3
 HELD_FRACTION = 0.9  # a step holds while unthrottled producers get this share of their offer
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "soak.md"
-MP = multiprocessing.get_context("fork")
+DEFAULT_OUTPUT = RESULTS / "soak.md"
 
 
 # --------------------------------------------------------------------------- Kafka frames
@@ -251,23 +247,6 @@ class Connection:
     def close(self):
         """Drop a connection that failed: nothing more is read or sent on it."""
         self.writer.transport.abort()
-
-
-def metadata_node_address(host, port, timeout=10.0):
-    """The (host, port) a Metadata v1 answer from host:port gives node 111."""
-    import socket
-
-    client_id = b"kthrottle-soak"
-    body = struct.pack(">hhih", METADATA, 1, 1, len(client_id)) + client_id
-    body += struct.pack(">i", 0)  # no topics: brokers only
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.sendall(struct.pack(">i", len(body)) + body)
-        size = struct.unpack(">i", _recv_exact(sock, 4))[0]
-        answer = MetadataResponse[1].decode(_recv_exact(sock, size)[4:])
-    for b in answer.brokers:
-        if b.node_id == TANSU_NODE_ID:
-            return b.host, b.port
-    raise RuntimeError("no node %d in the Metadata answer of %s:%d" % (TANSU_NODE_ID, host, port))
 
 
 # --------------------------------------------------------------------------- statistics
@@ -557,11 +536,6 @@ class Worker:
                 "totals": dict(self.stats.totals)}
 
 
-def _worker_signals():
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 def raise_fd_limit():
     """Soft RLIMIT_NOFILE up to the hard limit (inherited by the processes started after)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -575,7 +549,7 @@ def raise_fd_limit():
 
 
 def worker_main(worker_id, specs, node_address, settings, go_q, out_q):
-    _worker_signals()
+    worker_signals()
     try:
         with new_runner() as runner:
             result = runner.run(Worker(worker_id, specs, node_address, settings).run(go_q, out_q))
@@ -627,7 +601,7 @@ async def _probe(proxy_address, broker_address, interval, timeout, go_q, out_q):
 
 
 def probe_main(proxy_address, broker_address, interval, timeout, go_q, out_q):
-    _worker_signals()
+    worker_signals()
     try:
         with new_runner() as runner:
             result = runner.run(_probe(proxy_address, broker_address, interval, timeout,
@@ -653,71 +627,22 @@ def plan(connections, produce_rate, args):
     produce_quota = int(args.throttle_fraction * frame * produce_rate)
     fetch_quota = int(args.throttle_fraction * len(batch) * produce_rate)
     specs, quota_lines = [], ["# written by benchmarks/soak.py: the throttled quarter"]
-    for p in range(producers):
-        throttled = p % 4 == 0
-        client_id = "soak-producer-%d" % p
-        specs.append((len(specs), "producer", throttled, p, client_id))
-        if throttled:
-            quota_lines += ['[clients."%s"]' % client_id, "producer_byte_rate = %d" % produce_quota]
-    for p in range(consumers):
-        throttled = p % 4 == 2
-        client_id = "soak-consumer-%d" % p
-        specs.append((len(specs), "consumer", throttled, p, client_id))
-        if throttled:
-            quota_lines += ['[clients."%s"]' % client_id, "consumer_byte_rate = %d" % fetch_quota]
+    for role, count, mark, quota in (("producer", producers, 0, "producer_byte_rate = %d"
+                                      % produce_quota),
+                                     ("consumer", consumers, 2, "consumer_byte_rate = %d"
+                                      % fetch_quota)):
+        for p in range(count):
+            throttled = p % 4 == mark
+            client_id = "soak-%s-%d" % (role, p)
+            specs.append((len(specs), role, throttled, p, client_id))
+            if throttled:
+                quota_lines += ['[clients."%s"]' % client_id, quota]
     return {"specs": specs, "quota_file": "\n".join(quota_lines) + "\n", "producers": producers,
             "consumers": consumers, "partitions": producers, "batch_bytes": len(batch),
             "produce_frame_bytes": frame, "produce_quota": produce_quota,
             "fetch_quota": fetch_quota, "produce_rate": produce_rate,
             "throttled": sum(1 for s in specs if s[2]),
             "offered_mb_s": producers * len(batch) * produce_rate / MB}
-
-
-class Sampler:
-    """psutil readings of the processes of a run."""
-
-    def __init__(self, pids):
-        self.procs = {}
-        for name, pid in pids.items():
-            try:
-                self.procs[name] = psutil.Process(pid)
-            except psutil.Error:
-                pass
-        self.last = {name: (self._cpu(p), time.monotonic()) for name, p in self.procs.items()}
-
-    @staticmethod
-    def _cpu(p):
-        try:
-            t = p.cpu_times()
-            return t.user + t.system
-        except psutil.Error:
-            return None
-
-    def memory(self, name="proxy"):
-        """(RSS bytes, open file descriptors) of one process."""
-        p = self.procs[name]
-        return p.memory_info().rss, p.num_fds()
-
-    def cpu_seconds(self):
-        return {name: self._cpu(p) for name, p in self.procs.items()}
-
-    def cpu_percent(self):
-        """CPU % of each process since the previous call."""
-        out, now = {}, time.monotonic()
-        for name, p in self.procs.items():
-            cpu = self._cpu(p)
-            before, t0 = self.last[name]
-            if cpu is not None and before is not None and now > t0:
-                out[name] = (cpu - before) / (now - t0) * 100
-            self.last[name] = (cpu, now)
-        return out
-
-
-def machine_busy(before, after):
-    """% of all cores' time not idle between two psutil.cpu_times() readings."""
-    idle = lambda t: t.idle + getattr(t, "iowait", 0.0)  # noqa: E731
-    total = sum(after) - sum(before)
-    return 100.0 * (1 - (idle(after) - idle(before)) / total) if total > 0 else None
 
 
 def settle_memory(sampler, seconds=1.0, samples=5):
@@ -734,16 +659,9 @@ def settle_memory(sampler, seconds=1.0, samples=5):
 def admin_metric_sum(port, name):
     """Sum of every sample of one metric on the proxy's /metrics (None if unreadable)."""
     try:
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as r:
-            text = r.read().decode()
+        return metric_sum(admin_get(port, timeout=10), name)
     except OSError:
         return None
-    total, found = 0.0, False
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            total += float(line.rsplit(" ", 1)[1])
-            found = True
-    return total if found else None
 
 
 class Inbox:
@@ -786,15 +704,14 @@ def run_load(args, connections, produce_rate, seconds, warmup, label, verbose=Tr
     """One whole run (broker, proxy, probe, load generators): its figures."""
     say = print if verbose else (lambda *a, **k: None)
     p = plan(connections, produce_rate, args)
-    log_dir = Path(tempfile.mkdtemp(prefix="soak-"))
-    procs = Processes(log_dir)
-    broker = TansuBroker(log_path=str(log_dir / "tansu-broker.log"))
+    run = Run("soak", catch=False)
+    log_dir = run.log_dir
     workers, result = [], {"label": label, "connections": connections, "plan": p,
                            "log_dir": str(log_dir), "seconds": seconds, "warmup": warmup}
     started = time.monotonic()
     finished = False  # every load generator reported: they are exiting on their own
     try:
-        broker.start()
+        broker = run.broker()
         prefix = uuid.uuid4().hex[:12]
         per_topic = args.partitions_per_topic
         for k in range(0, p["partitions"], per_topic):
@@ -802,11 +719,10 @@ def run_load(args, connections, produce_rate, seconds, warmup, label, verbose=Tr
                                 min(per_topic, p["partitions"] - k))
         quota_path = log_dir / "quotas.toml"
         quota_path.write_text(p["quota_file"])
-        proxy = start_kthrottle(broker, procs, ["--quota-file", str(quota_path)], admin=True,
-                                name="kthrottle-%s" % label)
-        host, port = proxy.bootstrap.rsplit(":", 1)
-        node_address = metadata_node_address(host, int(port))
-        sampler = Sampler({"proxy": proxy.proc.pid, "broker": broker.proc.pid})
+        proxy = run.kthrottle(broker, ["--quota-file", str(quota_path)], admin=True,
+                              name="kthrottle-%s" % label)
+        node = node_address("127.0.0.1", proxy.port)
+        sampler = CpuSampler({"proxy": proxy.proc.pid, "broker": broker.proc.pid})
         time.sleep(1.0)
         result["rss_none"], result["fds_none"] = settle_memory(sampler)
 
@@ -822,7 +738,7 @@ def run_load(args, connections, produce_rate, seconds, warmup, label, verbose=Tr
         for w in range(args.workers):
             specs = [s for s in p["specs"] if s[0] % args.workers == w]
             proc = MP.Process(target=worker_main, daemon=True,
-                              args=(w, specs, node_address, settings, go_q, out_q))
+                              args=(w, specs, node, settings, go_q, out_q))
             proc.start()
             workers.append(proc)
         t0 = time.monotonic()
@@ -838,7 +754,7 @@ def run_load(args, connections, produce_rate, seconds, warmup, label, verbose=Tr
                                                             "kthrottle_connections")
 
         probe_proc = MP.Process(target=probe_main, daemon=True,
-                                args=(node_address, (broker.host, broker.port),
+                                args=(node, (broker.host, broker.port),
                                       args.probe_interval_ms / 1000.0, settings["timeout"],
                                       go_q, out_q))
         probe_proc.start()
@@ -846,7 +762,7 @@ def run_load(args, connections, produce_rate, seconds, warmup, label, verbose=Tr
         inbox.wait("ready", ["probe"], timeout=30)
         pids = {"proxy": proxy.proc.pid, "broker": broker.proc.pid, "probe": probe_proc.pid}
         pids.update({"loadgen-%d" % i: w.pid for i, w in enumerate(workers[:-1])})
-        sampler = Sampler(pids)
+        sampler = CpuSampler(pids)
 
         t_start = time.monotonic() + 0.5
         t_measure = t_start + warmup
@@ -867,7 +783,7 @@ def run_load(args, connections, produce_rate, seconds, warmup, label, verbose=Tr
                 measuring = True
                 result["rss_start"], result["fds_start"] = sampler.memory()
                 cpu_window["start"] = (sampler.cpu_seconds(), now)
-                machine_cpu = psutil.cpu_times()
+                machine_cpu0 = machine_cpu()
             if proxy.proc.poll() is not None:
                 raise RuntimeError("the proxy exited (code %s); log in %s"
                                    % (proxy.proc.returncode, log_dir))
@@ -899,9 +815,9 @@ def run_load(args, connections, produce_rate, seconds, warmup, label, verbose=Tr
         if "start" not in cpu_window:  # a measured interval shorter than one sample
             result["rss_start"], result["fds_start"] = result["rss_end"], result["fds_end"]
             cpu_window["start"] = (sampler.cpu_seconds(), time.monotonic())
-            machine_cpu = psutil.cpu_times()
+            machine_cpu0 = machine_cpu()
         cpu_window["end"] = (sampler.cpu_seconds(), time.monotonic())
-        result["machine_busy_percent"] = machine_busy(machine_cpu, psutil.cpu_times())
+        result["machine_busy_percent"] = busy_percent(machine_cpu0, machine_cpu())
         load_averages.append(os.getloadavg())
         done = inbox.wait("done", list(range(args.workers)) + ["probe"],
                           timeout=args.request_timeout_ms / 1000.0 + args.max_wait_ms / 1000.0
@@ -931,8 +847,7 @@ def run_load(args, connections, produce_rate, seconds, warmup, label, verbose=Tr
             if proc.is_alive():
                 proc.terminate()
                 proc.join(5)
-        procs.stop_all()
-        broker.stop()
+        run.procs.stop_all()
     result["proxy_log"] = proxy_log_lines(log_dir)
     result["wall_seconds"] = time.monotonic() - started
     return result
@@ -1385,50 +1300,46 @@ def run_find_limit(args, facts, command):
     return 0 if steps else 1
 
 
+FLAGS = (
+    ("--connections", int, 1000, None),
+    ("--seconds", float, 600.0, "measured soak length"),
+    ("--warmup", float, 10.0, "seconds of load before the measured interval"),
+    ("--idle-seconds", float, 2.0, "clients connected and idle before the proxy's RSS is read"),
+    ("--workers", int, 2, "load-generator processes"),
+    ("--record-size", int, 100, None),
+    ("--batch-records", int, 10, "records per Produce"),
+    ("--produce-rate", float, 2.0, "Produce requests per second per producer (2: about 1,000 "
+     "Produce and 1,000 Fetch requests/s at 1,000 connections, well inside what a 2-core "
+     "machine running broker, proxy and load generators holds; --find-limit looks for the "
+     "ceiling)"),
+    ("--throttle-fraction", float, 0.5, "a throttled client's quota as a share of what it offers"),
+    ("--max-wait-ms", int, 500, "Fetch long poll"),
+    ("--fetch-max-bytes", int, 1 << 20, None),
+    ("--partitions-per-topic", int, 50, "producer p writes partition p %% N of topic p // N: "
+     "every client's Metadata answer is the same size whatever --connections is"),
+    ("--request-timeout-ms", int, 30000, None),
+    ("--max-throttle-s", float, 12.0, "added to a request's timeout: the longest throttle a "
+     "response may hold (the proxy caps byte-rate delays at ~11 s)"),
+    ("--probe-interval-ms", float, 20.0, None),
+    ("--connect-concurrency", int, 64, "connects in flight per load generator"),
+    ("--max-fd-growth", int, 8, None),
+    ("--max-rss-growth-mib", float, 32.0, None),
+    ("--print-every", float, 10.0, None),
+    ("--limit-connections", None, "250,500,1000,1500,2000,3000", None),
+    ("--limit-rates", None, "2,4,8,16,32", "multiples of --produce-rate, at --connections"),
+    ("--step-seconds", float, 20.0, None),
+    ("--step-warmup", float, 5.0, None),
+    ("--lag-limit-ms", float, 100.0, None),
+)
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        description="A bounded soak of one kthrottle proxy process with many raw Kafka "
+    p = parser(
+        "A bounded soak of one kthrottle proxy process with many raw Kafka "
         "clients (half producing, half consuming, a quarter throttled), or, with "
-        "--find-limit, the connections and MB/s one process holds (issue 15).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--connections", type=int, default=1000)
-    p.add_argument("--seconds", type=float, default=600.0, help="measured soak length")
-    p.add_argument("--warmup", type=float, default=10.0,
-                   help="seconds of load before the measured interval")
-    p.add_argument("--idle-seconds", type=float, default=2.0,
-                   help="clients connected and idle before the proxy's RSS is read")
-    p.add_argument("--workers", type=int, default=2, help="load-generator processes")
-    p.add_argument("--record-size", type=int, default=100)
-    p.add_argument("--batch-records", type=int, default=10, help="records per Produce")
-    p.add_argument("--produce-rate", type=float, default=2.0,
-                   help="Produce requests per second per producer (2: about 1,000 Produce and "
-                   "1,000 Fetch requests/s at 1,000 connections, well inside what a 2-core "
-                   "machine running broker, proxy and load generators holds; --find-limit "
-                   "looks for the ceiling)")
-    p.add_argument("--throttle-fraction", type=float, default=0.5,
-                   help="a throttled client's quota as a share of what it offers")
-    p.add_argument("--max-wait-ms", type=int, default=500, help="Fetch long poll")
-    p.add_argument("--fetch-max-bytes", type=int, default=1 << 20)
-    p.add_argument("--partitions-per-topic", type=int, default=50,
-                   help="producer p writes partition p %% N of topic p // N: every client's "
-                   "Metadata answer is the same size whatever --connections is")
-    p.add_argument("--request-timeout-ms", type=int, default=30000)
-    p.add_argument("--max-throttle-s", type=float, default=12.0,
-                   help="added to a request's timeout: the longest throttle a response may "
-                   "hold (the proxy caps byte-rate delays at ~11 s)")
-    p.add_argument("--probe-interval-ms", type=float, default=20.0)
-    p.add_argument("--connect-concurrency", type=int, default=64,
-                   help="connects in flight per load generator")
-    p.add_argument("--max-fd-growth", type=int, default=8)
-    p.add_argument("--max-rss-growth-mib", type=float, default=32.0)
-    p.add_argument("--print-every", type=float, default=10.0)
+        "--find-limit, the connections and MB/s one process holds (issue 15).")
+    add_flags(p, FLAGS)
     p.add_argument("--find-limit", action="store_true")
-    p.add_argument("--limit-connections", default="250,500,1000,1500,2000,3000")
-    p.add_argument("--limit-rates", default="2,4,8,16,32",
-                   help="multiples of --produce-rate, at --connections")
-    p.add_argument("--step-seconds", type=float, default=20.0)
-    p.add_argument("--step-warmup", type=float, default=5.0)
-    p.add_argument("--lag-limit-ms", type=float, default=100.0)
     p.add_argument("--verbose", action="store_true", help="progress lines inside each step")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = p.parse_args(argv)
@@ -1446,11 +1357,9 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    command = "python benchmarks/soak.py %s" % shlex.join(argv)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
+    command = command_line("soak", argv)
+    handle_signals()
     soft, hard = raise_fd_limit()
     needed = 2 * max([args.connections] + (args.limit_connections if args.find_limit else []))
     if soft < needed + 100:

@@ -25,29 +25,23 @@ Example (about 2 minutes)::
 
     python benchmarks/spark_sync_cycle.py
 """
-import argparse
 import random
 import statistics
 import sys
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import harness
 
-from kthrottle.embedded import TansuBroker  # noqa: E402
-from kthrottle.policy.storage import (  # noqa: E402
+from kthrottle.policy.storage import (
     BrokerReport,
     VolumeReport,
     cluster_snapshot,
     encode_snapshot,
     parse_limit,
 )
-from kthrottle.spark_sync import job as job_module  # noqa: E402
+from kthrottle.spark_sync import job as job_module
 
-DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results"
 GB = 10 ** 9
 
 
@@ -78,14 +72,16 @@ def synthetic_cluster(brokers, partitions_per_broker=100, volumes=10, rf=3, seed
 
 
 def publish(bootstrap, topic, reports):
+    """Each report ({key: report}) as one record keyed by its key, as the agents and the
+    proxies publish them."""
     from kafka import KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=5,
                              max_request_size=8 * 1024 * 1024)
     try:
-        for b, report in reports.items():
-            producer.send(topic, key=str(b).encode(), value=report.to_json().encode())
-        producer.flush(60)
+        for key, report in reports.items():
+            producer.send(topic, key=str(key).encode(), value=report.to_json().encode())
+        producer.flush(120)
     finally:
         producer.close()
 
@@ -152,121 +148,109 @@ def measure(sync, replicas_by_size, size, cycles):
     return out
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default="10,100,1000", help="broker counts")
-    p.add_argument("--cycles", type=int, default=3, help="measured cycles per size")
-    p.add_argument("--master", default="local[2]")
-    p.add_argument("--fleet-proxies", type=int, default=1000)
-    p.add_argument("--fleet-buckets", type=int, default=100_000)
-    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT)
-    args = p.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+FLAGS = (
+    ("--sizes", harness.int_list, "10,100,1000", "broker counts"),
+    ("--cycles", int, 3, "measured cycles per size"),
+    ("--master", None, "local[2]", None),
+    ("--fleet-proxies", int, 1000, None),
+    ("--fleet-buckets", int, 100_000, None),
+)
 
-    from zookeeper import ZooKeeperServer, available
 
-    if not available():
-        raise SystemExit("ZooKeeper is not installed: scripts/test installs it")
-    work = Path(tempfile.mkdtemp(prefix="spark_sync_cycle-"))
-    zk = ZooKeeperServer(work / "zk")
-    broker = TansuBroker(log_path=str(work / "tansu.log"))
-    sync = None
-    results = {}
-    fleet = None
-    try:
-        zk.start()
-        broker.start()
-        started = time.perf_counter()
-        spark = job_module.spark_session(args.master)
-        session_seconds = time.perf_counter() - started
-        print("SparkSession (%s) started in %.1f s" % (args.master, session_seconds), flush=True)
-        for size in sizes:
-            topic = "usage-%d-%s" % (size, uuid.uuid4().hex[:6])
-            broker.create_topic(topic, partitions=3)
-            reports, replicas = synthetic_cluster(size)
-            publish(broker.bootstrap, topic, reports)
-            sync = job_module.SparkSync(broker.bootstrap, zk.hosts, topic=topic, spark=spark,
-                                        freshness=3600)
-            by_size = {size: (sorted(reports), replicas)}
-            measure(sync, by_size, size, 1)  # warm-up
-            runs = measure(sync, by_size, size, args.cycles)
-            sync.writer.close()
-            results[size] = (len(replicas), runs)
-            med = [statistics.median(r[i] for r in runs) for i in range(5)]
-            print("  %5d brokers, %6d partitions: cycle %.2f s (read %.2f, snapshot %.2f, "
-                  "write %.3f), snapshot %d kB" % (size, len(replicas), med[0], med[1], med[2],
-                                                   med[3], med[4] // 1000), flush=True)
-        usage = "proxy-usage-%s" % uuid.uuid4().hex[:6]
-        broker.create_topic(usage, partitions=3)
-        fleet_reports = synthetic_usage(args.fleet_proxies, args.fleet_buckets)
-        from kafka import KafkaProducer
+def medians(runs, columns):
+    return [statistics.median(r[i] for r in runs) for i in range(columns)]
 
-        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks=1, linger_ms=5,
-                                 max_request_size=8 * 1024 * 1024)
-        for proxy, report in fleet_reports.items():
-            producer.send(usage, key=proxy.encode(), value=report.to_json().encode())
-        producer.flush(120)
-        producer.close()
-        sync = job_module.SparkSync(broker.bootstrap, zk.hosts, topic=usage, spark=spark,
-                                    usage_topic=usage, usage_freshness=3600)
-        sync.leaders = {}
-        measure_fleet(sync, 1)  # warm-up
-        fleet = measure_fleet(sync, args.cycles)
+
+def run_sizes(run, args, out):
+    """Every size, then the fleet part, with one SparkSession; fills ``out`` with the
+    medians of each size's cycles and of the fleet part's."""
+    zk = run.zookeeper()
+    broker = run.broker()
+    started = time.perf_counter()
+    spark = job_module.spark_session(args.master)
+    run.procs.on_stop(spark.stop)
+    out["session_seconds"] = time.perf_counter() - started
+    print("SparkSession (%s) started in %.1f s" % (args.master, out["session_seconds"]),
+          flush=True)
+    for size in args.sizes:
+        topic = "usage-%d-%s" % (size, uuid.uuid4().hex[:6])
+        broker.create_topic(topic, partitions=3)
+        reports, replicas = synthetic_cluster(size)
+        out["partitions"][size] = len(replicas)
+        publish(broker.bootstrap, topic, reports)
+        sync = job_module.SparkSync(broker.bootstrap, zk.hosts, topic=topic, spark=spark,
+                                    freshness=3600)
+        by_size = {size: (sorted(reports), replicas)}
+        measure(sync, by_size, size, 1)  # warm-up
+        runs = measure(sync, by_size, size, args.cycles)
         sync.writer.close()
-        fleet_med = [statistics.median(r[i] for r in fleet) for i in range(6)]
-        print("  fleet: %d proxies, %d bucket entries: %.2f s (read + shares %.2f, znodes "
-              "%.2f s, %d kB)" % (fleet_med[3], fleet_med[4], fleet_med[0], fleet_med[1],
-                                 fleet_med[2], fleet_med[5] // 1000), flush=True)
-        spark.stop()
-    finally:
-        broker.stop()
-        zk.stop()
+        med = out["sizes"][size] = medians(runs, 5)
+        print("  %5d brokers, %6d partitions: cycle %.2f s (read %.2f, snapshot %.2f, "
+              "write %.3f), snapshot %d kB" % (size, len(replicas), med[0], med[1], med[2],
+                                               med[3], med[4] // 1000), flush=True)
+    usage = "proxy-usage-%s" % uuid.uuid4().hex[:6]
+    broker.create_topic(usage, partitions=3)
+    publish(broker.bootstrap, usage, synthetic_usage(args.fleet_proxies, args.fleet_buckets))
+    sync = job_module.SparkSync(broker.bootstrap, zk.hosts, topic=usage, spark=spark,
+                                usage_topic=usage, usage_freshness=3600)
+    sync.leaders = {}
+    measure_fleet(sync, 1)  # warm-up
+    fleet = measure_fleet(sync, args.cycles)
+    sync.writer.close()
+    med = out["fleet"] = medians(fleet, 6)
+    print("  fleet: %d proxies, %d bucket entries: %.2f s (read + shares %.2f, znodes "
+          "%.2f s, %d kB)" % (med[3], med[4], med[0], med[1], med[2], med[5] // 1000),
+          flush=True)
 
+
+def report(args, out):
     lines = ["# One spark-sync cycle against the cluster's size", "",
-             "`python benchmarks/spark_sync_cycle.py %s`; SparkSession (%s) start: %.1f s, once "
-             "per run. Median of %d cycles after a warm-up one; 10 volumes per broker, 100 "
-             "partitions per broker (replication factor 3)."
-             % (" ".join(sys.argv[1:]), args.master, session_seconds, args.cycles), "",
-             "| brokers | volumes | partitions | cycle s | Spark read s | snapshot s | ZooKeeper "
-             "write s | snapshot kB |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for size, (partitions, runs) in results.items():
-        med = [statistics.median(r[i] for r in runs) for i in range(5)]
-        lines.append("| %d | %d | %d | %.2f | %.2f | %.2f | %.3f | %d |" % (
-            size, size * 10, partitions, med[0], med[1], med[2], med[3], med[4] // 1000))
+             "`%s`; SparkSession (%s) start: %.1f s, once per run. Median of %d cycles after "
+             "a warm-up one; 10 volumes per broker, 100 partitions per broker (replication "
+             "factor 3)." % (args.command, args.master, out["session_seconds"], args.cycles),
+             ""]
+    rows = []
+    for size, (cycle, read, snapshot, write, nbytes) in out["sizes"].items():
+        rows.append((size, size * 10, out["partitions"][size], "%.2f" % cycle, "%.2f" % read,
+                     "%.2f" % snapshot, "%.3f" % write, int(nbytes // 1000)))
+    lines += harness.markdown_table(
+        ["brokers", "volumes", "partitions", "cycle s", "Spark read s", "snapshot s",
+         "ZooKeeper write s", "snapshot kB"], rows, align="r" * 8)
+    fleet = out.get("fleet")
     if fleet:
         lines += ["", "Fleet-wide quota shares in the same cycle: %d proxies' usage reports, %d "
                   "buckets, each on 1 to 3 proxies (%d proxy-bucket entries): %.1f s (reading "
                   "the reports with Spark and computing the shares: %.1f s; writing %d shares "
                   "znodes, %d kB in all: %.1f s); median of %d cycles."
-                  % (args.fleet_proxies, args.fleet_buckets, fleet_med[4], fleet_med[0],
-                     fleet_med[1], fleet_med[3], fleet_med[5] // 1000, fleet_med[2],
-                     args.cycles)]
-    text = "\n".join(lines) + "\n"
+                  % (args.fleet_proxies, args.fleet_buckets, fleet[4], fleet[0], fleet[1],
+                     fleet[3], fleet[5] // 1000, fleet[2], args.cycles)]
+    if out.get("stopped"):
+        lines += ["", "Stopped early (%s): only the sizes above were measured." % out["stopped"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    args = harness.flag_parser(__doc__.split("\n\n")[0], FLAGS, raw=True).parse_args(argv)
+    args.command = harness.command_line("spark_sync_cycle", argv)
+    out = {"sizes": {}, "partitions": {}}
+    with harness.Run("spark_sync_cycle") as run:
+        run_sizes(run, args, out)
+    if not out["sizes"]:
+        return run.finish(failed=True)
+    out["stopped"] = run.stopped
+    text = report(args, out)
     print(text)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "spark_sync_cycle.md").write_text(text)
-    try:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        xs = list(results)
-        for i, label in ((1, "Spark read"), (2, "snapshot"), (0, "whole cycle")):
-            ax.plot(xs, [statistics.median(r[i] for r in results[x][1]) for x in xs],
-                    marker="o", label=label)
-        ax.set_xscale("log")
-        ax.set_xlabel("brokers (10 volumes, 100 partitions each)")
-        ax.set_ylabel("seconds")
-        ax.set_title("kthrottle spark-sync cycle, %s" % args.master)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.output_dir / "spark_sync_cycle.png", dpi=110)
-    except ImportError:
-        print("matplotlib is not installed (the bench extra): no plot")
+    sizes = list(out["sizes"])
+    draw = harness.line_chart(
+        [(label, sizes, [out["sizes"][x][i] for x in sizes])
+         for i, label in ((1, "Spark read"), (2, "snapshot"), (0, "whole cycle"))],
+        "brokers (10 volumes, 100 partitions each)", "seconds",
+        title="kthrottle spark-sync cycle, %s" % args.master, log_x=True, marker="o",
+        figsize=(6, 3.5))
+    harness.write_results(args.output_dir, "spark_sync_cycle", markdown=text, draw=draw)
+    return run.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

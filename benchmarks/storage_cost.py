@@ -32,37 +32,25 @@ Example (about 40 s)::
 
     python benchmarks/storage_cost.py
 """
-import argparse
-import gc
-import json
 import statistics
 import sys
 import time
-import urllib.request
 import uuid
 import warnings
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import harness
 
-from kthrottle.embedded import TansuBroker, free_port, wait_for_port  # noqa: E402
-from kthrottle.policy.storage import (  # noqa: E402
+from kthrottle.policy.storage import (
     OPEN_STATE,
     THROTTLE,
-    BrokerReport,
     ClusterState,
     State,
     StoragePolicy,
-    VolumeReport,
-    cluster_snapshot,
-    parse_limit,
 )
-from kthrottle.proxy.filters import standard_filters  # noqa: E402
-from kthrottle.proxy.pipeline import Connection, FilterTable  # noqa: E402
-from kthrottle.proxy.storage import StorageThrottle  # noqa: E402
+from kthrottle.proxy.filters import standard_filters
+from kthrottle.proxy.filters.storage import StorageThrottle
+from kthrottle.proxy.pipeline import Connection, FilterTable
 
-DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results"
 WALL = 1_800_000_000.0
 
 
@@ -127,8 +115,7 @@ def time_requests(config, args):
     responses = [produce_response(i) for i in range(BATCH)]
     reads = [[r[i:i + 65536] for i in range(0, len(r), 65536)] for r in requests]
     now = 0.0
-    gc.disable()
-    try:
+    with harness.gc_paused():
         start = time.perf_counter_ns()
         for n in range(args.requests):
             k = n % BATCH
@@ -140,8 +127,6 @@ def time_requests(config, args):
                 conn.client_data(chunk, now)
             conn.broker_data(responses[k], now)
         elapsed = time.perf_counter_ns() - start
-    finally:
-        gc.enable()
     return elapsed / args.requests
 
 
@@ -162,108 +147,67 @@ def request_costs(args):
     return out
 
 
-def snapshot_json(consumed_pct):
-    now = time.time()
-    report = BrokerReport(111, now, parse_limit("MinFreePercentage:40"),
-                          parse_limit("MinFreePercentage:20"),
-                          (VolumeReport("sda1", 100 * 10 ** 9, int(consumed_pct * 10 ** 9)),))
-    return json.dumps(cluster_snapshot({111: report}, [111], {}, now, 60)).encode()
+STATE_METRIC = 'kthrottle_storage_state{broker="",scope="cluster",volume=""}'
+STATE_ZNODE = "/kthrottle/cluster-state"
 
 
-def follow_latency(args):
-    import subprocess
-
-    from kazoo.client import KazooClient
-    from zookeeper import ZooKeeperServer, available
-
-    if not available():
-        raise SystemExit("ZooKeeper is not installed: scripts/test installs it")
-    import tempfile
-
-    work = Path(tempfile.mkdtemp(prefix="storage_cost-"))
-    zk_server = ZooKeeperServer(work / "zk")
-    broker = TansuBroker(log_path=str(work / "tansu.log"))
-    proxy = zk = None
-    try:
-        zk_server.start()
-        broker.start()
-        listen, admin = free_port(), free_port()
-        log = open(work / "proxy.log", "ab")
-        proxy = subprocess.Popen(
-            [sys.executable, "-m", "kthrottle", "proxy", "--bootstrap-server", broker.bootstrap,
-             "--listen", "127.0.0.1:%d" % listen, "--zookeeper", zk_server.hosts,
-             "--admin-listen", "127.0.0.1:%d" % admin, "--log-level", "WARNING"],
-            stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT))
-        wait_for_port("127.0.0.1", admin, timeout=30, proc=proxy)
-        zk = KazooClient(hosts=zk_server.hosts)
-        zk.start(timeout=10)
-        url = "http://127.0.0.1:%d/metrics" % admin
-        marker = 'kthrottle_storage_state{broker="",scope="cluster",volume=""} '
-        latencies = []
-        for i in range(args.writes):
-            consumed, want = (85, "2.0") if i % 2 == 0 else (10, "0.0")
-            data = snapshot_json(consumed)
-            if zk.exists("/kthrottle/cluster-state"):
-                zk.set("/kthrottle/cluster-state", data)
-            else:
-                zk.create("/kthrottle/cluster-state", data, makepath=True)
-            written = time.perf_counter()
-            while True:
-                with urllib.request.urlopen(url, timeout=5) as r:
-                    body = r.read().decode()
-                if marker + want in body:
-                    latencies.append((time.perf_counter() - written) * 1000)
-                    break
-                if time.perf_counter() - written > 10:
-                    raise RuntimeError("the proxy did not apply write %d within 10 s" % i)
-                time.sleep(args.poll_ms / 1000)
-        return latencies
-    finally:
-        if zk is not None:
-            zk.stop()
-            zk.close()
-        if proxy is not None:
-            proxy.terminate()
-            proxy.wait(10)
-        broker.stop()
-        zk_server.stop()
+def follow_latency(run, args):
+    """ms from each snapshot write returning to the proxy's /metrics showing it."""
+    zk_server = run.zookeeper()
+    broker = run.broker()
+    proxy = run.kthrottle(broker, ["--zookeeper", zk_server.hosts], admin=True, name="proxy",
+                          probe=False)
+    zk = harness.zk_client(run.procs, zk_server.hosts)
+    latencies = []
+    for i in range(args.writes):
+        consumed, want = (85, 2.0) if i % 2 == 0 else (10, 0.0)
+        harness.write_znode(zk, STATE_ZNODE, harness.storage_snapshot(consumed))
+        written = time.perf_counter()
+        while harness.metric_sum(proxy.metrics(), STATE_METRIC) != want:
+            if time.perf_counter() - written > 10:
+                raise RuntimeError("the proxy did not apply write %d within 10 s" % i)
+            time.sleep(args.poll_ms / 1000)
+        latencies.append((time.perf_counter() - written) * 1000)
+    return latencies
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=20000, help="Produce requests per run")
-    p.add_argument("--partitions", type=int, default=4, help="partitions per Produce request")
-    p.add_argument("--record-bytes", type=int, default=4096,
-                   help="record batch bytes per partition")
-    p.add_argument("--listed", type=int, default=1000,
-                   help="partitions the snapshot lists (partition, watching)")
-    p.add_argument("--repeats", type=int, default=9, help="runs per configuration (median)")
-    p.add_argument("--writes", type=int, default=40, help="snapshot writes to follow")
-    p.add_argument("--poll-ms", type=float, default=2.0, help="/metrics polling interval")
-    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT)
-    args = p.parse_args()
+FLAGS = (
+    ("--requests", int, 20000, "Produce requests per run"),
+    ("--partitions", int, 4, "partitions per Produce request"),
+    ("--record-bytes", int, 4096, "record batch bytes per partition"),
+    ("--listed", int, 1000, "partitions the snapshot lists (partition, watching)"),
+    ("--repeats", int, 9, "runs per configuration (median)"),
+    ("--writes", int, 40, "snapshot writes to follow"),
+    ("--poll-ms", float, 2.0, "/metrics polling interval"),
+)
 
+
+def main(argv=None):
+    args = harness.flag_parser(__doc__.split("\n\n")[0], FLAGS, raw=True).parse_args(argv)
+    args.command = harness.command_line("storage_cost", argv)
     print("per Produce request (%d partitions x %d B):" % (args.partitions, args.record_bytes))
     costs = request_costs(args)
     print("snapshot to proxy (%d writes):" % args.writes, flush=True)
-    lat = sorted(follow_latency(args))
+    with harness.Run("storage_cost") as run:
+        lat = sorted(follow_latency(run, args))
+    if run.stopped:
+        return run.finish()
     q = statistics.quantiles(lat, n=100) if len(lat) > 1 else lat * 99
     lines = [
         "# Storage-aware throttling: cost per Produce request, and snapshot to proxy",
         "",
-        "`python benchmarks/storage_cost.py %s`" % " ".join(sys.argv[1:]),
+        "`%s`" % args.command,
         "",
         "Per Produce request (%d partitions x %d B, 64 KiB reads, with its response; "
         "median of %d runs of %d requests):" % (args.partitions, args.record_bytes,
                                                   args.repeats, args.requests),
         "",
-        "| configuration | ns per request | added |",
-        "|---|---:|---:|",
     ]
     base = costs["no storage"]
-    for config in CONFIGS:
-        lines.append("| %s | %.0f | %+.0f |" % (config, costs[config], costs[config] - base))
+    lines += harness.markdown_table(
+        ["configuration", "ns per request", "added"],
+        [(config, "%.0f" % costs[config], "%+.0f" % (costs[config] - base))
+         for config in CONFIGS])
     lines += [
         "",
         "Snapshot written to ZooKeeper until the proxy applies it (%d writes, /metrics polled "
@@ -273,9 +217,9 @@ def main():
     ]
     text = "\n".join(lines)
     print(text)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "storage_cost.md").write_text(text)
+    harness.write_results(args.output_dir, "storage_cost", markdown=text)
+    return run.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -35,42 +35,25 @@ Kafka's reference measurement, so that its windows can be compared)::
 
     python benchmarks/throttle_accuracy.py
 """
-import argparse
 import asyncio
 import logging
-import shlex
-import signal
-import shutil
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
-from proxy_overhead import (  # noqa: E402
-    Processes,
-    _sigterm_to_interrupt,
-    machine_facts,
-    new_runner,
-    start_kthrottle,
-)
-
-from kthrottle.embedded import TansuBroker  # noqa: E402
+import harness
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 MODES = ("token-bucket", "window")
 CLIENTS = ("aio-producer", "ck-producer", "aio-consumer")
 QUOTA_KEY = {"aio-producer": "producer_byte_rate", "ck-producer": "producer_byte_rate",
              "aio-consumer": "consumer_byte_rate"}
 METRIC_KIND = {"producer_byte_rate": "produce", "consumer_byte_rate": "fetch"}
-DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results"
 
 # Measured by the team on this machine against Apache Kafka 2.2 broker quotas (client default
 # producer_byte_rate = 200 KB/s; aiokafka and confluent-kafka writing 1 KiB records as fast as
@@ -134,12 +117,12 @@ def quota_label(quota):
 # --------------------------------------------------------------------------- processes
 
 
-def start_proxy(broker, procs, quota_file, mode, args):
+def start_proxy(run, broker, quota_file, mode, args):
     """A kthrottle proxy in front of ``broker`` with the quota file and an admin endpoint."""
     extra = ["--quota-file", str(quota_file), "--quota-mode", mode]
     if args.burst_seconds is not None:
         extra += ["--quota-burst-seconds", str(args.burst_seconds)]
-    return start_kthrottle(broker, procs, extra, admin=True, name="kthrottle-%s" % mode)
+    return run.kthrottle(broker, extra, admin=True, name="kthrottle-%s" % mode)
 
 
 def write_quota_file(path, quotas):
@@ -156,10 +139,8 @@ def read_proxy_metrics(admin_port, client_ids):
     throttle time total and throttled responses, from /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % admin_port, timeout=5) as r:
-        text = r.read().decode()
     out = {cid: {} for cid in client_ids}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(harness.admin_get(admin_port)):
         for sample in family.samples:
             cid = sample.labels.get("client_id")
             if cid in out:
@@ -480,46 +461,37 @@ def notes_of(run, s):
 
 def table_lines(runs, args):
     (e0, e1), (s0, s1) = windows(args)
-    lines = [
-        "| mode | quota | client | %g-%g s | %g-%g s | 0-%g s | peak 1 s "
-        "| proxy's rate at end | throttled responses | throttle time s | notes |"
-        % (e0, e1, s0, s1, args.seconds),
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
+    rows = []
     for run in runs:
         s = summarize(run, args)
-        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            run.mode, "%s B/s" % format(run.quota, ","), run.kind, fx(s["early"]),
-            fx(s["steady"]), fx(s["whole"]), fx(s["peak"]), fx(s["proxy_rate"]),
-            "-" if s["throttled"] is None else "%d" % s["throttled"],
-            "-" if s["throttle_s"] is None else "%.1f" % s["throttle_s"],
-            notes_of(run, s)))
-    return lines
+        rows.append((run.mode, "%s B/s" % format(run.quota, ","), run.kind, fx(s["early"]),
+                     fx(s["steady"]), fx(s["whole"]), fx(s["peak"]), fx(s["proxy_rate"]),
+                     harness.fmt(s["throttled"], ".0f"), harness.fmt(s["throttle_s"], ".1f"),
+                     notes_of(run, s)))
+    return harness.markdown_table(
+        ["mode", "quota", "client", "%g-%g s" % (e0, e1), "%g-%g s" % (s0, s1),
+         "0-%g s" % args.seconds, "peak 1 s", "proxy's rate at end", "throttled responses",
+         "throttle time s", "notes"], rows, align="lrlrrrrrrrl")
 
 
 def reference_lines(runs, args):
     q = KAFKA_REFERENCE["quota"]
     spans = [span for span, _ in KAFKA_REFERENCE["windows"]]
-    lines = [
-        "| what | quota | %s |" % " | ".join("%g-%g s" % span for span in spans),
-        "|---|---:|%s" % ("---:|" * len(spans)),
-        "| **reference: Apache Kafka 2.2 broker quotas** (measured by the team on this machine, "
-        "not by this script; aiokafka and confluent-kafka producers) | %s B/s | %s |"
-        % (format(q, ","), " | ".join("%.2fx" % v for _, v in KAFKA_REFERENCE["windows"])),
-    ]
+    rows = [("**reference: Apache Kafka 2.2 broker quotas** (measured by the team on this "
+             "machine, not by this script; aiokafka and confluent-kafka producers)",
+             "%s B/s" % format(q, ","), *("%.2fx" % v for _, v in KAFKA_REFERENCE["windows"]))]
     for run in runs:
         if run.quota != q or not run.kind.endswith("producer"):
             continue  # the reference is of producers
-        cells = [fx(run.rate(a, b) / q) if run.seconds >= b else "- (run %g s)" % run.seconds
-                 for a, b in spans]
-        lines.append("| kthrottle %s, %s (this run) | %s B/s | %s |" % (
-            run.mode, run.kind, format(q, ","), " | ".join(cells)))
-    return lines
+        rows.append(("kthrottle %s, %s (this run)" % (run.mode, run.kind),
+                     "%s B/s" % format(q, ","),
+                     *(fx(run.rate(a, b) / q) if run.seconds >= b
+                       else "- (run %g s)" % run.seconds for a, b in spans)))
+    return harness.markdown_table(["what", "quota", *("%g-%g s" % span for span in spans)],
+                                  rows)
 
 
 def markdown_report(runs, facts, args, elapsed, command, interrupted):
-    import confluent_kafka
-
     (e0, e1), (s0, s1) = windows(args)
     lines = [
         "# Throttle accuracy: achieved rate / quota through kthrottle",
@@ -527,7 +499,7 @@ def markdown_report(runs, facts, args, elapsed, command, interrupted):
         "Machine: %s CPUs, %s; Python %s; aiokafka %s; confluent-kafka %s (librdkafka %s); "
         "client on %s; %s; kthrottle at %s."
         % (facts["nproc"], facts["cpu_model"], facts["python"], facts["aiokafka"],
-           confluent_kafka.__version__, confluent_kafka.libversion()[0], facts["client_loop"],
+           facts["confluent_kafka"], facts["librdkafka"], facts["client_loop"],
            facts["tansu"], facts["kthrottle_commit"]),
         "",
         "Command: `%s`%s" % (command, " (interrupted)" if interrupted else ""),
@@ -622,15 +594,10 @@ def markdown_report(runs, facts, args, elapsed, command, interrupted):
     return "\n".join(lines) + "\n"
 
 
-def plot(runs, args, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def draw(plt, runs, args):
+    """One panel per (mode, quota size) measured: each client's per-second rate."""
     modes = [m for m in args.modes if any(r.mode == m for r in runs)]
     quotas = [q for q in args.quotas if any(r.quota == q for r in runs)]
-    if not modes or not quotas:
-        return
     (e0, e1), (s0, s1) = windows(args)
     fig, axes = plt.subplots(len(modes), len(quotas), squeeze=False,
                              figsize=(4.6 * len(quotas), 3.4 * len(modes)))
@@ -667,8 +634,7 @@ def plot(runs, args, path):
     fig.suptitle("Achieved rate per second through kthrottle\n(shaded: start and steady "
                  "windows; above 4x quota clipped, peaks in the legend)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def print_runs(runs, args):
@@ -683,57 +649,42 @@ def print_runs(runs, args):
 # --------------------------------------------------------------------------- main
 
 
+FLAGS = (
+    ("--seconds", float, 30.0, "measured period per quota size (all clients of one size run "
+     "at once)"),
+    ("--quotas", None, "50000,200000,1000000", "comma-separated quota sizes in bytes per "
+     "second; each client gets this as its producer_byte_rate or consumer_byte_rate"),
+    ("--modes", None, ",".join(MODES), "comma-separated kthrottle --quota-mode values; a "
+     "fresh proxy per mode"),
+    ("--reference-seconds", float, 65.0, "the quota size of Kafka's reference measurement "
+     "(200000 B/s), when in --quotas, runs this long (if longer than --seconds) so that the "
+     "reference's windows (12-27 s, 25-65 s) can be compared; 0: no longer"),
+    ("--early-seconds", float, 5.0, "the start window is 0 to this many seconds"),
+    ("--steady-from", float, 10.0, "the steady window runs from here to --seconds (from "
+     "--seconds/2 when the run is shorter than this)"),
+    ("--burst-seconds", float, None, "pass --quota-burst-seconds to the proxy (token-bucket "
+     "mode; default: the proxy's own default, 1 s)"),
+    ("--record-size", int, 1024, "record value size in bytes"),
+    ("--linger-ms", int, 5, "linger for both producers"),
+    ("--max-in-flight", int, 256, "most unacknowledged records of the aiokafka producer"),
+    ("--ck-batch-size", int, 16384, "confluent-kafka batch.size (librdkafka's default: 1000000)"),
+    ("--fetch-bytes", int, 64 * 1024, "aiokafka consumer max_partition_fetch_bytes"),
+    ("--fetch-max-bytes", int, None, "aiokafka consumer fetch_max_bytes, the whole response's "
+     "limit (default: --fetch-bytes). Tansu ignores the per-partition limit and honours only "
+     "this one, so with aiokafka's default (52428800) every fetch is as large as the proxy's "
+     "cap (window mode: quota x 10 s; token-bucket: the burst allowance)"),
+)
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        description="Measure how closely kthrottle holds clients to their byte-rate quotas: an "
-        "aiokafka producer, a confluent-kafka producer and an aiokafka consumer, each with its "
-        "own client-id quota, run at once through a kthrottle proxy in front of a local Tansu "
-        "broker, for each quota size and each --quota-mode. Prints a table of achieved rate / "
-        "quota at the start and in steady state and writes throttle_accuracy.md/.png into "
-        "--output-dir.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--seconds", type=float, default=30.0,
-                   help="measured period per quota size (all clients of one size run at once)")
-    p.add_argument("--quotas", default="50000,200000,1000000",
-                   help="comma-separated quota sizes in bytes per second; each client gets "
-                   "this as its producer_byte_rate or consumer_byte_rate")
-    p.add_argument("--modes", default=",".join(MODES),
-                   help="comma-separated kthrottle --quota-mode values; a fresh proxy per mode")
-    p.add_argument("--reference-seconds", type=float, default=65.0,
-                   help="the quota size of Kafka's reference measurement (200000 B/s), when "
-                   "in --quotas, runs this long (if longer than --seconds) so that the "
-                   "reference's windows (12-27 s, 25-65 s) can be compared; 0: no longer")
-    p.add_argument("--early-seconds", type=float, default=5.0,
-                   help="the start window is 0 to this many seconds")
-    p.add_argument("--steady-from", type=float, default=10.0,
-                   help="the steady window runs from here to --seconds (from --seconds/2 when "
-                   "the run is shorter than this)")
-    p.add_argument("--burst-seconds", type=float, default=None,
-                   help="pass --quota-burst-seconds to the proxy (token-bucket mode; default: "
-                   "the proxy's own default, 1 s)")
-    p.add_argument("--record-size", type=int, default=1024, help="record value size in bytes")
-    p.add_argument("--linger-ms", type=int, default=5, help="linger for both producers")
-    p.add_argument("--max-in-flight", type=int, default=256,
-                   help="most unacknowledged records of the aiokafka producer")
-    p.add_argument("--ck-batch-size", type=int, default=16384,
-                   help="confluent-kafka batch.size (librdkafka's own default is 1000000)")
-    p.add_argument("--fetch-bytes", type=int, default=64 * 1024,
-                   help="aiokafka consumer max_partition_fetch_bytes")
-    p.add_argument("--fetch-max-bytes", type=int, default=None,
-                   help="aiokafka consumer fetch_max_bytes, the whole response's limit "
-                   "(default: --fetch-bytes). Tansu ignores the per-partition limit and "
-                   "honours only this one, so with aiokafka's default (52428800) every "
-                   "fetch is as large as the proxy's cap (window mode: quota x 10 s; "
-                   "token-bucket: the burst allowance)")
-    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT,
-                   help="where throttle_accuracy.md and throttle_accuracy.png are written")
+    p = harness.flag_parser(__doc__.split("\n\n")[0], FLAGS, output_help="where "
+                            "throttle_accuracy.md and throttle_accuracy.png are written")
     args = p.parse_args(argv)
     try:
         args.quotas = [int(float(q)) for q in args.quotas.split(",") if q.strip()]
     except ValueError:
         p.error("--quotas: comma-separated numbers, e.g. 50000,200000")
-    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    args.modes = harness.names(args.modes)
     if not args.quotas or min(args.quotas) < 1:
         p.error("--quotas: at least one positive quota")
     if len(set(quota_label(q) for q in args.quotas)) != len(args.quotas):
@@ -760,110 +711,85 @@ def preload_records(quota, args):
     return int(quota * seconds * 1.5 / args.record_size) + 1
 
 
+def measure_quota(runner, broker, proxy, mode, quota, topics, args, failures):
+    """All clients of one quota size through ``proxy``: their ClientRuns, or none if the
+    measurement failed (said, and added to ``failures``)."""
+    for kind in ("aio-producer", "ck-producer"):
+        broker.create_topic(topics[kind], partitions=1)
+    print("  %s, quota %s B/s, %g s ..." % (mode, format(quota, ","), run_seconds(quota, args)),
+          flush=True)
+    try:
+        got = runner.run(asyncio.wait_for(run_quota(proxy, quota, topics, args),
+                                          run_seconds(quota, args) + 120))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        raise
+    except Exception as exc:
+        text = "%s, %s: %s: %s" % (mode, quota, type(exc).__name__, exc)
+        failures.append(text)
+        print("    ! " + text, flush=True)
+        return []
+    print_runs(got, args)
+    for name, proc in (("the proxy", proxy.proc), ("the Tansu broker", broker.proc)):
+        if proc.poll() is not None:
+            raise RuntimeError("%s exited (code %s)" % (name, proc.returncode))
+    return got
+
+
+def measure_all(run, args, runs, failures):
+    """Every (mode, quota size): one broker, one proxy per mode; adds to ``runs``."""
+    broker = run.broker()
+    quota_file = run.path("quotas.toml")
+    write_quota_file(quota_file, args.quotas)
+    print("Tansu broker pid %d on %s; logs and quota file in %s"
+          % (broker.proc.pid, broker.bootstrap, run.log_dir), flush=True)
+    run_id = uuid.uuid4().hex[:6]
+    consumer_topics = {}
+    for quota in args.quotas:
+        consumer_topics[quota] = "ta-%s-%s-aio-consumer" % (run_id, quota_label(quota))
+        broker.create_topic(consumer_topics[quota], partitions=1)
+    with harness.new_runner() as runner:
+        value = b"x" * args.record_size
+        for quota, topic in consumer_topics.items():
+            n = preload_records(quota, args)
+            t = time.monotonic()
+            runner.run(asyncio.wait_for(preload(broker.bootstrap, topic, n, value), 300))
+            print("preloaded %s: %d records (%.0f MB) in %.1f s"
+                  % (topic, n, n * args.record_size / 1e6, time.monotonic() - t), flush=True)
+        for mode in args.modes:
+            proxy = start_proxy(run, broker, quota_file, mode, args)
+            print("kthrottle --quota-mode %s: pid %d on %s, admin on 127.0.0.1:%d"
+                  % (mode, proxy.proc.pid, proxy.bootstrap, proxy.admin_port), flush=True)
+            try:
+                for quota in args.quotas:
+                    topics = {kind: "ta-%s-%s-%s-%s" % (run_id, mode, quota_label(quota), kind)
+                              for kind in ("aio-producer", "ck-producer")}
+                    topics["aio-consumer"] = consumer_topics[quota]
+                    runs += measure_quota(runner, broker, proxy, mode, quota, topics, args,
+                                          failures)
+            finally:
+                run.procs.stop(proxy.proc)
+
+
 def main(argv=None):
     args = parse_args(argv)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        # started in the background by a shell, which ignores SIGINT for it: take it back, so
-        # that asyncio.Runner installs its handler (which cancels the running phase cleanly)
-        # and SIGTERM below reaches that handler
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _sigterm_to_interrupt)  # same cleanup path as Ctrl-C
-    command = "python benchmarks/throttle_accuracy.py" + (
-        " " + shlex.join(sys.argv[1:] if argv is None else argv)
-        if (sys.argv[1:] if argv is None else argv) else "")
-
-    facts = machine_facts()
-    log_dir = Path(tempfile.mkdtemp(prefix="throttle_accuracy-"))
-    procs = Processes(log_dir)
-    broker = TansuBroker(log_path=str(log_dir / "tansu-broker.log"))
-    quota_file = log_dir / "quotas.toml"
-    write_quota_file(quota_file, args.quotas)
-    run_id = uuid.uuid4().hex[:6]
-    runs = []
-    failures = []
-    started = time.monotonic()
-    interrupted = False
-    try:
-        broker.start()
-        print("Tansu broker pid %d on %s; logs and quota file in %s"
-              % (broker.proc.pid, broker.bootstrap, log_dir), flush=True)
-        consumer_topics = {}
-        for quota in args.quotas:
-            consumer_topics[quota] = "ta-%s-%s-aio-consumer" % (run_id, quota_label(quota))
-            broker.create_topic(consumer_topics[quota], partitions=1)
-        with new_runner() as runner:
-            value = b"x" * args.record_size
-            for quota, topic in consumer_topics.items():
-                n = preload_records(quota, args)
-                t = time.monotonic()
-                runner.run(asyncio.wait_for(preload(broker.bootstrap, topic, n, value), 300))
-                print("preloaded %s: %d records (%.0f MB) in %.1f s"
-                      % (topic, n, n * args.record_size / 1e6, time.monotonic() - t), flush=True)
-            for mode in args.modes:
-                proxy = start_proxy(broker, procs, quota_file, mode, args)
-                print("kthrottle --quota-mode %s: pid %d on %s, admin on 127.0.0.1:%d"
-                      % (mode, proxy.proc.pid, proxy.bootstrap, proxy.admin_port), flush=True)
-                try:
-                    for quota in args.quotas:
-                        label = quota_label(quota)
-                        topics = {kind: "ta-%s-%s-%s-%s" % (run_id, mode, label, kind)
-                                  for kind in ("aio-producer", "ck-producer")}
-                        topics["aio-consumer"] = consumer_topics[quota]
-                        for kind in ("aio-producer", "ck-producer"):
-                            broker.create_topic(topics[kind], partitions=1)
-                        print("  %s, quota %s B/s, %g s ..." % (
-                            mode, format(quota, ","), run_seconds(quota, args)), flush=True)
-                        try:
-                            got = runner.run(asyncio.wait_for(
-                                run_quota(proxy, quota, topics, args),
-                                run_seconds(quota, args) + 120))
-                        except (KeyboardInterrupt, asyncio.CancelledError):
-                            raise
-                        except Exception as exc:
-                            text = "%s, %s: %s: %s" % (mode, quota, type(exc).__name__, exc)
-                            failures.append(text)
-                            print("    ! " + text, flush=True)
-                            continue
-                        runs += got
-                        print_runs(got, args)
-                        if proxy.proc.poll() is not None:
-                            raise RuntimeError("the proxy exited (code %s)"
-                                               % proxy.proc.returncode)
-                        if broker.proc.poll() is not None:
-                            raise RuntimeError("the Tansu broker exited (code %s)"
-                                               % broker.proc.returncode)
-                finally:
-                    procs.stop(proxy.proc)
-    except KeyboardInterrupt:
-        interrupted = True
-        print("\ninterrupted; stopping processes and writing what was measured",
-              file=sys.stderr)
-    except Exception as exc:
-        failures.append("%s: %s" % (type(exc).__name__, exc))
-        print("! %s: %s" % (type(exc).__name__, exc), file=sys.stderr)
-    finally:
-        procs.stop_all()
-        broker.stop()
-    elapsed = time.monotonic() - started
-
+    command = harness.command_line("throttle_accuracy", argv)
+    facts = harness.machine_facts()
+    runs, failures = [], []
+    with harness.Run("throttle_accuracy") as run:
+        measure_all(run, args, runs, failures)
+    elapsed = run.elapsed
+    failures += [run.failure] if run.failure else []
     if not runs:
-        print("nothing measured; logs kept in %s" % log_dir, file=sys.stderr)
-        return 1
-    report = markdown_report(runs, facts, args, elapsed, command, interrupted)
+        print("nothing measured", file=sys.stderr)
+        return run.finish(failed=True)
+    report = markdown_report(runs, facts, args, elapsed, command, run.interrupted)
     if failures:
         report += "\nFailures:\n\n" + "\n".join("- " + f for f in failures) + "\n"
     print()
     print(report)
-    out = args.output_dir
-    (out / "throttle_accuracy.md").write_text(report)
-    plot(runs, args, out / "throttle_accuracy.png")
-    print("wrote throttle_accuracy.md, throttle_accuracy.png in %s" % out)
-    if interrupted or failures:
-        print("process logs kept in %s" % log_dir, file=sys.stderr)
-        return 1
-    shutil.rmtree(log_dir, ignore_errors=True)
-    return 0
+    harness.write_results(args.output_dir, "throttle_accuracy", markdown=report,
+                          draw=lambda plt: draw(plt, runs, args))
+    return run.finish(failed=bool(failures))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,26 @@
-"""Configuration of ``kthrottle proxy``: command-line flags over a TOML file."""
+"""Configuration of ``kthrottle proxy``: command-line flags over a TOML file.
+
+Every setting is declared once, as an ``Option`` of one of the groups below
+or of a component in ``COMPONENTS``: that gives its flag (``--NAME``), its
+TOML key (``NAME``), its ProxyConfig attribute and its default.
+"""
 import re
 import tomllib
-from dataclasses import dataclass, field
 
 from .codecs import DEFAULT_MAX_FRAME_SIZE
+from .options import (
+    HOST_PORT,
+    INTEGER,
+    NUMBER,
+    ConfigError,
+    HostPorts,
+    Option,
+    OptionGroup,
+    Parsed,
+    Text,
+    parse_host_port,
+)
+from .security import LISTENER, ZOOKEEPER, ClientSecurityOptions, check_listener
 
 DEFAULT_LISTEN = "127.0.0.1:9092"
 # Kafka's sasl.server.max.receive.size: the largest frame accepted before a
@@ -16,69 +33,11 @@ DEFAULT_HANDSHAKE_TIMEOUT_MS = 10_000
 # how long in-flight requests may take to finish on SIGTERM (Kafka Streams'
 # and Kubernetes' 30 s grace period)
 DEFAULT_DRAIN_TIMEOUT_MS = 30_000
-SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 UPSTREAM_PASSWORD_ENV = "KTHROTTLE_UPSTREAM_SASL_PASSWORD"
 DEFAULT_USAGE_TOPIC = "__kthrottle_proxy_usage"
 SHARE_FAIL_SAFES = ("last", "equal", "whole")
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _PROXY_ID = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
-
-
-class ConfigError(Exception):
-    """Bad configuration: the message says which key and why."""
-
-
-def read_sasl_password(path, env, flag, protocol, environ=None):
-    """A SASL password from the file at ``path`` (its line ending dropped),
-    else from the environment variable ``env``; never from a flag.
-    ValueError says what is missing or unreadable, never the password."""
-    import os
-
-    if path:
-        try:
-            with open(path, encoding="utf-8") as f:
-                password = f.read().rstrip("\r\n")
-        except OSError as exc:
-            raise ValueError("cannot read %s %s: %s" % (flag, path, exc.strerror or exc)) from None
-    else:
-        password = (os.environ if environ is None else environ).get(env)
-    if not password:
-        raise ValueError("security protocol %s needs the password: %s PATH or the environment "
-                         "variable %s" % (protocol, flag, env))
-    return password
-
-
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)?\s*$", re.I)
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text):
-    """Seconds from ``30s``, ``5m``, ``500ms``, ``1h`` or plain seconds (``30``,
-    ``0.5``); ValueError if it is not a positive duration."""
-    m = _DURATION.match(str(text))
-    if not m:
-        raise ValueError("not a duration: %r (like 30s, 5m, 500ms or a number of seconds)"
-                         % (text,))
-    seconds = float(m.group(1)) * _DURATION_UNITS[(m.group(2) or "s").lower()]
-    if seconds <= 0:
-        raise ValueError("a duration must be positive, got %r" % (text,))
-    return seconds
-
-
-def parse_host_port(value, what):
-    """Parse ``HOST:PORT`` (``[v6addr]:PORT`` for IPv6)."""
-    if not isinstance(value, str) or ":" not in value:
-        raise ConfigError("%s must be HOST:PORT, got %r" % (what, value))
-    host, _, port = value.rpartition(":")
-    host = host.strip("[]")
-    try:
-        port = int(port)
-    except ValueError:
-        raise ConfigError("%s has a port that is not a number: %r" % (what, value)) from None
-    if not host or not 0 <= port <= 65535:
-        raise ConfigError("%s must be HOST:PORT with a port in 0-65535, got %r" % (what, value))
-    return host, port
 
 
 def parse_admin_listen(value):
@@ -122,104 +81,215 @@ def parse_connection_overrides(value):
     return overrides
 
 
-def parse_zookeeper(value, what="zookeeper"):
-    """Check ``HOST:PORT[,HOST:PORT...][/chroot]`` (ZooKeeper's connect string,
-    as Kafka's zookeeper.connect takes it); returns it unchanged."""
-    if not isinstance(value, str) or not value:
-        raise ConfigError("%s must be HOST:PORT[,HOST:PORT...][/chroot]" % what)
-    hosts, slash, chroot = value.partition("/")
-    for host in hosts.split(","):
-        parse_host_port(host, what)
-    if slash and (not chroot or chroot.endswith("/") or "//" in chroot):
-        raise ConfigError("%s has a bad chroot %r (like /kafka)" % (what, "/" + chroot))
-    return value
+# the proxy's options, in --help's order -------------------------------------------
 
+BOOTSTRAP = Option("bootstrap-server", HostPorts(), attr="bootstrap_servers", default=[],
+                   repeat=True, metavar="HOST:PORT",
+                   help="an upstream broker to bootstrap from; repeat for several.")
+MAIN = OptionGroup(None, None, (
+    BOOTSTRAP,
+    Option("listen", HOST_PORT, default=("127.0.0.1", 9092), metavar="HOST:PORT",
+           help="bootstrap address clients connect to (default %s)" % DEFAULT_LISTEN),
+    Option("node-port-base", INTEGER, metavar="PORT",
+           help="upstream node id N is served on port PORT+N (default: the listen port + 1)"),
+    Option("advertised-host", Text("a host name or address"), metavar="HOST",
+           help="host written into the broker addresses clients receive (default: the listen "
+           "host)"),
+    Option("max-frame-size", INTEGER, default=DEFAULT_MAX_FRAME_SIZE, metavar="BYTES",
+           help="largest request accepted; a larger one closes that connection "
+           "(default 104857600, Kafka's socket.request.max.bytes)"),
+    # Kafka's socket.connection.setup.timeout.ms
+    Option("upstream-connect-timeout-ms", INTEGER, default=10_000, metavar="MS",
+           help="how long one broker address may take to accept a connection before the next "
+           "is tried (default 10000, Kafka's socket.connection.setup.timeout.ms)"),
+))
 
-@dataclass
-class ProxyConfig:
-    bootstrap_servers: list = field(default_factory=list)  # [(host, port)]
-    listen: tuple = ("127.0.0.1", 9092)
-    node_port_base: int | None = None
-    advertised_host: str | None = None
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-    # how long one broker address may take to accept a connection before the
-    # next is tried (Kafka's socket.connection.setup.timeout.ms default)
-    upstream_connect_timeout_ms: int = 10_000
-    # SIGTERM: how long in-flight requests may take to finish before the
-    # connections still waiting are closed
-    drain_timeout_ms: int = DEFAULT_DRAIN_TIMEOUT_MS
-    # limits of every listener (Kafka's names; None: no limit)
-    sasl_server_max_receive_size: int = DEFAULT_SASL_SERVER_MAX_RECEIVE_SIZE
-    connections_max_idle_ms: int = DEFAULT_CONNECTIONS_MAX_IDLE_MS
-    handshake_timeout_ms: int = DEFAULT_HANDSHAKE_TIMEOUT_MS
-    max_connections: int | None = None
-    max_connections_per_ip: int | None = None
-    max_connections_per_ip_overrides: dict = field(default_factory=dict)  # host -> N
-    quota_file: str | None = None
-    zookeeper: str | None = None
-    admin_listen: tuple | None = None
+QUOTAS = OptionGroup("quotas (KIP-55 <user, client-id> byte-rate and request-rate quotas)", None, (
+    Option("quota-file", metavar="PATH",
+           help="TOML file of quotas, re-read when it changes (see kthrottle quotas --help)"),
+    ZOOKEEPER.replace(help="read quotas from ZooKeeper in Kafka's layout (/config/users, "
+                      "/config/clients) and follow its change notifications"),
+    Option("cluster-state-znode", default="/kthrottle/cluster-state", metavar="PATH",
+           help="where the Spark job's cluster state and quota shares are (default "
+           "/kthrottle/cluster-state, under the --zookeeper chroot)"),
+    Option("admin-listen", Parsed(lambda value, what: parse_admin_listen(value)),
+           metavar="[HOST:]PORT",
+           help="serve /metrics (Prometheus) and /quotas (JSON) here, on 127.0.0.1 unless a "
+           "host is given; off unless given"),
     # /quotas (principals, client-ids) behind a bearer token and/or mTLS
-    admin_token_file: str | None = None
-    admin_ssl_cert: str | None = None
-    admin_ssl_key: str | None = None
-    admin_ssl_ca: str | None = None
-    quota_mode: str = "token-bucket"
-    quota_window_num: int = 11
-    quota_window_size_seconds: float = 1.0
-    max_throttle_ms: int | None = None
-    quota_burst_seconds: float = 1.0
-    # client side security (Kafka's names)
-    security_protocol: str = "PLAINTEXT"
-    sasl_mode: str = "terminate"
-    sasl_enabled_mechanisms: list = field(
-        default_factory=lambda: ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
-    credentials_file: str | None = None
-    failed_authentication_delay_ms: int = 100  # KIP-306
-    ssl_cert: str | None = None
-    ssl_key: str | None = None
-    ssl_ca: str | None = None
-    ssl_client_auth: str = "none"  # Kafka's ssl.client.auth
-    ssl_principal_mapping_rules: str = "DEFAULT"
-    # storage-aware throttling (the Spark job's cluster state in --zookeeper)
-    storage_scope: str = "cluster"
-    storage_fail_safe: str = "PAUSE"
-    storage_max_age_ms: int = 120_000
-    storage_base_rate: float = 1024 * 1024
-    storage_pause_max_ms: int = 10_000
-    storage_excluded_principals: list = field(default_factory=list)
-    cluster_state_znode: str = "/kthrottle/cluster-state"
-    # fleet-wide quotas: with a proxy id this proxy publishes its usage and
-    # applies its share of each quota (the shares the Spark job writes to
-    # <cluster-state-znode>/shares/<proxy-id> in --zookeeper)
-    proxy_id: str | None = None
-    usage_interval_ms: int = 5000
-    usage_topic: str = DEFAULT_USAGE_TOPIC
-    share_max_age_ms: int = 60_000
-    share_fail_safe: str = "last"
-    # towards the brokers
-    # default: PLAINTEXT, or in passthrough mode the client side's protocol
-    upstream_security_protocol: str | None = None
-    upstream_ssl_ca: str | None = None
-    upstream_ssl_cert: str | None = None
-    upstream_ssl_key: str | None = None
-    upstream_sasl_mechanism: str = "SCRAM-SHA-512"
-    upstream_sasl_username: str | None = None
-    upstream_sasl_password_file: str | None = None
+    Option("admin-token-file", metavar="PATH",
+           help="file holding a bearer token that /quotas requires (Authorization: Bearer ...); "
+           "/quotas names every connected principal and client-id"),
+    Option("admin-ssl-cert", metavar="PEM",
+           help="serve the admin endpoint over HTTPS with this certificate (chain)"),
+    Option("admin-ssl-key", metavar="PEM", help="its private key"),
+    Option("admin-ssl-ca", metavar="PEM",
+           help="CA bundle of the client certificates that /quotas then requires (mTLS); "
+           "/metrics stays readable without one"),
+    Option("quota-mode", default="token-bucket", choices=("token-bucket", "window"),
+           help="token-bucket (default): burst allowance of --quota-burst-seconds, then held to "
+           "the quota; window: exactly Kafka's sampled windows and X = (O - T) / T x W"),
+    Option("quota-window-num", INTEGER, default=11, metavar="N",
+           help="samples in the rate window, Kafka's quota.window.num (default 11)"),
+    Option("quota-window-size-seconds", NUMBER, default=1.0, metavar="S",
+           help="length of one sample, Kafka's quota.window.size.seconds (default 1)"),
+    Option("max-throttle-ms", INTEGER, metavar="MS",
+           help="longest byte-rate delay for one response (default: the measured window W, "
+           "10-11 s; Kafka leaves byte-rate throttles uncapped). Request-rate delays are capped "
+           "at one quota window, as in Kafka"),
+    Option("quota-burst-seconds", NUMBER, default=1.0, metavar="S",
+           help="token-bucket mode: burst allowance in seconds of quota (default 1)"),
+))
+
+# fleet-wide quotas: with a proxy id this proxy publishes its usage and
+# applies its share of each quota (the shares the Spark job writes to
+# <cluster-state-znode>/shares/<proxy-id> in --zookeeper)
+FLEET = OptionGroup(
+    "fleet-wide quotas (several proxies in front of one cluster share each quota; "
+    "kthrottle spark-sync computes the shares)", None, (
+        Option("proxy-id", metavar="ID",
+               help="make this proxy a member of a fleet: each quota set in --zookeeper (needed) "
+               "holds for the whole fleet, this proxy applying its share of it. It publishes its "
+               "usage (per quota bucket: quota, rate, demand) every --usage-interval, keyed by "
+               "ID, and applies the shares the Spark job writes to <cluster-state-znode>/shares/"
+               "ID live; a bucket without a share yet gets the document's prior fraction of its "
+               "quota. [A-Za-z0-9._-], unique in the fleet. Without it the configured quotas "
+               "apply as they are"),
+        Option("usage-interval", INTEGER, attr="usage_interval_ms", default=5000, metavar="MS",
+               help="how often the usage report is published (default 5000)"),
+        Option("usage-topic", default=DEFAULT_USAGE_TOPIC, metavar="NAME",
+               help="compacted topic of the usage reports (default __kthrottle_proxy_usage; "
+               "created if missing, with the upstream security settings below)"),
+        Option("share-max-age-ms", INTEGER, default=60_000, metavar="MS",
+               help="shares older than this (or none yet) are unknown and the fail-safe "
+               "applies (default 60000)"),
+        Option("share-fail-safe", default="last", choices=SHARE_FAIL_SAFES,
+               help="what applies while the shares are unknown: last (default) keeps the last "
+               "shares (the configured quotas if there were none); equal gives each bucket its "
+               "quota / the number of proxies last seen; whole the configured quota"),
+    ))
+
+# towards the brokers; the protocol's default: PLAINTEXT, or in passthrough
+# mode the client side's (validate() fills it in)
+UPSTREAM = ClientSecurityOptions(
+    "upstream-", who="the proxy", password_env=UPSTREAM_PASSWORD_ENV,
+    title="towards the brokers", protocol_default=None,
+    protocol_help=" (with the proxy's own SASL identity below in terminate mode; in "
+    "passthrough mode SASL_PLAINTEXT or SASL_SSL, by default the client side's)")
+
+# limits of every listener (Kafka's names; None: no limit)
+LIMITS = OptionGroup(
+    "limits of every listener (Kafka's names and defaults; a connection over a limit is "
+    "closed at once, with a log line and kthrottle_connections_refused_total)", None, (
+        Option("sasl-server-max-receive-size", INTEGER,
+               default=DEFAULT_SASL_SERVER_MAX_RECEIVE_SIZE, metavar="BYTES",
+               help="largest frame accepted before the client has authenticated (default "
+               "524288, Kafka's sasl.server.max.receive.size); --max-frame-size applies after"),
+        Option("connections-max-idle-ms", INTEGER, default=DEFAULT_CONNECTIONS_MAX_IDLE_MS,
+               metavar="MS", help="close a connection on which nothing has moved for this long "
+               "(default 600000, Kafka's connections.max.idle.ms)"),
+        Option("handshake-timeout-ms", INTEGER, default=DEFAULT_HANDSHAKE_TIMEOUT_MS,
+               metavar="MS", help="close a connection whose TLS handshake and SASL "
+               "authentication have not both finished this long after it was accepted "
+               "(default 10000)"),
+        Option("max-connections", INTEGER, metavar="N",
+               help="open client connections allowed at once, all listeners together (Kafka's "
+               "max.connections; default: no limit)"),
+        Option("max-connections-per-ip", INTEGER, metavar="N",
+               help="open client connections allowed from one source address (Kafka's "
+               "max.connections.per.ip; default: no limit)"),
+        Option("max-connections-per-ip-overrides", default={}, metavar="HOST:N,...",
+               kind=Parsed(lambda value, what: parse_connection_overrides(value)),
+               help="per-address exceptions to --max-connections-per-ip, e.g. "
+               "'10.0.0.5:200,batch.example.com:50' (Kafka's max.connections.per.ip.overrides; "
+               "host names are resolved at start)"),
+    ))
+
+LIFECYCLE = OptionGroup(
+    "stopping and reloading",
+    "SIGTERM (or SIGINT) stops gracefully: every listener stops accepting, so new "
+    "connections are refused; no connection reads a request after the one it is reading "
+    "(as a Kafka broker shutting down stops reading requests: a client sends what was not "
+    "read again, elsewhere); each connection is closed as soon as its client has every "
+    "response it is owed, one owed none at once; then the process exits 0. A second "
+    "SIGTERM closes what is left at once. SIGHUP re-reads --quota-file, --credentials-file "
+    "and the TLS certificate, key and CA of the listeners and of the admin endpoint, each "
+    "also re-read when its file changes: live connections stay up, new ones use the new "
+    "material; a file that does not load is logged and the material in force stays.", (
+        # SIGTERM: how long in-flight requests may take to finish before the
+        # connections still waiting are closed
+        Option("drain-timeout-ms", INTEGER, default=DEFAULT_DRAIN_TIMEOUT_MS, metavar="MS",
+               help="how long a graceful stop waits for the responses still owed before it "
+               "closes the connections waiting for them (default 30000; 0 closes them at "
+               "once)"),
+    ))
+
+CORE_GROUPS = (MAIN, QUOTAS, LISTENER, FLEET, UPSTREAM.group, LIMITS, LIFECYCLE)
+
+# Components that read options of their own: classes with an ``options``
+# attribute (a tuple of Option) and an ``options_title`` (their --help group's
+# title; ``options_description`` too if they have one). None: the filters
+# registered in proxy/filters (a test may name others).
+COMPONENTS = None
+
+
+def components():
+    if COMPONENTS is not None:
+        return COMPONENTS
+    from .proxy.filters import REGISTERED
+
+    return REGISTERED
+
+
+def component_option_groups():
+    """The option groups of the components."""
+    return [OptionGroup(cls.options_title, getattr(cls, "options_description", None),
+                        cls.options) for cls in components() if getattr(cls, "options", ())]
+
+
+def option_groups():
+    """Every group of ``kthrottle proxy`` / ``local``: the core's, then the
+    components'."""
+    return list(CORE_GROUPS) + component_option_groups()
+
+
+def _declared():
+    """{attr: Option} of every option."""
+    return {o.attr: o for g in option_groups() for o in g.options}
+
+
+class ProxyConfig:
+    """The proxy's settings: one attribute per declared option (core and
+    components), given as keywords or defaulted."""
+
+    def __init__(self, **values):
+        declared = _declared()
+        unknown = sorted(set(values) - set(declared))
+        if unknown:
+            raise TypeError("ProxyConfig has no setting %s" % ", ".join(unknown))
+        for attr, option in declared.items():
+            setattr(self, attr, values[attr] if attr in values else option.default_value())
+
+    def __repr__(self):
+        return "ProxyConfig(%s)" % ", ".join("%s=%r" % item for item in vars(self).items())
+
+    def __eq__(self, other):
+        return type(other) is type(self) and vars(other) == vars(self)
+
+    def upstream_security(self):
+        """The proxy's security towards the brokers (KafkaClientSecurity),
+        checked; in sasl-mode passthrough without a SASL identity of its own
+        (the client's exchange authenticates the broker connection)."""
+        return UPSTREAM.resolve(vars(self), own_sasl=not self.passthrough)
 
     def upstream_sasl_password(self):
         """From --upstream-sasl-password-file, else the environment variable
         KTHROTTLE_UPSTREAM_SASL_PASSWORD; never from a flag."""
-        try:
-            return read_sasl_password(self.upstream_sasl_password_file, UPSTREAM_PASSWORD_ENV,
-                                      "upstream-sasl-password-file",
-                                      self.upstream_security_protocol)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        return UPSTREAM.password(vars(self))
 
     @property
-    def storage_enabled(self):
-        """The cluster state is followed when ZooKeeper is given."""
-        return bool(self.zookeeper) and self.storage_scope != "off"
+    def passthrough(self):
+        return self.sasl_enabled and self.sasl_mode == "passthrough"
 
     @property
     def fleet_enabled(self):
@@ -277,39 +347,10 @@ class ProxyConfig:
             raise ConfigError("node-port-base must be a port number")
         if self.quota_file and self.zookeeper:
             raise ConfigError("give quota-file or zookeeper, not both")
-        if self.security_protocol not in SECURITY_PROTOCOLS:
-            raise ConfigError("security-protocol must be one of %s, got %r"
-                              % (", ".join(SECURITY_PROTOCOLS), self.security_protocol))
-        if self.tls_enabled:
-            if not self.ssl_cert or not self.ssl_key:
-                raise ConfigError("security-protocol %s needs --ssl-cert and --ssl-key (PEM)"
-                                  % self.security_protocol)
-            if self.ssl_client_auth not in ("none", "requested", "required"):
-                raise ConfigError("ssl-client-auth must be none, requested or required, got %r"
-                                  % self.ssl_client_auth)
-            if self.ssl_client_auth != "none" and not self.ssl_ca:
-                raise ConfigError("ssl-client-auth %s needs --ssl-ca, the CA bundle client "
-                                  "certificates are checked against" % self.ssl_client_auth)
-            from .policy.principal import parse_rules
-
-            try:
-                parse_rules(self.ssl_principal_mapping_rules)
-            except ValueError as exc:
-                raise ConfigError("ssl-principal-mapping-rules: %s" % exc) from None
-        elif self.ssl_cert or self.ssl_key or self.ssl_ca:
-            raise ConfigError("ssl-cert, ssl-key and ssl-ca are for TLS listeners: give "
-                              "--security-protocol SSL or SASL_SSL")
-        if self.sasl_mode not in ("terminate", "passthrough"):
-            raise ConfigError("sasl-mode must be terminate or passthrough, got %r" % self.sasl_mode)
-        passthrough = self.sasl_enabled and self.sasl_mode == "passthrough"
+        check_listener(self)
+        passthrough = self.passthrough
         if self.upstream_security_protocol is None:
             self.upstream_security_protocol = self.security_protocol if passthrough else "PLAINTEXT"
-        if self.sasl_enabled:
-            unknown = [m for m in self.sasl_enabled_mechanisms if m not in SASL_MECHANISMS]
-            if unknown or not self.sasl_enabled_mechanisms:
-                raise ConfigError("sasl-enabled-mechanisms must be among %s, got %s"
-                                  % (", ".join(SASL_MECHANISMS),
-                                     ", ".join(self.sasl_enabled_mechanisms) or "nothing"))
         if passthrough:
             if self.upstream_security_protocol not in ("SASL_PLAINTEXT", "SASL_SSL"):
                 raise ConfigError("sasl-mode passthrough relays the client's SASL exchange to the "
@@ -330,40 +371,19 @@ class ProxyConfig:
         elif self.credentials_file:
             raise ConfigError("credentials-file is for SASL listeners: give "
                               "--security-protocol SASL_PLAINTEXT or SASL_SSL")
-        if self.upstream_security_protocol not in SECURITY_PROTOCOLS:
-            raise ConfigError("upstream-security-protocol must be one of %s, got %r"
-                              % (", ".join(SECURITY_PROTOCOLS), self.upstream_security_protocol))
-        if self.upstream_security_protocol.startswith("SASL_") and not passthrough:
-            if self.upstream_sasl_mechanism not in SASL_MECHANISMS:
-                raise ConfigError("upstream-sasl-mechanism must be one of %s, got %r"
-                                  % (", ".join(SASL_MECHANISMS), self.upstream_sasl_mechanism))
-            if not self.upstream_sasl_username:
-                raise ConfigError("upstream-security-protocol %s needs --upstream-sasl-username"
-                                  % self.upstream_security_protocol)
-            self.upstream_sasl_password()
-        if bool(self.upstream_ssl_cert) != bool(self.upstream_ssl_key):
-            raise ConfigError("upstream-ssl-cert and upstream-ssl-key go together")
-        if self.storage_scope not in ("cluster", "partition", "off"):
-            raise ConfigError("storage-scope must be cluster, partition or off, got %r"
-                              % self.storage_scope)
-        if self.storage_fail_safe not in ("PAUSE", "OPEN"):
-            raise ConfigError("storage-fail-safe must be PAUSE or OPEN, got %r"
-                              % self.storage_fail_safe)
-        if self.storage_max_age_ms <= 0 or self.storage_pause_max_ms <= 0:
-            raise ConfigError("storage-max-age-ms and storage-pause-max-ms must be positive")
-        if not self.storage_base_rate > 0:
-            raise ConfigError("storage-base-rate must be a positive number of bytes/s")
+        self.upstream_security()
+        for component in components():
+            check = getattr(component, "check", None)
+            if check is not None:
+                check(self)
         if not self.cluster_state_znode.startswith("/") or self.cluster_state_znode.endswith("/"):
             raise ConfigError("cluster-state-znode must be an absolute znode path, got %r"
                               % self.cluster_state_znode)
-        if self.failed_authentication_delay_ms < 0:
-            raise ConfigError("failed-authentication-delay-ms must not be negative")
         self._validate_limits()
         self._validate_admin()
         self._validate_fleet(passthrough)
         self.quota_settings()
         return self
-
 
     def _validate_limits(self):
         if not 0 < self.sasl_server_max_receive_size <= self.max_frame_size:
@@ -435,117 +455,6 @@ class ProxyConfig:
                               % (", ".join(SHARE_FAIL_SAFES), self.share_fail_safe))
 
 
-# TOML keys are the long flag names; each maps to (attribute, parser).
-_KEYS = {
-    "bootstrap-server": "bootstrap_servers",
-    "listen": "listen",
-    "node-port-base": "node_port_base",
-    "advertised-host": "advertised_host",
-    "max-frame-size": "max_frame_size",
-    "upstream-connect-timeout-ms": "upstream_connect_timeout_ms",
-    "drain-timeout-ms": "drain_timeout_ms",
-    "sasl-server-max-receive-size": "sasl_server_max_receive_size",
-    "connections-max-idle-ms": "connections_max_idle_ms",
-    "handshake-timeout-ms": "handshake_timeout_ms",
-    "max-connections": "max_connections",
-    "max-connections-per-ip": "max_connections_per_ip",
-    "max-connections-per-ip-overrides": "max_connections_per_ip_overrides",
-    "admin-token-file": "admin_token_file",
-    "admin-ssl-cert": "admin_ssl_cert",
-    "admin-ssl-key": "admin_ssl_key",
-    "admin-ssl-ca": "admin_ssl_ca",
-    "quota-file": "quota_file",
-    "zookeeper": "zookeeper",
-    "admin-listen": "admin_listen",
-    "quota-mode": "quota_mode",
-    "quota-window-num": "quota_window_num",
-    "quota-window-size-seconds": "quota_window_size_seconds",
-    "max-throttle-ms": "max_throttle_ms",
-    "quota-burst-seconds": "quota_burst_seconds",
-    "security-protocol": "security_protocol",
-    "sasl-mode": "sasl_mode",
-    "sasl-enabled-mechanisms": "sasl_enabled_mechanisms",
-    "credentials-file": "credentials_file",
-    "failed-authentication-delay-ms": "failed_authentication_delay_ms",
-    "ssl-cert": "ssl_cert",
-    "ssl-key": "ssl_key",
-    "ssl-ca": "ssl_ca",
-    "ssl-client-auth": "ssl_client_auth",
-    "ssl-principal-mapping-rules": "ssl_principal_mapping_rules",
-    "upstream-security-protocol": "upstream_security_protocol",
-    "upstream-ssl-ca": "upstream_ssl_ca",
-    "upstream-ssl-cert": "upstream_ssl_cert",
-    "upstream-ssl-key": "upstream_ssl_key",
-    "upstream-sasl-mechanism": "upstream_sasl_mechanism",
-    "upstream-sasl-username": "upstream_sasl_username",
-    "upstream-sasl-password-file": "upstream_sasl_password_file",
-    "storage-scope": "storage_scope",
-    "storage-fail-safe": "storage_fail_safe",
-    "storage-max-age-ms": "storage_max_age_ms",
-    "storage-base-rate": "storage_base_rate",
-    "storage-pause-max-ms": "storage_pause_max_ms",
-    "storage-excluded-principals": "storage_excluded_principals",
-    "cluster-state-znode": "cluster_state_znode",
-    "proxy-id": "proxy_id",
-    "usage-interval": "usage_interval_ms",
-    "usage-topic": "usage_topic",
-    "share-max-age-ms": "share_max_age_ms",
-    "share-fail-safe": "share_fail_safe",
-}
-
-
-def _convert(key, value):
-    if key == "bootstrap-server":
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list):
-            raise ConfigError("bootstrap-server must be a list of HOST:PORT strings")
-        return [parse_host_port(v, "bootstrap-server") for v in value]
-    if key == "listen":
-        return parse_host_port(value, key)
-    if key == "admin-listen":
-        return parse_admin_listen(value)
-    if key == "max-connections-per-ip-overrides":
-        return parse_connection_overrides(value)
-    if key in ("quota-window-size-seconds", "quota-burst-seconds", "storage-base-rate"):
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise ConfigError("%s must be a number, got %r" % (key, value))
-        return float(value)
-    if key == "zookeeper":
-        return parse_zookeeper(value)
-    if key in ("sasl-enabled-mechanisms", "storage-excluded-principals"):
-        if isinstance(value, str):
-            value = value.split(",")
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError("%s must be a list of names" % key)
-        return [v.strip() for v in value if v.strip()]
-    if key in ("quota-file", "quota-mode", "security-protocol", "sasl-mode", "credentials-file",
-               "ssl-cert", "ssl-key", "ssl-ca", "ssl-client-auth",
-               "ssl-principal-mapping-rules", "upstream-security-protocol", "upstream-ssl-ca",
-               "upstream-ssl-cert", "upstream-ssl-key", "upstream-sasl-mechanism",
-               "upstream-sasl-username", "upstream-sasl-password-file", "storage-scope",
-               "storage-fail-safe", "cluster-state-znode", "proxy-id", "usage-topic",
-               "share-fail-safe", "admin-token-file", "admin-ssl-cert", "admin-ssl-key",
-               "admin-ssl-ca"):
-        if not isinstance(value, str) or not value:
-            raise ConfigError("%s must be a non-empty string" % key)
-        return value
-    if key in ("node-port-base", "max-frame-size", "quota-window-num", "max-throttle-ms",
-               "upstream-connect-timeout-ms", "drain-timeout-ms",
-               "failed-authentication-delay-ms",
-               "storage-max-age-ms", "storage-pause-max-ms", "usage-interval",
-               "share-max-age-ms", "sasl-server-max-receive-size", "connections-max-idle-ms",
-               "handshake-timeout-ms", "max-connections", "max-connections-per-ip"):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ConfigError("%s must be an integer, got %r" % (key, value))
-        return value
-    if key == "advertised-host":
-        if not isinstance(value, str) or not value:
-            raise ConfigError("advertised-host must be a host name or address")
-        return value
-    raise ConfigError("unknown key %r" % key)
-
-
 def load_toml(path):
     """Read a TOML config file into a dict of ProxyConfig attributes."""
     try:
@@ -556,18 +465,19 @@ def load_toml(path):
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("config file %s is not valid TOML: %s" % (path, exc)) from None
     section = data.get("proxy", data)
-    out = {}
+    groups = option_groups()
+    known = {o.name for g in groups for o in g.options}
     for key, value in section.items():
-        if key not in _KEYS:
-            if key == "proxy" or isinstance(value, dict):
-                continue  # other sections belong to other commands
-            raise ConfigError(
-                "config file %s: unknown key %r (known: %s)" % (path, key, ", ".join(sorted(_KEYS)))
-            )
-        try:
-            out[_KEYS[key]] = _convert(key, value)
-        except ConfigError as exc:
-            raise ConfigError("config file %s: %s" % (path, exc)) from None
+        if key not in known and key != "proxy" and not isinstance(value, dict):
+            # (a table is another command's section)
+            raise ConfigError("config file %s: unknown key %r (known: %s)"
+                              % (path, key, ", ".join(sorted(known))))
+    out = {}
+    try:
+        for group in groups:
+            out.update(group.from_toml(section))
+    except ConfigError as exc:
+        raise ConfigError("config file %s: %s" % (path, exc)) from None
     return out
 
 

@@ -17,6 +17,7 @@ import sys
 
 from .policy.entities import DEFAULT, QUOTA_KEYS, entity_path, parse_entity_path
 from .policy.quota_file import STATIC, format_value
+from .security import ZOOKEEPER
 
 ENTITY_TYPES = ("users", "clients")
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")  # = sources.credentials.MECHANISMS
@@ -32,15 +33,6 @@ class _EntityName(argparse.Action):
         names = list(getattr(namespace, "entity_names", None) or [])
         names.append(DEFAULT if option_string == "--entity-default" else values)
         namespace.entity_names = names
-
-
-def zookeeper_arg(value):
-    from .config import ConfigError, parse_zookeeper
-
-    try:
-        return parse_zookeeper(value, "--zookeeper")
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_parser(sub):
@@ -77,9 +69,9 @@ def add_parser(sub):
         p = actions.add_parser(name, help=text, description=text)
         where = p.add_mutually_exclusive_group()
         where.add_argument("--quota-file", metavar="PATH", help="the TOML quota file a proxy reads")
-        where.add_argument("--zookeeper", metavar="HOST:PORT[/chroot]", type=zookeeper_arg,
-                           help="ZooKeeper of a ZooKeeper-mode Kafka cluster (or of the proxies); "
-                           "SCRAM credentials go into the user znodes, as kafka-configs does")
+        ZOOKEEPER.replace(help="ZooKeeper of a ZooKeeper-mode Kafka cluster (or of the "
+                          "proxies); SCRAM credentials go into the user znodes, as kafka-configs "
+                          "does").add_to(where)
         p.add_argument("--credentials-file", metavar="PATH",
                        help="the TOML file of salted SCRAM credentials a proxy reads (with "
                        "--quota-file, or alone; not with --zookeeper)")

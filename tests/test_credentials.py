@@ -21,7 +21,6 @@ from kthrottle.sources.credentials import (
     FileCredentialStore,
     ScramCredential,
     ZooKeeperCredentialSource,
-    credential_source,
     format_scram,
     parse_scram,
     scram_from_password,
@@ -204,7 +203,16 @@ def test_credentials_are_an_immutable_snapshot():
     assert len(Credentials()) == 0 and Credentials({"x": {}}).users == ()
 
 
-def test_factory_picks_the_source():
+def credential_source(credentials_file=None, zookeeper=None):
+    from types import SimpleNamespace
+
+    from kthrottle.sources import CREDENTIAL_STORES, build_source
+
+    return build_source(CREDENTIAL_STORES, SimpleNamespace(credentials_file=credentials_file,
+                                                           zookeeper=zookeeper))
+
+
+def test_the_registry_builds_the_store_the_configuration_names():
     assert credential_source() is None
     assert isinstance(credential_source(credentials_file="/c.toml"), FileCredentialSource)
     assert isinstance(credential_source(zookeeper="127.0.0.1:2181/kafka"), ZooKeeperCredentialSource)

@@ -43,7 +43,7 @@ from kthrottle.policy.storage import (
     parse_report,
 )
 from kthrottle.proxy.fleet import FleetMember, SharesFollower
-from kthrottle.proxy.storage import StorageThrottle
+from kthrottle.proxy.filters.storage import StorageThrottle
 from kthrottle.sources.cluster_state import DEFAULT_ZNODE, shares_znode
 from kthrottle.sources.kafka_publisher import PublishError
 from kthrottle.sources.outage import Outage

@@ -50,7 +50,9 @@ from kthrottle.policy.storage import (
     State,
     StoragePolicy,
 )
-from kthrottle.proxy.auth import SaslPassthrough, SaslTerminate, UpstreamSaslLogin
+from kthrottle.proxy.filters.sasl_passthrough import SaslPassthrough
+from kthrottle.proxy.filters.sasl_terminate import SaslTerminate
+from kthrottle.proxy.filters.upstream_login import UpstreamSaslLogin
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.pipeline import (
     ANONYMOUS,
@@ -68,7 +70,7 @@ from kthrottle.proxy.pipeline import (
     SendToBroker,
     SendToClient,
 )
-from kthrottle.proxy.storage import StorageThrottle
+from kthrottle.proxy.filters.storage import StorageThrottle
 from kthrottle.sources.credentials import Credentials, scram_from_password
 from test_fuzz_codecs import (
     ANY_RESPONSES,

@@ -556,7 +556,7 @@ class Recorder(Filter):
     def request_need(self, api_key, api_version):
         return HEAD if api_key == apis.METADATA else 0
 
-    def on_request(self, conn, head, inflight):
+    def on_request(self, ctx, head, inflight):
         self.requests.append((head.api_key, head.correlation_id, head.client_id))
 
 
@@ -567,26 +567,25 @@ def test_the_table_sends_a_filter_only_what_it_asked_for():
     assert rec.requests == [(apis.METADATA, 2, "app-1"), (apis.METADATA, 4, "x")]
     table = h.conn.table
     assert table.lookup(apis.PRODUCE, 8)[1] == ()
-    assert table.lookup(apis.METADATA, 8)[1] == (rec,)
+    assert table.lookup(apis.METADATA, 8)[1] == ((rec, 0),)  # the filter and its place
 
 
 class Handshake(Filter):
-    """Sends an ApiVersions of its own as soon as the broker is up and keeps
-    the phase at AUTHENTICATING until the answer comes."""
+    """Sends an ApiVersions of its own as soon as the broker is up and holds
+    the connection for authentication until the answer comes."""
 
     name = "handshake"
 
     def __init__(self):
         self.answers = []
 
-    def on_connect(self, conn):
-        conn.phase = Phase.AUTHENTICATING
-        conn.send_request(api_versions_req(0), apis.API_VERSIONS, 3, self._answered)
+    def on_connect(self, ctx):
+        ctx.begin_authentication()
+        ctx.send_request(api_versions_req(0), apis.API_VERSIONS, 3, self._answered)
 
-    def _answered(self, conn, frame):
+    def _answered(self, ctx, frame):
         self.answers.append(frame)
-        conn.phase = Phase.READY
-        conn.principal = "proxy-user"
+        ctx.authenticated("proxy-user")
 
 
 def test_a_filter_sends_its_own_request_and_sees_the_answer_the_client_never_does():

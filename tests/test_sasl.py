@@ -10,12 +10,12 @@ from kafka_frames import advertise
 from kthrottle.codecs import apis
 from kthrottle.policy.entities import PRODUCER_BYTE_RATE
 from kthrottle.policy.quotas import QuotaManager
-from kthrottle.proxy.auth import (
+from kthrottle.proxy.filters.sasl import (
     ILLEGAL_SASL_STATE,
     SASL_AUTHENTICATION_FAILED,
     UNSUPPORTED_SASL_MECHANISM,
-    SaslTerminate,
 )
+from kthrottle.proxy.filters.sasl_terminate import SaslTerminate
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.pipeline import Connection, FilterTable, Phase
 from kthrottle.sources.credentials import Credentials, scram_from_password
@@ -351,7 +351,7 @@ def test_without_an_authenticator_the_table_has_no_authenticating_cost():
 def test_the_proxys_own_login_to_the_broker(mechanism, password, ok):
     """Two pipelines back to back, no sockets: A logs in to B (a terminating
     proxy standing for a SASL broker) before any of its client's bytes go."""
-    from kthrottle.proxy.auth import UpstreamSaslLogin
+    from kthrottle.proxy.filters.upstream_login import UpstreamSaslLogin
 
     a = Harness(filters=standard_filters(advertise, None, None,
                                          UpstreamSaslLogin(mechanism, "bob", password)),
@@ -391,7 +391,7 @@ def test_the_proxys_scram_login_derives_its_key_once_per_salt(monkeypatch):
     derives the salted password once, not once per broker connection."""
     import hashlib
 
-    from kthrottle.proxy.auth import UpstreamSaslLogin
+    from kthrottle.proxy.filters.upstream_login import UpstreamSaslLogin
 
     derived = []
     real = hashlib.pbkdf2_hmac

@@ -10,7 +10,8 @@ from scramp import ScramClient
 from kafka_frames import advertise
 from kthrottle.policy.entities import PRODUCER_BYTE_RATE
 from kthrottle.policy.quotas import QuotaManager
-from kthrottle.proxy.auth import UNSUPPORTED_SASL_MECHANISM, SaslPassthrough, sasl_user
+from kthrottle.proxy.filters.sasl import UNSUPPORTED_SASL_MECHANISM
+from kthrottle.proxy.filters.sasl_passthrough import SaslPassthrough, sasl_user
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.pipeline import ANONYMOUS, Phase
 from test_pipeline import Harness, api_versions_req, frames_of, produce_req, req_cids

@@ -13,7 +13,7 @@ import pytest
 
 import zookeeper as zk_server
 from kthrottle.embedded import free_port
-from kthrottle.sources import QuotaStoreError, quota_source
+from kthrottle.sources import QUOTA_SOURCES, QuotaStoreError, build_source
 from kthrottle.sources.file import FileQuotaSource
 from kthrottle.sources.zookeeper import ZooKeeperQuotaSource, ZooKeeperQuotaStore
 
@@ -68,10 +68,18 @@ def write(path, text):
         f.write(text.encode())
 
 
-def test_factory_picks_the_source():
+def quota_source(quota_file=None, zookeeper=None):
+    from types import SimpleNamespace
+
+    return build_source(QUOTA_SOURCES, SimpleNamespace(quota_file=quota_file, zookeeper=zookeeper))
+
+
+def test_the_registry_builds_the_source_the_configuration_names():
     assert quota_source() is None
     assert isinstance(quota_source(quota_file="/q.toml"), FileQuotaSource)
     assert isinstance(quota_source(zookeeper="127.0.0.1:2181/kafka"), ZooKeeperQuotaSource)
+    # a file named wins, as the proxy refuses both at once anyway
+    assert isinstance(quota_source("/q.toml", "127.0.0.1:2181"), FileQuotaSource)
 
 
 def test_a_same_size_rewrite_within_one_mtime_tick_is_applied(tmp_path):

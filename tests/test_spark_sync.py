@@ -392,7 +392,7 @@ def test_durations(text, seconds):
     (["--znode", "cluster-state"], "absolute path"),
     (["--security-protocol", "SASL_SSL"], "needs --sasl-username"),
     (["--security-protocol", "SASL_PLAINTEXT", "--sasl-username", "u"], "needs the password"),
-    (["--ssl-ca", "/nonexistent.pem"], "is for --security-protocol SSL or SASL_SSL"),
+    (["--ssl-ca", "/nonexistent.pem"], "--ssl-ca is for TLS: give --security-protocol SSL or SASL_SSL"),
     (["--security-protocol", "SSL", "--ssl-ca", "/nonexistent.pem"], "cannot read --ssl-ca"),
     (["--security-protocol", "SSL", "--ssl-cert", "/c.pem"], "go together"),
 ])

@@ -16,7 +16,7 @@ from kthrottle.policy.storage import (
     StoragePolicy,
 )
 from kthrottle.proxy.filters import standard_filters
-from kthrottle.proxy.storage import StorageThrottle
+from kthrottle.proxy.filters.storage import StorageThrottle
 from test_pipeline import Harness, fetch_req, produce_req, produce_resp, req_cids
 
 WALL = 1_800_000_000.0

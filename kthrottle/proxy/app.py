@@ -9,6 +9,7 @@ import time
 
 from ..config import ConfigError
 
+
 def run_loop(main):
     """Run ``main()`` on uvloop when it is installed."""
     try:
@@ -44,53 +45,38 @@ async def _serve(config, on_ready, stack):
     """Everything started is stopped by ``stack``, in reverse order, however
     this ends (an error at start, a signal)."""
     from ..policy.quotas import QuotaManager
-    from .server import ProxyServer
+    from ..sources import CREDENTIAL_STORES, QUOTA_SOURCES, build_source
     from .admin import AdminServer
+    from .filter import Services
+    from .server import ProxyServer
 
     followed = []  # what SIGHUP re-reads at once (files; ZooKeeper sends its changes)
     _on_sighup(stack, followed)
-    source = manager = None
-    if config.quota_file or config.zookeeper:
-        from ..sources import FileQuotaSource, ZooKeeperQuotaSource
-
-        source = (FileQuotaSource(config.quota_file) if config.quota_file
-                  else ZooKeeperQuotaSource(config.zookeeper))
-        manager = QuotaManager(None, config.quota_settings())
+    services = Services()
+    source = build_source(QUOTA_SOURCES, config)
+    if source is not None:
+        services.quotas = QuotaManager(None, config.quota_settings())
         # quotas are in force before the first client is accepted
-        await _started(stack, source, source.start, manager.update)
+        await _started(stack, source, source.start, services.quotas.update)
         if hasattr(source, "reload"):
             followed.append(source)
-    authenticator = None
-    if config.sasl_enabled and config.sasl_mode == "passthrough":
-        from .auth import SaslPassthrough
+    if config.sasl_enabled and config.sasl_mode == "terminate":
+        from ..sources.credentials import Credentials
 
-        authenticator = SaslPassthrough(config.sasl_enabled_mechanisms,
-                                        config.failed_authentication_delay_ms)
-    elif config.sasl_enabled:
-        from .auth import SaslTerminate
-        from ..sources.credentials import Credentials, credential_source
-
-        credentials = credential_source(config.credentials_file,
-                                        None if config.credentials_file else config.zookeeper)
+        credentials = build_source(CREDENTIAL_STORES, config)
         current = [Credentials({})]
         await _started(stack, credentials, credentials.start,
                        lambda snapshot: current.__setitem__(0, snapshot))
         if hasattr(credentials, "reload"):
             followed.append(credentials)
-        authenticator = SaslTerminate(config.sasl_enabled_mechanisms, lambda: current[0],
-                                      config.failed_authentication_delay_ms)
-    storage = cluster_state = None
-    if config.storage_enabled:
-        from ..policy.storage import StoragePolicy
-        from .storage import StorageThrottle
+        services.credentials = lambda: current[0]
+    try:
+        server = ProxyServer(config, services)
+    except ValueError as exc:  # the TLS files
+        raise SystemExit("kthrottle: error: %s" % exc) from None
+    manager, storage, cluster_state = services.quotas, server.storage, None
+    if storage is not None:
         from ..sources.cluster_state import ClusterStateSource
-
-        settings = config.quota_settings()
-        storage = StorageThrottle(
-            StoragePolicy(config.storage_scope, config.storage_fail_safe,
-                          config.storage_max_age_ms / 1000.0),
-            config.storage_excluded_principals, config.storage_base_rate,
-            config.storage_pause_max_ms, samples=settings.samples, window=settings.window)
 
         def new_state(state):
             storage.policy.update(state)
@@ -105,10 +91,6 @@ async def _serve(config, on_ready, stack):
         fleet = FleetMember(config, manager)
         # the shares are in force before the first client is accepted
         await _started(stack, fleet, fleet.start)
-    try:
-        server = ProxyServer(config, manager, authenticator, storage)
-    except ValueError as exc:  # the TLS files
-        raise SystemExit("kthrottle: error: %s" % exc) from None
     stack.push_async_callback(server.close)
     tls = server.tls_files()
     if tls is not None:  # the certificate, key and CA just loaded, followed from now on
@@ -209,7 +191,6 @@ async def _reload(followed):
             log.exception("SIGHUP: re-reading %s failed", files.describe)
 
 
-
 def run_local(config):
     from ..embedded import TansuBroker
 
@@ -241,5 +222,3 @@ def run_local(config):
     finally:
         broker.stop()
     return 0
-
-

@@ -133,27 +133,30 @@ class ClientConnection(asyncio.Protocol):
                 return
             self.counted = True
         mapper = server.principal_mapper
-        if mapper is not None and not self._tls_principal(transport, mapper):
-            return
-        self._run(self.pipeline.client_accepted(self.loop.time()))
+        principal = None
+        if mapper is not None:
+            principal = self._tls_principal(transport, mapper)
+            if principal is False:
+                return
+        self._run(self.pipeline.client_accepted(self.loop.time(), principal))
 
     def _tls_principal(self, transport, mapper):
         """SSL listeners: the client certificate's subject, mapped, is the
-        principal (without a certificate: ANONYMOUS, as in Kafka)."""
+        principal (without a certificate: None, ANONYMOUS as in Kafka); False
+        when a certificate maps to no principal (the client is refused)."""
         from ..policy.principal import NoMatchingRule
         from .server import certificate_subject
 
         ssl_object = transport.get_extra_info("ssl_object")
         der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
         if der is None:
-            return True
+            return None
         subject = certificate_subject(der)
         try:
-            self.pipeline.principal = mapper.principal(subject)
+            return mapper.principal(subject)
         except NoMatchingRule as exc:
             self.refuse(TLS_HANDSHAKE, "client certificate refused: %s" % exc)
             return False
-        return True
 
     def _start_upstream(self):
         self.client.pause("connecting")

@@ -38,6 +38,7 @@ import threading
 import time
 
 from ..policy.fleet import BucketUsage, UsageReport, estimate_demand, parse_shares_document
+from ..sources import cancelled
 from ..sources.cluster_state import ZnodeWatch
 from ..sources.outage import Outage
 
@@ -419,13 +420,7 @@ class FleetMember:
                           self._outage.failures, reason)
 
     async def stop(self):
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        self._task = await cancelled(self._task)
         if self._thread is not None:
             await asyncio.to_thread(self._thread.stop)
             self._thread = None

@@ -16,7 +16,6 @@ through as the bytes it came in as.
 """
 import enum
 from collections import deque
-from typing import NamedTuple
 
 from ..codecs import ProtocolError
 from ..codecs.apis import ALL_RESPONSES, PRODUCE
@@ -38,6 +37,26 @@ from ..codecs.throttle import (
     throttle_time_patch,
 )
 from ..codecs.wire import INT16_INT16_INT32, INT32
+from .filter import (  # noqa: F401 (the filter API, named here for the adapter and tests)
+    ANONYMOUS,
+    GATHER,
+    HEAD,
+    NOTHING,
+    REFUSED_AUTHENTICATION,
+    REFUSED_MALFORMED_REQUEST,
+    REFUSED_UNAUTHENTICATED_REQUEST,
+    STREAM,
+    Answer,
+    Defer,
+    Filter,
+    FilterContext,
+    Forward,
+    ForwardRaw,
+    Observe,
+    Pending,
+    Refuse,
+    Throttle,
+)
 
 # Largest response accepted from a broker: responses are not bounded by
 # socket.request.max.bytes (a Fetch answer is bounded by the client's
@@ -57,9 +76,6 @@ UNANSWERED_IDS_KEPT = 1024
 # Client-ids whose quota lookups one connection keeps (clients send one; a
 # connection that sends more is not given unbounded memory for them).
 CLIENT_IDS_KEPT = 64
-
-# The principal of a connection that has not authenticated (KIP-55).
-ANONYMOUS = "ANONYMOUS"
 
 # A timer that fires this close to its deadline counts as due (event loops
 # round timers to the millisecond, and may fire a fraction of one early).
@@ -81,13 +97,6 @@ class Phase(enum.Enum):
 _READY = Phase.READY
 _CONNECTING = Phase.CONNECTING
 _CLOSED = Phase.CLOSED
-
-
-# What a frame needs from a filter (ordered: the strongest need wins).
-NOTHING = 0
-HEAD = 1
-STREAM = 2  # responses only: a length-keeping rewrite while the frame streams
-GATHER = 3  # the whole frame
 
 
 # Actions: what the adapter must do, in the order given. Plain values; small
@@ -194,73 +203,16 @@ RESUME_CLIENT = ResumeClient()
 RESUME_BROKER = ResumeBroker()
 CONNECT_UPSTREAM = ConnectUpstream()
 
-# Close.refused reasons (the label of kthrottle_connections_refused_total)
-REFUSED_AUTHENTICATION = "authentication"
-REFUSED_UNAUTHENTICATED_REQUEST = "unauthenticated_request"
-REFUSED_MALFORMED_REQUEST = "malformed_request"  # before authentication
-
-
-# Verdicts: what a filter answers about one frame (None: forward as is). ----
-
-class Forward(NamedTuple):
-    """Forward the request with this head in place of the original (same
-    length: a patched field)."""
-
-    head: bytes
-
-
-class Answer(NamedTuple):
-    """Answer in the broker's place; the request is not forwarded. The
-    answer reaches the client in request order."""
-
-    frame: bytes
-
-
-class Throttle(NamedTuple):
-    """The client earned ``delay_ms`` (KIP-219): it is not read from for that
-    long after this request, the response says so in throttle_time_ms, and
-    an old client that would not back off gets its response that late."""
-
-    delay_ms: int
-    reason: str
-
-
-class Refuse(NamedTuple):
-    """Close the connection; the request reaches no broker. ``refused``:
-    the reason's kind when the client is turned away (Close.refused)."""
-
-    reason: str
-    refused: str | None = None
-
-
-class Pending(NamedTuple):
-    """Answer later, in the broker's place: ``job`` is run outside the
-    pipeline (see RunJob); ``on_done(conn, result, error)`` then returns the
-    answer frame (b"" for none). Nothing after the request is read
-    meanwhile. Only before authentication, when no broker answers interleave."""
-
-    job: object
-    on_done: object
-
-
-class Observe(NamedTuple):
-    """Stream the request on while ``stream`` (with ``feed(chunk, out)``
-    that appends the chunk, and ``done``) reads it; once the whole frame has
-    gone, ``on_done(conn, stream)`` returns None or a Throttle for it (the
-    client is then not read further, and the response says so)."""
-
-    stream: object
-    on_done: object
-
 
 class _Observed:
     """A request stream whose reader decides at the end of the frame."""
 
-    __slots__ = ("reader", "on_done", "conn", "inflight")
+    __slots__ = ("reader", "on_done", "ctx", "conn", "inflight")
 
-    def __init__(self, reader, on_done, conn, inflight):
+    def __init__(self, reader, on_done, ctx, conn, inflight):
         self.reader = reader
         self.on_done = on_done
+        self.ctx = ctx
         self.conn = conn
         self.inflight = inflight
 
@@ -268,7 +220,7 @@ class _Observed:
         reader = self.reader
         reader.feed(chunk, out)
         if reader.done:
-            verdict = self.on_done(self.conn, reader)
+            verdict = self.on_done(self.ctx, reader)
             inflight = self.inflight
             if verdict is not None and verdict.delay_ms > inflight.throttle_ms:
                 inflight.throttle_ms = verdict.delay_ms
@@ -276,82 +228,10 @@ class _Observed:
                 self.conn._throttle_client(verdict.delay_ms, reading_request=True)
 
 
-class Defer(NamedTuple):
-    """Not now: the request is left unread, and nothing after it is read,
-    for ``delay_ms``; then it is read again (and its filters asked again).
-    Nothing of it reaches the broker meanwhile; the client waits for its
-    answer. Only for requests whose head is enough to decide (HEAD)."""
-
-    delay_ms: int
-    reason: str
-
-
-class ForwardRaw(NamedTuple):
-    """For a raw token (see ``Connection.expect_raw``): send it on to the
-    broker as it came. The broker's answer is a raw token too, matched by
-    order alone (it has no correlation id); it is given whole to
-    ``on_answer(conn, frame)``, which returns what the client gets (None:
-    nothing)."""
-
-    on_answer: object
-
-
-class Filter:
-    """One behaviour of the proxy. Subclasses override what they need."""
-
-    name = "filter"
-
-    def request_need(self, api_key, api_version):
-        """NOTHING, HEAD or GATHER for requests of this API and version."""
-        return NOTHING
-
-    def authenticating_need(self, api_key, api_version):
-        """The same, while the connection is AUTHENTICATING (an
-        authenticator sees every request then, and only then)."""
-        return self.request_need(api_key, api_version)
-
-    def response_need(self, api_key, api_version):
-        """NOTHING, HEAD, STREAM or GATHER for their responses."""
-        return NOTHING
-
-    def on_accept(self, conn):
-        """The client is accepted, before any broker connection. A filter
-        that authenticates clients itself starts here (``conn.begin_
-        authentication``); the broker is then connected only once it has
-        called ``conn.authenticated``."""
-
-    def on_upstream(self, conn):
-        """The broker connection is up, before any client byte reaches it.
-        Return True to talk to the broker first (with ``conn.send_request``);
-        the client waits until the filter calls ``conn.upstream_ready()``."""
-        return False
-
-    def on_connect(self, conn):
-        """The client may now be served (the filter may send requests of its
-        own with ``conn.send_request`` or hold the phase at AUTHENTICATING)."""
-
-    def on_request(self, conn, head, inflight):
-        """``head`` is a RequestHead (the whole frame when GATHER was asked);
-        returns None or a verdict."""
-        return None
-
-    def on_response_head(self, conn, inflight, head, frame_len):
-        """The first bytes of the response to ``inflight``; None or Throttle."""
-        return None
-
-    def stream(self, conn, inflight):
-        """For STREAM: a fresh rewriter with ``feed(chunk, out)``, ``done``
-        and ``nodes`` (codecs.stream), or None to leave this one alone."""
-        return None
-
-    def on_response(self, conn, inflight, frame):
-        """For GATHER: the whole framed response; returns the frame to send
-        on (the same object when unchanged)."""
-        return frame
-
-
 class FilterTable:
-    """Who looks at what, per (api key, version), built once at start-up."""
+    """Who looks at what, per (api key, version), built once at start-up.
+    An entry names each filter with its place in ``filters``, where the
+    connection keeps that filter's context."""
 
     def __init__(self, filters):
         self.filters = tuple(filters)
@@ -367,10 +247,10 @@ class FilterTable:
             request_needs = [(f, f.authenticating_need(api_key, version)) for f in self.filters]
         else:
             request_needs = [(f, f.request_need(api_key, version)) for f in self.filters]
-        request_filters = tuple(f for f, need in request_needs if need)
+        request_filters = tuple((f, i) for i, (f, need) in enumerate(request_needs) if need)
         request_need = max((need for _, need in request_needs), default=0)
         needs = [(f, f.response_need(api_key, version)) for f in self.filters]
-        response_filters = tuple(f for f, need in needs if need)
+        response_filters = tuple((f, i) for i, (f, need) in enumerate(needs) if need)
         response_need = max((need for _, need in needs), default=0)
         return request_need, request_filters, response_need, response_filters
 
@@ -394,8 +274,8 @@ class InFlight:
     response the client is still owed."""
 
     __slots__ = ("correlation_id", "api_key", "api_version", "answer",
-                 "throttle_ms", "throttle_reason", "quotas", "response_need",
-                 "response_filters", "on_response", "raw_answer", "note")
+                 "throttle_ms", "throttle_reason", "response_need",
+                 "response_filters", "on_response", "raw_answer", "ctx", "notes")
 
     def __init__(self, correlation_id, api_key, api_version, response_need=NOTHING,
                  response_filters=()):
@@ -405,12 +285,12 @@ class InFlight:
         self.answer = None  # the proxy's own answer, sent in the response's turn
         self.throttle_ms = 0  # what the request earned (Throttle)
         self.throttle_reason = None
-        self.quotas = None  # the quota filter's ClientQuotas for the response
         self.response_need = response_need
         self.response_filters = response_filters
         self.on_response = None  # a filter's own request: who gets the answer
         self.raw_answer = None  # a raw token forwarded: who gets the raw answer (ForwardRaw)
-        self.note = None  # a filter's record of this request (the SASL exchange it is part of)
+        self.ctx = None  # the context of the filter that gets one of those
+        self.notes = None  # filter -> its record of this request (FilterContext.note)
 
     def __repr__(self):
         return "InFlight(%d, api %d v%d)" % (self.correlation_id, self.api_key, self.api_version)
@@ -439,14 +319,14 @@ class Connection:
         # until the client has authenticated
         self.max_receive_before_auth = max_receive_before_auth or max_frame_size
         self.upstream_connected = False
-        self.auth = None  # the authenticating filter's state for this connection
+        self._authenticator = None  # the filter holding the connection until authenticated
         self._jobs = {}  # token -> (InFlight, on_done): answers a job will give
         self._next_job = 0
         self._wait_due = False  # stop reading once the request being read is in
         self._in_job = False  # within job_done
-        self.auth_upstream = None  # the proxy's own login to the broker, while it runs
         # set by a filter with expect_raw(): the next request frames are not
-        # Kafka requests but raw tokens (SASL after SaslHandshake v0)
+        # Kafka requests but raw tokens (SASL after SaslHandshake v0):
+        # (handler, its filter's context)
         self.raw_request = None
         self._raw_in_flight = 0  # raw tokens forwarded, their answers not yet in
         self._close_when_released = None
@@ -480,39 +360,52 @@ class Connection:
         self._gathering = None  # the InFlight whose response is being gathered whole
         self._streaming = None  # the rewriter of the response being streamed
         self._request_gathered = None  # the entry of a request being gathered whole
-        # when the request being deferred (Defer) was first; the filter that
-        # defers it clears it once it lets the request go
-        self.deferred_since = None
+        # each filter's view of this connection, in the table's order
+        self.contexts = tuple(FilterContext(self, f, f.new_state()) for f in table.filters)
 
     # inputs -----------------------------------------------------------
 
-    def client_accepted(self, now):
-        """The client connection is accepted (its TLS handshake done). Where
-        a filter authenticates the client itself, the client is read at once
-        and the broker connected only once it has authenticated; otherwise
-        the broker is connected first (ConnectUpstream)."""
+    def client_accepted(self, now, principal=None):
+        """The client connection is accepted (its TLS handshake done;
+        ``principal``: the one its certificate maps to, on an SSL listener).
+        Where a filter authenticates the client itself, the client is read at
+        once and the broker connected only once it has authenticated;
+        otherwise the broker is connected first (ConnectUpstream)."""
         self.now = now
+        if principal is not None:
+            self.principal = principal
         actions = self._actions = []
-        for f in self.table.filters:
-            f.on_accept(self)
+        for ctx in self.contexts:
+            ctx._filter.on_accept(ctx)
         if self.phase is Phase.AUTHENTICATING:
             actions.append(RESUME_CLIENT)
         else:
             actions.append(CONNECT_UPSTREAM)
         return actions
 
-    def begin_authentication(self, state):
-        """A filter holds the connection until the client has authenticated:
-        only that filter's requests are accepted (authenticating_need), and
-        frames are capped at max_receive_before_auth."""
+    @property
+    def authenticating(self):
+        return self.phase is Phase.AUTHENTICATING
+
+    def begin_authentication(self, by):
+        """Filter ``by`` holds the connection until the client has
+        authenticated (FilterContext.begin_authentication): only its
+        requests are accepted (authenticating_need), and frames are capped
+        at max_receive_before_auth."""
+        if self._authenticator is not None:
+            raise RuntimeError("filter %s: the connection is already authenticated by %s"
+                               % (by.name, self._authenticator.name))
+        self._authenticator = by
         self.phase = Phase.AUTHENTICATING
-        self.auth = state
         self.requests_in.max_frame_size = self.max_receive_before_auth
 
-    def authenticated(self, principal):
+    def authenticated(self, principal, by):
         """The authenticating filter's verdict, given once: the connection's
         principal for its life. Without a broker connection yet, it is opened
         now and the client's next bytes wait for it."""
+        if by is not self._authenticator or self.phase is not Phase.AUTHENTICATING:
+            raise RuntimeError("filter %s named a principal without holding the connection "
+                               "for authentication" % by.name)
         self.principal = principal
         self.requests_in.max_frame_size = self.max_frame_size
         if self.upstream_connected:
@@ -532,8 +425,8 @@ class Connection:
         if self.phase is not Phase.CONNECTING or self._upstream_waiting:
             return actions
         self.upstream_connected = True
-        for f in self.table.filters:
-            if f.on_upstream(self):
+        for ctx in self.contexts:
+            if ctx._filter.on_upstream(ctx):
                 self._upstream_waiting += 1
         if self._upstream_waiting:
             requests = []
@@ -555,8 +448,8 @@ class Connection:
 
     def _client_may_start(self, actions):
         self.phase = Phase.READY
-        for f in self.table.filters:
-            f.on_connect(self)
+        for ctx in self.contexts:
+            ctx._filter.on_connect(ctx)
         early, self._early = self._early, []
         if not self._client_bytes(early, actions):
             return
@@ -723,10 +616,10 @@ class Connection:
         entry = self._jobs.pop(token, None)
         if entry is None or self.phase is Phase.CLOSED:
             return actions
-        inflight, on_done = entry
+        inflight, on_done, ctx = entry
         self._in_job = True
         try:
-            answer = on_done(self, result, error)
+            answer = on_done(ctx, result, error)
         except _Refused as exc:
             return self._close(str(exc), exc.refused)
         finally:
@@ -873,15 +766,17 @@ class Connection:
     def _whole_request(self, frame):
         entry, self._request_gathered = self._request_gathered, None
         if entry is _RAW:
-            answer = self.raw_request(self, frame)
+            handler, ctx = self.raw_request
+            answer = handler(ctx, frame)
             if answer is None:
                 return None
             inflight = InFlight(-1, -1, -1, GATHER)
             if answer.__class__ is Pending:
-                self._pending_job(inflight, answer)
+                self._pending_job(inflight, answer, ctx)
                 return None
             if answer.__class__ is ForwardRaw:
                 inflight.raw_answer = answer.on_answer
+                inflight.ctx = ctx
                 self.pending.append(inflight)
                 self._raw_in_flight += 1
                 self.responses_in.min_frame_size = 0  # an empty token is a frame of 0
@@ -912,8 +807,9 @@ class Connection:
         result = PASS
         delay = 0
         observed = None
-        for f in entry[1]:
-            verdict = f.on_request(self, request, inflight)
+        contexts = self.contexts
+        for f, i in entry[1]:
+            verdict = f.on_request(contexts[i], request, inflight)
             if verdict is None:
                 continue
             cls = verdict.__class__
@@ -933,14 +829,12 @@ class Connection:
             elif cls is Refuse:
                 raise _Refused(verdict.reason, verdict.refused)
             elif cls is Pending:
-                self._pending_job(inflight, verdict)
+                self._pending_job(inflight, verdict, contexts[i])
                 return DROP
             elif cls is Observe:
-                observed = _Observed(verdict.stream, verdict.on_done, self, inflight)
+                observed = _Observed(verdict.stream, verdict.on_done, contexts[i], self, inflight)
             elif cls is Defer:
                 self.requests -= 1  # counted when it is read for good
-                if self.deferred_since is None:
-                    self.deferred_since = self.now
                 if verdict.delay_ms > self._mute_due:
                     self._mute_due = verdict.delay_ms
                 return DEFER
@@ -962,26 +856,25 @@ class Connection:
         self.pending.append(inflight)
         return result
 
-    def _pending_job(self, inflight, pending):
+    def _pending_job(self, inflight, pending, ctx):
         """Pending: the answer comes from a job; nothing more is read meanwhile."""
         self._next_job += 1
-        self._jobs[self._next_job] = (inflight, pending.on_done)
+        self._jobs[self._next_job] = (inflight, pending.on_done, ctx)
         self.pending.append(inflight)
         self._actions.append(RunJob(pending.job, self._next_job))
         self._wait_due = True
         self.requests_in.stop_after_frame = True
 
-    def send_request(self, frame, api_key, api_version, on_response):
-        """Send a request of the proxy's own to the broker (a filter's: a
-        SASL exchange, say). ``frame`` is framed, with its correlation id left
-        to this method; ``on_response(conn, frame)`` gets the whole response,
-        which the client never sees. Sent at the next frame boundary."""
+    def send_request(self, frame, api_key, api_version, on_response, ctx):
+        """A request of a filter's own to the broker (FilterContext.send_request):
+        ``on_response(ctx, frame)`` gets the whole response."""
         correlation_id = self._next_internal_id
         self._next_internal_id += 1
         frame = bytearray(frame)
         INT32.pack_into(frame, 8, correlation_id)
         inflight = InFlight(correlation_id, api_key, api_version, GATHER)
         inflight.on_response = on_response
+        inflight.ctx = ctx
         self._internal.append((bytes(frame), inflight))
         if self._to_broker is not None and self.requests_in.at_boundary:
             # within a request's head (or between frames): in stream order
@@ -995,11 +888,8 @@ class Connection:
         self._internal.clear()
 
     def expect_raw(self, handler):
-        """From the next request frame on, client frames are raw tokens,
-        framed by their length alone (SASL after SaslHandshake v0), until
-        called again with None. Each is handed whole to ``handler(conn,
-        frame)``, which returns the framed answer (bytes), ForwardRaw, or None
-        (nothing: a failure has been handled)."""
+        """Raw tokens from the next request frame on (FilterContext.expect_raw):
+        ``handler`` is (function, context), or None to end them."""
         self.raw_request = handler
         self.requests_in.min_frame_size = MIN_REQUEST_SIZE if handler is None else 0
 
@@ -1120,8 +1010,9 @@ class Connection:
             if inflight.throttle_ms:
                 return self._throttled_head(inflight, head, PASS)
             return PASS
-        for f in inflight.response_filters:
-            verdict = f.on_response_head(self, inflight, head, frame_len)
+        contexts = self.contexts
+        for f, i in inflight.response_filters:
+            verdict = f.on_response_head(contexts[i], inflight, head, frame_len)
             if verdict is not None and verdict.delay_ms > inflight.throttle_ms:
                 inflight.throttle_ms = verdict.delay_ms
                 inflight.throttle_reason = verdict.reason
@@ -1181,12 +1072,13 @@ class Connection:
             self._raw_in_flight -= 1
             if not self._raw_in_flight:
                 self.responses_in.min_frame_size = MIN_RESPONSE_SIZE
-            return inflight.raw_answer(self, frame)
+            return inflight.raw_answer(inflight.ctx, frame)
         if inflight.on_response is not None:
-            inflight.on_response(self, frame)
+            inflight.on_response(inflight.ctx, frame)
             return None
-        for f in inflight.response_filters:
-            frame = f.on_response(self, inflight, frame)
+        contexts = self.contexts
+        for f, i in inflight.response_filters:
+            frame = f.on_response(contexts[i], inflight, frame)
         if inflight.response_need >= STREAM:  # gathered after all (see _throttled_head)
             rewriter = self._stream_rewriter(inflight)
             if rewriter is not None:
@@ -1204,8 +1096,9 @@ class Connection:
     def _stream_rewriter(self, inflight):
         """The rewriter of the first filter that streams this response (one
         filter streams a response; others may gather it instead)."""
-        for f in inflight.response_filters:
-            rewriter = f.stream(self, inflight)
+        contexts = self.contexts
+        for f, i in inflight.response_filters:
+            rewriter = f.stream(contexts[i], inflight)
             if rewriter is not None:
                 return rewriter
         return None
@@ -1219,7 +1112,6 @@ class Connection:
             self.nodes_seen(rewriter.nodes)
 
     def nodes_seen(self, nodes):
-        """Filters report broker addresses found in a response (before the
-        response is sent on)."""
+        """Broker addresses found in a response (FilterContext.nodes_seen)."""
         if nodes:
             self._actions.append(NodesSeen(list(nodes)))

@@ -18,7 +18,8 @@ from ..codecs.wire import INT32
 from ..sources import QuotaStoreError
 from ..sources.file import FollowedFile, read_file_bytes
 from .connection import ClientConnection
-from .filters import standard_filters
+from .filter import Services
+from .filters import build_filters
 from .health import Listener, bound_socket
 from .limits import TLS_HANDSHAKE, ConnectionLimits, RefusalLog
 from .pipeline import FilterTable
@@ -29,42 +30,38 @@ log = logging.getLogger("kthrottle.proxy")
 class ProxyServer:
     """Owns the listeners and the node-id -> broker routing table."""
 
-    def __init__(self, config, quotas=None, authenticator=None, storage=None):
+    def __init__(self, config, services=None):
+        """``services``: what the composition root made for the filters
+        (quotas, credentials; filter.Services); the filters themselves are
+        built here, from the registry, once the server's own services are in."""
         self.config = config
-        self.quotas = quotas  # policy QuotaManager, or None: no quota accounting
+        services = services or Services()
+        self.quotas = services.quotas  # policy QuotaManager, or None: no quota accounting
         self.loop = None
         self.advertised_host = config.effective_advertised_host
         self.node_port_base = config.effective_node_port_base
         self.nodes = {}  # node id -> (host, port) the broker advertises
         self.listeners = {}  # node id -> asyncio Server (None key: bootstrap)
         self.connections = set()
-        # who looks at what, per API key and version: built once
         upstream_protocol = config.upstream_security_protocol or "PLAINTEXT"
-        upstream_login = None
-        if upstream_protocol.startswith("SASL_") and config.sasl_mode != "passthrough":
-            from .auth import UpstreamSaslLogin
-
-            upstream_login = UpstreamSaslLogin(config.upstream_sasl_mechanism,
-                                               config.upstream_sasl_username,
-                                               config.upstream_sasl_password())
         self.api_versions = ApiVersionsCache(self)
         # brokers that take Metadata before any SASL exchange: node listeners open at start
         self.discovery = None if upstream_protocol.startswith("SASL_") else NodeDiscovery(self)
         self._pool = None  # the key-derivation worker, made when first needed
-        self.authenticates_clients = hasattr(authenticator, "offload")
-        if self.authenticates_clients:
-            # a proxy that verifies clients itself: PLAIN passwords are
-            # checked in the worker, and ApiVersions before authentication
-            # is answered from what a broker said
-            authenticator.offload = self.offload
-            authenticator.api_versions = self.api_versions
-        self.filter_table = FilterTable(
-            standard_filters(self.advertise, quotas, authenticator, upstream_login, storage))
+        services.advertise = self.advertise
+        services.offload = self.offload
+        services.api_versions = self.api_versions
+        # who looks at what, per API key and version: built once
+        self.filter_table = FilterTable(build_filters(config, services))
+        self.filters = {f.name: f for f in self.filter_table.filters}
+        # a proxy that verifies clients itself answers ApiVersions before
+        # authentication from what a broker said
+        self.authenticates_clients = "sasl-terminate" in self.filters
         self.limits = ConnectionLimits(config.max_connections, config.max_connections_per_ip)
         self.refusals = None  # a RefusalLog once the loop runs
         self.refused = {}  # reason -> connections refused (kthrottle_connections_refused_total)
         self._sweeper = None
-        self.storage = storage  # the StorageThrottle filter, or None
+        self.storage = self.filters.get("storage")  # the StorageThrottle filter, or None
         self.ssl_context = tls_context(config) if config.tls_enabled else None
         self.upstream_ssl_context = (
             upstream_tls_context(config)

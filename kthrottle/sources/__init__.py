@@ -16,6 +16,7 @@ way (``credentials``: ``on_update`` gets a ``Credentials`` snapshot).
 
 Nothing here depends on the proxy.
 """
+import asyncio
 import logging
 
 log = logging.getLogger("kthrottle.quotas")
@@ -66,17 +67,37 @@ class QuotaSource:
         raise NotImplementedError
 
 
-def quota_source(quota_file=None, zookeeper=None):
-    """The source for a quota file or a ZooKeeper connect string
-    (``HOST:PORT[,...][/chroot]``), or None when neither is given."""
-    if quota_file:
-        from .file import FileQuotaSource
+class Registered:
+    """A source kind registered by name: the option that names it (its
+    attribute in the proxy's configuration) and where its class is."""
 
-        return FileQuotaSource(quota_file)
-    if zookeeper:
-        from .zookeeper import ZooKeeperQuotaSource
+    def __init__(self, name, option, module, cls):
+        self.name, self.option, self.module, self.cls = name, option, module, cls
 
-        return ZooKeeperQuotaSource(zookeeper)
+    def load(self):
+        import importlib
+
+        return getattr(importlib.import_module(self.module, __name__), self.cls)
+
+
+# In order of preference: the first whose option is set is built.
+QUOTA_SOURCES = (
+    Registered("file", "quota_file", ".file", "FileQuotaSource"),
+    Registered("zookeeper", "zookeeper", ".zookeeper", "ZooKeeperQuotaSource"),
+)
+CREDENTIAL_STORES = (
+    Registered("file", "credentials_file", ".credentials", "FileCredentialSource"),
+    Registered("zookeeper", "zookeeper", ".credentials", "ZooKeeperCredentialSource"),
+)
+
+
+def build_source(registry, config):
+    """The source the configuration names (the first registered kind whose
+    option is set, built from that option's value), or None."""
+    for kind in registry:
+        value = getattr(config, kind.option, None)
+        if value:
+            return kind.load()(value)
     return None
 
 
@@ -91,6 +112,18 @@ def __getattr__(name):
 
         return getattr(importlib.import_module("." + _LAZY[name], __name__), name)
     raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
+async def cancelled(task):
+    """Cancel ``task`` (None: nothing) and wait until it has ended; None,
+    for the caller's ``self._task = await cancelled(self._task)``."""
+    if task is not None:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+    return None
 
 
 def entity_count(snapshot):

@@ -30,9 +30,14 @@ from typing import NamedTuple
 
 from ..policy.entities import DEFAULT, entity_path, parse_entity_path
 from ..policy.quota_file import _toml_key
-from . import QuotaStoreError
-from .file import FollowedFile, load_toml, read_file_bytes, write_file_atomically
-from .zookeeper import CONFIG_ROOT, ZooKeeperFollower, ZooKeeperQuotaStore, _config_json
+from .file import FollowedFile, TomlFileStore, write_file_atomically
+from .zookeeper import (
+    CONFIG_ROOT,
+    ZooKeeperFollower,
+    ZooKeeperQuotaStore,
+    _config_json,
+    config_entries,
+)
 
 log = logging.getLogger("kthrottle.credentials")
 
@@ -392,31 +397,17 @@ def _check_user(user):
         raise ValueError("SCRAM credentials are for a named user (not the default user)")
 
 
-class FileCredentialStore:
+class FileCredentialStore(TomlFileStore):
     """Blocking access to a credentials file."""
 
     kind = "credentials file"
+    section = "credentials"
+    document_error = CredentialFileError
+    empty = Credentials
 
-    def __init__(self, path):
-        self.path = str(path)
-
-    def read_bytes(self, missing_ok=False):
-        return read_file_bytes(self.path, self.kind, missing_ok)
-
-    def parse(self, data, empty_ok=False):
-        """File content -> Credentials, or QuotaStoreError saying what is wrong."""
-        doc = load_toml(self.path, data, self.kind, "credentials", empty_ok)
-        try:
-            return credentials_from_document(doc)
-        except CredentialFileError as exc:
-            raise QuotaStoreError("credentials file %s: %s" % (self.path, exc)) from None
-
-    def read(self, missing_ok=False):
-        """The credentials; with ``missing_ok`` a missing or empty file has none."""
-        data = self.read_bytes(missing_ok)
-        if data is None:
-            return Credentials()
-        return self.parse(data, empty_ok=missing_ok)
+    @staticmethod
+    def from_document(doc):
+        return credentials_from_document(doc)
 
     def alter(self, user, add=None, delete=()):
         """Set ``add`` ({mechanism: ScramCredential}) and remove ``delete``
@@ -431,9 +422,6 @@ class FileCredentialStore:
             users.pop(user, None)
         write_file_atomically(self.path, credentials_text(Credentials(users)), self.kind)
         return entry
-
-    def close(self):
-        pass
 
 
 class FileCredentialSource(FollowedFile):
@@ -463,15 +451,7 @@ def entity_credentials(znode, data):
 
 
 def _scram_entries(znode, config):
-    credentials, problems = {}, []
-    for key, value in config.items():
-        if key not in MECHANISMS:
-            continue
-        try:
-            credentials[key] = parse_scram(value, key)
-        except ValueError as exc:
-            problems.append("ignoring %s in %s: %s" % (key, znode, exc))
-    return credentials, problems
+    return config_entries(znode, config, MECHANISMS, lambda key, value: parse_scram(value, key))
 
 
 def with_scram(full, add=None, delete=()):
@@ -562,13 +542,3 @@ class ZooKeeperCredentialSource(ZooKeeperFollower):
         return "credentials change for user %r: %s" % (
             parse_entity_path(path)[0],
             ", ".join(m for m in MECHANISMS if m in (entry or {})) or "no SCRAM credentials")
-
-
-def credential_source(credentials_file=None, zookeeper=None):
-    """The source for a credentials file or a ZooKeeper connect string
-    (``HOST:PORT[,...][/chroot]``), or None when neither is given."""
-    if credentials_file:
-        return FileCredentialSource(credentials_file)
-    if zookeeper:
-        return ZooKeeperCredentialSource(zookeeper)
-    return None

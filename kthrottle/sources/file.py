@@ -7,7 +7,7 @@ import tempfile
 import tomllib
 
 from ..policy.quota_file import QuotaFileError, altered, document_text, snapshot_from_document
-from . import QuotaSource, QuotaStore, QuotaStoreError, entity_count, log
+from . import QuotaSource, QuotaStore, QuotaStoreError, cancelled, entity_count, log
 
 
 def read_file_bytes(path, kind, missing_ok=False):
@@ -61,8 +61,14 @@ def write_file_atomically(path, text, kind):
         raise QuotaStoreError("cannot write %s %s: %s" % (kind, path, exc.strerror)) from None
 
 
-class FileQuotaStore(QuotaStore):
-    kind = "quota file"
+class TomlFileStore:
+    """A TOML file read whole into one value (the quotas, the credentials):
+    ``kind`` names it in messages, ``section`` is what an empty file lacks,
+    ``from_document`` reads the parsed TOML (raising ``document_error``),
+    ``empty()`` is the value of no file."""
+
+    kind = section = None
+    document_error = ValueError
 
     def __init__(self, path):
         self.path = str(path)
@@ -71,20 +77,37 @@ class FileQuotaStore(QuotaStore):
         return read_file_bytes(self.path, self.kind, missing_ok)
 
     def parse(self, data, empty_ok=False):
-        """File content -> snapshot, or QuotaStoreError saying what is wrong."""
-        doc = load_toml(self.path, data, self.kind, "quotas", empty_ok)
+        """File content -> the value, or QuotaStoreError saying what is wrong."""
+        doc = load_toml(self.path, data, self.kind, self.section, empty_ok)
         try:
-            return snapshot_from_document(doc)
-        except QuotaFileError as exc:
-            raise QuotaStoreError("quota file %s: %s" % (self.path, exc)) from None
+            return self.from_document(doc)
+        except self.document_error as exc:
+            raise QuotaStoreError("%s %s: %s" % (self.kind, self.path, exc)) from None
 
     def read(self, missing_ok=False):
-        """The snapshot; with ``missing_ok`` (for ``alter``, which writes a
-        whole new file) a missing or empty file reads as no quotas."""
+        """The value; with ``missing_ok`` (for ``alter``, which writes a
+        whole new file) a missing or empty file reads as ``empty()``."""
         data = self.read_bytes(missing_ok)
         if data is None:
-            return {}
+            return self.empty()
         return self.parse(data, empty_ok=missing_ok)
+
+    def close(self):
+        pass
+
+
+class FileQuotaStore(TomlFileStore, QuotaStore):
+    kind = "quota file"
+    section = "quotas"
+    document_error = QuotaFileError
+
+    @staticmethod
+    def from_document(doc):
+        return snapshot_from_document(doc)
+
+    @staticmethod
+    def empty():
+        return {}
 
     def alter(self, path, add=None, delete=()):
         """The file is rewritten atomically (comments are not kept); a
@@ -206,13 +229,7 @@ class FollowedFile:
         await self.poll(self._on_update)
 
     async def stop(self):
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        self._task = await cancelled(self._task)
 
 
 class FileQuotaSource(FollowedFile, QuotaSource):

@@ -79,9 +79,16 @@ def quiet_kafka_logging(debug=False):
 
 def client_config(bootstrap_servers, client_id, security_protocol="PLAINTEXT", ssl_ca=None,
                   ssl_cert=None, ssl_key=None, sasl_mechanism=None, sasl_username=None,
-                  sasl_password=None, timeout=DEFAULT_TIMEOUT):
+                  sasl_password=None, timeout=DEFAULT_TIMEOUT, security=None):
     """kafka-python's connection and security settings (admin and producer).
-    ``bootstrap_servers``: "host:port" strings or (host, port) pairs."""
+    ``bootstrap_servers``: "host:port" strings or (host, port) pairs;
+    ``security``: a security.KafkaClientSecurity (the loose security
+    arguments make one for the callers that do not pass it)."""
+    from ..security import KafkaClientSecurity
+
+    if security is None:
+        security = KafkaClientSecurity(security_protocol, ssl_ca, ssl_cert, ssl_key,
+                                       sasl_mechanism, sasl_username, sasl_password)
     servers = []
     for s in bootstrap_servers:
         if not isinstance(s, str):
@@ -91,15 +98,10 @@ def client_config(bootstrap_servers, client_id, security_protocol="PLAINTEXT", s
     timeout_ms = int(timeout * 1000)
     config = {"bootstrap_servers": servers,
               "client_id": client_id,
-              "security_protocol": security_protocol,
               "request_timeout_ms": timeout_ms,
               "bootstrap_timeout_ms": timeout_ms,
               "reconnect_backoff_max_ms": 1000}
-    if security_protocol in ("SSL", "SASL_SSL"):
-        config.update(ssl_cafile=ssl_ca, ssl_certfile=ssl_cert, ssl_keyfile=ssl_key)
-    if security_protocol.startswith("SASL_"):
-        config.update(sasl_mechanism=sasl_mechanism, sasl_plain_username=sasl_username,
-                      sasl_plain_password=sasl_password)
+    config.update(security.kafka_python())
     return config
 
 

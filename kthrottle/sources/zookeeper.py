@@ -52,15 +52,22 @@ def entity_quotas(znode, data):
     floats, and a message per quota key whose value is unusable. Keys that
     are not quotas are left alone: SCRAM credentials share the user znode.
     Raises QuotaStoreError if the data is not Kafka's config JSON."""
-    quotas, problems = {}, []
-    for key, value in _config_json(znode, data).items():
-        if key not in QUOTA_KEYS:
+    return config_entries(znode, _config_json(znode, data), QUOTA_KEYS, parse_quota_value)
+
+
+def config_entries(znode, config, keys, parse):
+    """The entries of a znode's config map whose key is in ``keys``, each
+    read by ``parse(key, value)`` -> (entries, problems): one message per
+    entry that does not parse; other keys are left alone."""
+    entries, problems = {}, []
+    for key, value in config.items():
+        if key not in keys:
             continue
         try:
-            quotas[key] = parse_quota_value(key, value)
+            entries[key] = parse(key, value)
         except ValueError as exc:
             problems.append("ignoring %s in %s: %s" % (key, znode, exc))
-    return quotas, problems
+    return entries, problems
 
 
 def with_quotas(full, add=None, delete=()):

@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 
-from ..config import ConfigError, parse_duration, parse_host_port, read_sasl_password
+from ..options import arg_type, parse_duration, parse_host_port
 from ..policy.storage import BrokerReport, VolumeReport, parse_limit, split_partition_dir
 from ..sources.kafka_publisher import (
     KafkaPublisher,
@@ -30,6 +30,7 @@ from ..sources.kafka_publisher import (
     describe_connection,
     quiet_kafka_logging,
 )
+from ..security import ClientSecurityOptions, KafkaClientSecurity
 from ..sources.outage import Outage
 
 log = logging.getLogger("kthrottle.volume_agent")
@@ -38,8 +39,6 @@ DEFAULT_TOPIC = "__kthrottle_volume_usage"
 DEFAULT_INTERVAL = 30.0
 DEFAULT_TIMEOUT = 10.0
 PASSWORD_ENV = "KTHROTTLE_AGENT_SASL_PASSWORD"
-SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 EXAMPLE = """\
 example (a broker with id 3 and two log dirs, through a SASL_SSL listener):
@@ -63,15 +62,18 @@ Each record: key = the broker id ("3"), value = JSON like
 
 # durations, flags, settings (pure) -----------------------------------------------
 
-def _argtype(fn):
-    def parse(value):
-        try:
-            return fn(value)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+def _fill(text, indent=""):
+    import shutil
+    import textwrap
 
-    parse.__name__ = fn.__name__
-    return parse
+    width = max(min(shutil.get_terminal_size().columns, 100) - 2, 40)
+    return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent)
+
+
+SECURITY = ClientSecurityOptions(
+    who="the agent", password_env=PASSWORD_ENV, title="security (towards the cluster)",
+    description=_fill("The password is never a flag: --sasl-password-file, else the environment "
+                      "variable %s. It does not appear in the logs." % PASSWORD_ENV))
 
 
 def _broker_id(text):
@@ -85,11 +87,7 @@ def _broker_id(text):
 
 
 def _host_port(text):
-    try:
-        host, port = parse_host_port(text, "HOST:PORT")
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
-    return host, port
+    return parse_host_port(text, "HOST:PORT")
 
 
 def _bootstrap(text):
@@ -97,17 +95,6 @@ def _bootstrap(text):
     if port == 0:
         raise ValueError("a bootstrap server needs a port, got %r" % (text,))
     return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
-
-
-def _choice(choices, what):
-    def parse(text):
-        value = str(text).strip().upper()
-        if value not in choices:
-            raise ValueError("%s must be one of %s, got %r" % (what, ", ".join(choices), text))
-        return value
-
-    parse.__name__ = what
-    return parse
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,26 +111,24 @@ class Settings:
     topic: str = DEFAULT_TOPIC
     metrics_listen: tuple = None  # (host, port) or None
     timeout: float = DEFAULT_TIMEOUT
-    security_protocol: str = "PLAINTEXT"
-    ssl_ca: str = None
-    ssl_cert: str = None
-    ssl_key: str = None
-    sasl_mechanism: str = None
-    sasl_username: str = None
-    sasl_password: str = dataclasses.field(default=None, repr=False)
+    security: KafkaClientSecurity = KafkaClientSecurity()
     log_level: str = "INFO"
+
+    # what the agent's code and log lines read of the security settings
+    security_protocol = property(lambda self: self.security.security_protocol)
+    sasl_mechanism = property(lambda self: self.security.sasl_mechanism)
+    sasl_password = property(lambda self: self.security.sasl_password)
 
     def client_config(self):
         """kafka-python's connection and security settings (admin and producer)."""
         return client_config(self.bootstrap_servers, "kthrottle-volume-agent-%d" % self.broker_id,
-                             self.security_protocol, self.ssl_ca, self.ssl_cert, self.ssl_key,
-                             self.sasl_mechanism, self.sasl_username, self.sasl_password,
-                             self.timeout)
+                             timeout=self.timeout, security=self.security)
 
     def describe(self):
         """One line for the log: where and as whom, never the password."""
-        return describe_connection(self.bootstrap_servers, self.security_protocol,
-                                   self.sasl_mechanism, self.sasl_username, self.ssl_cert)
+        sec = self.security
+        return describe_connection(self.bootstrap_servers, sec.security_protocol,
+                                   sec.sasl_mechanism, sec.sasl_username, sec.ssl_cert)
 
 
 def _limits_in_order(soft, hard):
@@ -176,45 +161,13 @@ def settings_from_args(args, environ=None):
             or args.topic in (".", ".."):
         raise ValueError("--topic must be a Kafka topic name ([A-Za-z0-9._-], up to 249 "
                          "characters), got %r" % (args.topic,))
-    protocol = args.security_protocol or "PLAINTEXT"
-    tls = protocol in ("SSL", "SASL_SSL")
-    sasl = protocol.startswith("SASL_")
-    for flag, value in (("--ssl-ca", args.ssl_ca), ("--ssl-cert", args.ssl_cert),
-                        ("--ssl-key", args.ssl_key)):
-        if value is None:
-            continue
-        if not tls:
-            raise ValueError("%s is for TLS: give --security-protocol SSL or SASL_SSL "
-                             "(it is %s)" % (flag, protocol))
-        if not os.path.isfile(value) or not os.access(value, os.R_OK):
-            raise ValueError("%s %s: no such readable file" % (flag, value))
-    if bool(args.ssl_cert) != bool(args.ssl_key):
-        raise ValueError("--ssl-cert and --ssl-key go together (the client certificate and "
-                         "its private key)")
-    password = None
-    if sasl:
-        if not args.sasl_username:
-            raise ValueError("--security-protocol %s needs --sasl-username" % protocol)
-        password = read_sasl_password(args.sasl_password_file, PASSWORD_ENV,
-                                      "--sasl-password-file", protocol, environ)
-    else:
-        given = [flag for flag, value in (("--sasl-mechanism", args.sasl_mechanism),
-                                          ("--sasl-username", args.sasl_username),
-                                          ("--sasl-password-file", args.sasl_password_file))
-                 if value]
-        if given:
-            raise ValueError("%s is for SASL: give --security-protocol SASL_PLAINTEXT or "
-                             "SASL_SSL (it is %s)" % (", ".join(given), protocol))
+    security = SECURITY.resolve(vars(args), environ)
     return Settings(
         bootstrap_servers=tuple(args.bootstrap_servers), broker_id=args.broker_id,
         log_dirs=tuple(log_dirs), soft=args.soft_limit, hard=args.hard_limit,
         interval=args.interval if args.interval is not None else DEFAULT_INTERVAL,
         once=bool(args.once), topic=args.topic, metrics_listen=args.metrics_listen,
-        timeout=args.timeout, security_protocol=protocol,
-        ssl_ca=args.ssl_ca, ssl_cert=args.ssl_cert, ssl_key=args.ssl_key,
-        sasl_mechanism=(args.sasl_mechanism or "SCRAM-SHA-512") if sasl else None,
-        sasl_username=args.sasl_username if sasl else None, sasl_password=password,
-        log_level=args.log_level)
+        timeout=args.timeout, security=security, log_level=args.log_level)
 
 
 # volumes and partitions (pure, the file system passed in) ------------------------
@@ -597,14 +550,6 @@ def run(args):
 
 # the command line -----------------------------------------------------------------
 
-def _fill(text, indent=""):
-    import shutil
-    import textwrap
-
-    width = max(min(shutil.get_terminal_size().columns, 100) - 2, 40)
-    return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent)
-
-
 def parse_settings(argv, environ=None):
     """Settings from ``volume-agent``'s arguments (without the command name);
     exits 2 with argparse's message when they are wrong."""
@@ -630,7 +575,7 @@ def add_parser(sub):
         epilog=EXAMPLE)
     p.set_defaults(command="volume-agent", volume_agent_parser=p)
     what = p.add_argument_group("what to report")
-    what.add_argument("--broker-id", type=_argtype(_broker_id), required=True, metavar="N",
+    what.add_argument("--broker-id", type=arg_type(_broker_id), required=True, metavar="N",
                       help="this broker's node.id / broker.id (the record's key)")
     what.add_argument("--log-dir", dest="log_dirs", action="append", required=True,
                       metavar="PATH",
@@ -640,17 +585,17 @@ def add_parser(sub):
     limit_help = ("TYPE:LEVEL, TYPE one of ConsumedSpace (bytes used), MinFreeBytes (bytes that "
                   "must stay free) or MinFreePercentage (percent 0-100 that must stay free); "
                   "bytes take KB/MB/GB (powers of 1000) or KiB/MiB/GiB (powers of 1024)")
-    what.add_argument("--soft-limit", type=_argtype(parse_limit), required=True,
+    what.add_argument("--soft-limit", type=arg_type(parse_limit), required=True,
                       metavar="TYPE:LEVEL",
                       help="where producers start to be throttled: " + limit_help
                       + ", e.g. MinFreePercentage:20")
-    what.add_argument("--hard-limit", type=_argtype(parse_limit), required=True,
+    what.add_argument("--hard-limit", type=arg_type(parse_limit), required=True,
                       metavar="TYPE:LEVEL",
                       help="where producers are paused, e.g. MinFreeBytes:10GiB")
 
     where = p.add_argument_group("where to publish")
     where.add_argument("--bootstrap-server", dest="bootstrap_servers", action="append",
-                       required=True, type=_argtype(_bootstrap), metavar="HOST:PORT",
+                       required=True, type=arg_type(_bootstrap), metavar="HOST:PORT",
                        help="a broker of the cluster to publish to; repeat for several "
                        "(a listener the agent can reach, e.g. the control-plane one)")
     where.add_argument("--topic", default=DEFAULT_TOPIC, metavar="NAME",
@@ -658,21 +603,21 @@ def add_parser(sub):
                        "with cleanup.policy=compact, 1 partition and the cluster's "
                        "default.replication.factor (capped to the live brokers; min(3, live "
                        "brokers) if the brokers do not tell it)")
-    where.add_argument("--timeout", type=_argtype(parse_duration), default=DEFAULT_TIMEOUT,
+    where.add_argument("--timeout", type=arg_type(parse_duration), default=DEFAULT_TIMEOUT,
                        metavar="DURATION",
                        help="how long one publication may take in all: connecting, creating "
                        "the topic, the acknowledgement (default 10s)")
 
     when = p.add_argument_group("schedule and metrics")
     once = when.add_mutually_exclusive_group()
-    once.add_argument("--interval", type=_argtype(parse_duration), metavar="DURATION",
+    once.add_argument("--interval", type=arg_type(parse_duration), metavar="DURATION",
                       help="publish at start and then every DURATION: 30s (default), 5m, "
                       "500ms or plain seconds. An unreachable cluster is counted, logged and "
                       "retried at the next one; SIGTERM or Ctrl-C stop the agent")
     once.add_argument("--once", action="store_true",
                       help="publish one report and exit: 0 if the cluster acknowledged it, "
                       "1 (with the reason) if not")
-    when.add_argument("--metrics-listen", type=_argtype(_host_port), metavar="HOST:PORT",
+    when.add_argument("--metrics-listen", type=arg_type(_host_port), metavar="HOST:PORT",
                       help="serve Prometheus metrics on http://HOST:PORT/metrics: "
                       "kthrottle_volume_agent_connected, _publications_total, "
                       "_publication_errors_total, _last_publication_timestamp_seconds, "
@@ -681,25 +626,5 @@ def add_parser(sub):
     when.add_argument("--log-level", default="INFO", metavar="LEVEL",
                       help="DEBUG, INFO (default), WARNING")
 
-    sec = p.add_argument_group(
-        "security (towards the cluster)",
-        _fill("The password is never a flag: --sasl-password-file, else the environment variable "
-        "%s. It does not appear in the logs." % PASSWORD_ENV))
-    sec.add_argument("--security-protocol", type=_argtype(_choice(SECURITY_PROTOCOLS,
-                                                                   "--security-protocol")),
-                     default="PLAINTEXT", metavar="P",
-                     help="PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL")
-    sec.add_argument("--ssl-ca", metavar="PEM",
-                     help="CA bundle the brokers' certificates are checked against (default: "
-                     "the system's); host names are checked")
-    sec.add_argument("--ssl-cert", metavar="PEM",
-                     help="the agent's client certificate (mTLS), with --ssl-key")
-    sec.add_argument("--ssl-key", metavar="PEM", help="its private key (unencrypted PEM)")
-    sec.add_argument("--sasl-mechanism", type=_argtype(_choice(SASL_MECHANISMS,
-                                                                "--sasl-mechanism")),
-                     metavar="M", help="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (default)")
-    sec.add_argument("--sasl-username", metavar="USER", help="the agent's SASL user")
-    sec.add_argument("--sasl-password-file", metavar="PATH",
-                     help="file holding the agent's SASL password (one line); else the "
-                     "environment variable " + PASSWORD_ENV)
+    SECURITY.add_to(p)
     return p

@@ -26,13 +26,7 @@ import signal
 import sys
 import time
 
-from ..config import (
-    ConfigError,
-    parse_duration,
-    parse_host_port,
-    parse_zookeeper,
-    read_sasl_password,
-)
+from ..options import arg_type, parse_duration, parse_host_port
 from ..policy.fleet import (
     DEFAULT_FLOOR_FRACTION,
     encode_shares_document,
@@ -41,14 +35,19 @@ from ..policy.fleet import (
     shares_document,
 )
 from ..policy.storage import OPEN, cluster_snapshot, encode_snapshot, parse_report
+from ..security import (  # noqa: F401 (the names kafka_source keeps copies of)
+    SASL_MECHANISMS,
+    SECURITY_PROTOCOLS,
+    ZOOKEEPER,
+    ClientSecurityOptions,
+)
 from ..sources.cluster_state import shares_znode
+
 log = logging.getLogger("kthrottle.spark_sync")
 
 # as in kafka_source, which is not imported before it is needed: it imports
 # PySpark (an optional extra), and every kthrottle command builds this parser
 SOURCE_FORMAT = "kthrottle-kafka"
-SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 DEFAULT_TOPIC = "__kthrottle_volume_usage"
 DEFAULT_USAGE_TOPIC = "__kthrottle_proxy_usage"
@@ -56,6 +55,12 @@ DEFAULT_ZNODE = "/kthrottle/cluster-state"
 DEFAULT_MASTER = "local[2]"
 PASSWORD_ENV = "KTHROTTLE_SPARK_SASL_PASSWORD"
 ZNODE_MAX_BYTES = 1048575 - 1024  # ZooKeeper's default jute.maxbuffer, less some room
+SECURITY = ClientSecurityOptions(
+    who="the job", password_env=PASSWORD_ENV,
+    title="Kafka client security (for the driver and the executors)",
+    ca_help="; the executors get its content, not its path",
+    key_help="; the executors get the certificate and the key as text")
+
 
 class CycleError(Exception):
     """A cycle failed; the text says why, on one line."""
@@ -75,27 +80,14 @@ def _source():
     return kafka_source
 
 
-def _duration(text):
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+_duration = arg_type(parse_duration)
 
 
+@arg_type
 def _bootstrap(text):
-    try:
-        for one in text.split(","):
-            parse_host_port(one.strip(), "--bootstrap-server")
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    for one in text.split(","):
+        parse_host_port(one.strip(), "--bootstrap-server")
     return ",".join(one.strip() for one in text.split(","))
-
-
-def _zookeeper(text):
-    try:
-        return parse_zookeeper(text, "--zookeeper")
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _znode(text):
@@ -152,9 +144,9 @@ def add_parser(sub):
     p.add_argument("--bootstrap-server", dest="bootstrap", action="append", required=True,
                    type=_bootstrap, metavar="HOST:PORT[,HOST:PORT...]",
                    help="Kafka broker(s) to bootstrap from; repeat for several (required)")
-    p.add_argument("--zookeeper", required=True, type=_zookeeper, metavar="HOST:PORT[/chroot]",
-                   help="ZooKeeper connect string, as Kafka's zookeeper.connect takes it, "
-                   "e.g. zk-0:2181,zk-1:2181/kafka (required); the chroot is created if missing")
+    ZOOKEEPER.replace(required=True, help="ZooKeeper connect string, as Kafka's "
+                      "zookeeper.connect takes it, e.g. zk-0:2181,zk-1:2181/kafka (required); "
+                      "the chroot is created if missing").add_to(p)
     p.add_argument("--master", default=DEFAULT_MASTER, metavar="URL",
                    help="Spark master: local[N], spark://HOST:7077, yarn, k8s://... "
                    "(default %s)" % DEFAULT_MASTER)
@@ -195,62 +187,17 @@ def add_parser(sub):
                    help="a Spark setting, e.g. spark.driver.host=10.0.0.5; repeat for several")
     p.add_argument("--log-level", default="INFO", metavar="LEVEL",
                    help="DEBUG, INFO, WARNING (default INFO)")
-    s = p.add_argument_group("Kafka client security (for the driver and the executors)")
-    s.add_argument("--security-protocol", default="PLAINTEXT", type=str.upper,
-                   choices=SECURITY_PROTOCOLS,
-                   help="PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL")
-    s.add_argument("--ssl-ca", metavar="PATH",
-                   help="PEM file of the CA(s) to trust for SSL and SASL_SSL (default: the "
-                   "system's); its content, not the path, is handed to the executors")
-    s.add_argument("--ssl-cert", metavar="PATH",
-                   help="PEM file of the client certificate (mutual TLS), with --ssl-key")
-    s.add_argument("--ssl-key", metavar="PATH",
-                   help="PEM file of its private key (unencrypted); both are handed to the "
-                   "executors as text")
-    s.add_argument("--sasl-mechanism", default="SCRAM-SHA-512", type=str.upper,
-                   choices=SASL_MECHANISMS,
-                   help="for SASL_PLAINTEXT and SASL_SSL (default SCRAM-SHA-512)")
-    s.add_argument("--sasl-username", metavar="NAME", help="for SASL_PLAINTEXT and SASL_SSL")
-    s.add_argument("--sasl-password-file", metavar="PATH",
-                   help="file holding the SASL password (else the environment variable %s; "
-                   "never a flag)" % PASSWORD_ENV)
+    SECURITY.add_to(p)
     return p
 
 
 # the Kafka side ---------------------------------------------------------------------
 
 def security_options(args):
-    """The data source's security options from the flags (CA as PEM text).
-    ValueError says what is missing."""
-    protocol = args.security_protocol
-    out = {"security_protocol": protocol}
-    tls = protocol in ("SSL", "SASL_SSL")
-    if bool(args.ssl_cert) != bool(args.ssl_key):
-        raise ValueError("--ssl-cert and --ssl-key go together")
-    for flag, path, key in (("--ssl-ca", args.ssl_ca, "ssl_ca_pem"),
-                            ("--ssl-cert", args.ssl_cert, "ssl_cert_pem"),
-                            ("--ssl-key", args.ssl_key, "ssl_key_pem")):
-        if not path:
-            continue
-        if not tls:
-            raise ValueError("%s is for --security-protocol SSL or SASL_SSL" % flag)
-        try:
-            with open(path, encoding="ascii") as f:
-                out[key] = f.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError("cannot read %s %s: %s" % (flag, path, getattr(
-                exc, "strerror", None) or exc)) from None
-    if protocol.startswith("SASL_"):
-        if not args.sasl_username:
-            raise ValueError("--security-protocol %s needs --sasl-username" % protocol)
-        password = read_sasl_password(args.sasl_password_file, PASSWORD_ENV,
-                                      "--sasl-password-file", protocol)
-        out.update(sasl_mechanism=args.sasl_mechanism, sasl_username=args.sasl_username,
-                   sasl_password=password)
-    elif args.sasl_username or args.sasl_password_file:
-        raise ValueError("--sasl-username and --sasl-password-file are for --security-protocol "
-                         "SASL_PLAINTEXT or SASL_SSL")
-    return out
+    """The data source's security options from the flags (the files'
+    contents, not their paths). ConfigError (a ValueError) says what is
+    missing."""
+    return SECURITY.resolve(vars(args)).data_source_options()
 
 
 def read_metadata(settings, timeout_ms, leaders=None):

@@ -29,11 +29,12 @@ request (as a broker's quota does) instead of holding it back.
 import functools
 import logging
 
-from ..codecs import apis
-from ..codecs.produce import ProducePartitions
-from ..policy.rate import SampledRate, throttle_seconds, to_ms
-from ..policy.storage import OPEN, OPEN_STATE, PAUSE
-from .pipeline import HEAD, NOTHING, Defer, Filter, Observe, Throttle
+from ...codecs import apis
+from ...codecs.produce import ProducePartitions
+from ...policy.rate import SampledRate, throttle_seconds, to_ms
+from ...policy.storage import OPEN, OPEN_STATE, PAUSE
+from ...options import INTEGER, NAMES, NUMBER, ConfigError, Option
+from ..filter import HEAD, NOTHING, Defer, Filter, Observe, Throttle
 
 log = logging.getLogger("kthrottle.storage")
 
@@ -44,8 +45,42 @@ RATE_IDLE_SECONDS = 3600.0
 FACTOR_LOG_STEP = 0.1  # a THROTTLE factor moved this much is logged at INFO again
 
 
+class _Held:
+    """A connection's Produce request held back (PAUSE): since when."""
+
+    __slots__ = ("since",)
+
+    def __init__(self):
+        self.since = None
+
+
 class StorageThrottle(Filter):
     name = "storage"
+    options_title = ("storage-aware throttling (the cluster state kthrottle spark-sync writes to "
+                     "--zookeeper)")
+    options = (
+        Option("storage-scope", default="cluster", choices=("cluster", "partition", "off"),
+               help="cluster (default): when a broker volume passes its soft limit every "
+               "producer is slowed by the state's factor, and past its hard limit its Produce "
+               "requests are held; partition: only Produce requests writing to a partition with "
+               "a replica on such a volume are slowed, or throttled for --storage-pause-max-ms; "
+               "off: ignore the cluster state. Applies when --zookeeper is given, from the first "
+               "snapshot the job writes"),
+        Option("storage-fail-safe", default="PAUSE", choices=("PAUSE", "OPEN"),
+               help="what an unknown state means (a snapshot older than --storage-max-age-ms, "
+               "brokers without a fresh volume report): PAUSE (default) or OPEN"),
+        Option("storage-max-age-ms", INTEGER, default=120_000, metavar="MS",
+               help="a cluster state older than this is unknown (default 120000)"),
+        Option("storage-base-rate", NUMBER, default=1024 * 1024, metavar="BYTES/S",
+               help="the produce rate a producer without a producer_byte_rate quota keeps at "
+               "factor 1 when throttled for storage (default 1048576)"),
+        Option("storage-pause-max-ms", INTEGER, default=10_000, metavar="MS",
+               help="longest a Produce request is held while paused, before it goes on "
+               "(default 10000; keep it under the clients' request.timeout.ms)"),
+        Option("storage-excluded-principals", NAMES, default=[], metavar="LIST",
+               help="comma-separated principals never throttled for storage (the volume "
+               "agents, canaries)"),
+    )
 
     def __init__(self, policy, excluded=(), base_rate=DEFAULT_BASE_RATE,
                  pause_max_ms=DEFAULT_PAUSE_MAX_MS, recheck_ms=DEFAULT_RECHECK_MS,
@@ -69,6 +104,42 @@ class StorageThrottle(Filter):
         self.deferred = 0  # Produce requests held back (each check counts)
         self.released_at_cap = 0
         self.throttled = 0
+
+    @classmethod
+    def check(cls, config):
+        if config.storage_scope not in ("cluster", "partition", "off"):
+            raise ConfigError("storage-scope must be cluster, partition or off, got %r"
+                              % config.storage_scope)
+        if config.storage_fail_safe not in ("PAUSE", "OPEN"):
+            raise ConfigError("storage-fail-safe must be PAUSE or OPEN, got %r"
+                              % config.storage_fail_safe)
+        if config.storage_max_age_ms <= 0 or config.storage_pause_max_ms <= 0:
+            raise ConfigError("storage-max-age-ms and storage-pause-max-ms must be positive")
+        if not config.storage_base_rate > 0:
+            raise ConfigError("storage-base-rate must be a positive number of bytes/s")
+
+    @classmethod
+    def enabled(cls, config):
+        """The cluster state is followed when ZooKeeper is given."""
+        return bool(config.zookeeper) and config.storage_scope != "off"
+
+    @classmethod
+    def build(cls, config, services):
+        """With --zookeeper: the cluster state is fed in by the composition
+        root (``policy.update``, then ``refresh``)."""
+        if not cls.enabled(config):
+            return None
+        from ...policy.storage import StoragePolicy
+
+        settings = config.quota_settings()
+        return cls(StoragePolicy(config.storage_scope, config.storage_fail_safe,
+                                 config.storage_max_age_ms / 1000.0),
+                   config.storage_excluded_principals, config.storage_base_rate,
+                   config.storage_pause_max_ms, samples=settings.samples,
+                   window=settings.window)
+
+    def new_state(self):
+        return _Held()
 
     # the state in force -------------------------------------------------------
 
@@ -122,35 +193,37 @@ class StorageThrottle(Filter):
     def authenticating_need(self, api_key, api_version):
         return NOTHING
 
-    def on_request(self, conn, head, inflight):
+    def on_request(self, ctx, head, inflight):
         if self.policy.scope == "partition":
-            if not self.watch_partitions or conn.principal in self.excluded:
+            if not self.watch_partitions or ctx.principal in self.excluded:
                 return None
             return Observe(ProducePartitions(head.api_version), functools.partial(
                 self._partitions_read, head.client_id or "", head.frame_len))
         state = self.current
         if state is OPEN_STATE or state.state == OPEN:
-            conn.deferred_since = None
+            ctx.state.since = None
             return None
-        if conn.principal in self.excluded:
+        if ctx.principal in self.excluded:
             return None
-        now = conn.now
+        now = ctx.now
         if state.state == PAUSE:
-            since = conn.deferred_since
+            since = ctx.state.since
             left = self.pause_max if since is None else since + self.pause_max - now
             if left > 0:
+                if since is None:
+                    ctx.state.since = now
                 self.deferred += 1
                 return Defer(max(1, min(self.recheck_ms, to_ms(left))),
                              "storage PAUSE (%s)" % (self.reason or "a volume is past its "
                                                      "hard limit",))
-            conn.deferred_since = None
+            ctx.state.since = None
             self.released_at_cap += 1
             return None
-        conn.deferred_since = None
-        return self._throttle(conn, head.client_id or "", head.frame_len, state)
+        ctx.state.since = None
+        return self._throttle(ctx, head.client_id or "", head.frame_len, state)
 
-    def _partitions_read(self, client_id, nbytes, conn, reader):
-        wall = conn.now + self.wall_offset
+    def _partitions_read(self, client_id, nbytes, ctx, reader):
+        wall = ctx.now + self.wall_offset
         worst = OPEN_STATE
         for topic, partition in reader.partitions:
             if isinstance(topic, str):
@@ -163,11 +236,11 @@ class StorageThrottle(Filter):
         if worst.state == PAUSE:
             self.deferred += 1
             return Throttle(to_ms(self.pause_max), "storage PAUSE of a partition written to")
-        return self._throttle(conn, client_id, nbytes, worst)
+        return self._throttle(ctx, client_id, nbytes, worst)
 
-    def _throttle(self, conn, client_id, nbytes, state):
-        now = conn.now
-        key = (conn.principal, client_id)
+    def _throttle(self, ctx, client_id, nbytes, state):
+        now = ctx.now
+        key = (ctx.principal, client_id)
         entry = self.rates.get(key)
         if entry is None:
             entry = self.rates[key] = [SampledRate(self.samples, self.window), now]
@@ -175,7 +248,7 @@ class StorageThrottle(Filter):
         entry[1] = now
         rate.record(nbytes, now)
         base = self.base_rate
-        quotas = conn.quotas_for(client_id)
+        quotas = ctx.quotas_for(client_id)
         if quotas is not None:
             bucket = quotas.produce
             if bucket is not None and bucket.limit:

@@ -1,0 +1,290 @@
+"""What a filter is, and all it sees of a connection.
+
+A filter is one behaviour of the proxy (authentication, address rewriting,
+quotas ...), in the spirit of Kroxylicious's ``Filter`` and
+``FilterContext``. It says per API key and version what it needs of a frame
+(nothing, the head, a stream rewrite, the whole frame), so the pipeline's
+table sends it only those frames, and it answers each with a verdict: a plain
+value (forward, answer in the broker's place, throttle, defer, refuse ...).
+
+It sees one connection through its ``FilterContext``: the principal
+(read-only), ``now``, a state object of its own made per connection by
+``new_state()``, and the verbs it may use. It never touches the connection's
+fields: the pipeline (``pipeline.py``) keeps its phases and buffers to
+itself. A filter module imports this module, never the pipeline.
+
+Registering a filter: ``filters/__init__.py``.
+"""
+from typing import NamedTuple
+
+# What a frame needs from a filter (ordered: the strongest need wins).
+NOTHING = 0
+HEAD = 1
+STREAM = 2  # responses only: a length-keeping rewrite while the frame streams
+GATHER = 3  # the whole frame
+
+# The principal of a connection that has not authenticated (KIP-55).
+ANONYMOUS = "ANONYMOUS"
+
+# Close.refused reasons (the label of kthrottle_connections_refused_total)
+REFUSED_AUTHENTICATION = "authentication"
+REFUSED_UNAUTHENTICATED_REQUEST = "unauthenticated_request"
+REFUSED_MALFORMED_REQUEST = "malformed_request"  # before authentication
+
+
+# Verdicts: what a filter answers about one frame (None: forward as is). ----
+
+class Forward(NamedTuple):
+    """Forward the request with this head in place of the original (same
+    length: a patched field)."""
+
+    head: bytes
+
+
+class Answer(NamedTuple):
+    """Answer in the broker's place; the request is not forwarded. The
+    answer reaches the client in request order."""
+
+    frame: bytes
+
+
+class Throttle(NamedTuple):
+    """The client earned ``delay_ms`` (KIP-219): it is not read from for that
+    long after this request, the response says so in throttle_time_ms, and
+    an old client that would not back off gets its response that late."""
+
+    delay_ms: int
+    reason: str
+
+
+class Refuse(NamedTuple):
+    """Close the connection; the request reaches no broker. ``refused``:
+    the reason's kind when the client is turned away (Close.refused)."""
+
+    reason: str
+    refused: str | None = None
+
+
+class Pending(NamedTuple):
+    """Answer later, in the broker's place: ``job`` is run outside the
+    pipeline (a key derivation in a worker thread, a question to a broker);
+    ``on_done(ctx, result, error)`` then returns the answer frame (b"" for
+    none) or a Refuse. Nothing after the request is read meanwhile. Only
+    before authentication, when no broker answers interleave."""
+
+    job: object
+    on_done: object
+
+
+class Observe(NamedTuple):
+    """Stream the request on while ``stream`` (with ``feed(chunk, out)``
+    that appends the chunk, and ``done``) reads it; once the whole frame has
+    gone, ``on_done(ctx, stream)`` returns None or a Throttle for it (the
+    client is then not read further, and the response says so)."""
+
+    stream: object
+    on_done: object
+
+
+class Defer(NamedTuple):
+    """Not now: the request is left unread, and nothing after it is read,
+    for ``delay_ms``; then it is read again (and its filters asked again).
+    Nothing of it reaches the broker meanwhile; the client waits for its
+    answer. Only for requests whose head is enough to decide (HEAD)."""
+
+    delay_ms: int
+    reason: str
+
+
+class ForwardRaw(NamedTuple):
+    """For a raw token (see ``FilterContext.expect_raw``): send it on to the
+    broker as it came. The broker's answer is a raw token too, matched by
+    order alone (it has no correlation id); it is given whole to
+    ``on_answer(ctx, frame)``, which returns what the client gets (None:
+    nothing)."""
+
+    on_answer: object
+
+
+class Filter:
+    """One behaviour of the proxy. Subclasses override what they need.
+
+    Registered filters (``filters/__init__.py``) also say which options they
+    read (``options``: a tuple of ``options.Option``) and how they are made
+    from the configuration (``build``)."""
+
+    name = "filter"
+    options = ()  # the configuration keys (and flags) this filter reads
+
+    @classmethod
+    def build(cls, config, services):
+        """The filter the configuration asks for, or None when it asks for
+        none. ``config`` has the attributes of ``options`` (and the core
+        ones); ``services`` what the proxy has made for filters to share
+        (``app.Services``)."""
+        return None
+
+    @classmethod
+    def check(cls, config):
+        """Refuse bad values of this filter's options (ConfigError saying
+        which and why), when the configuration is validated."""
+
+    def new_state(self):
+        """This filter's state on one connection, made when the connection
+        is (``ctx.state``); None for a filter that keeps none."""
+        return None
+
+    def request_need(self, api_key, api_version):
+        """NOTHING, HEAD or GATHER for requests of this API and version."""
+        return NOTHING
+
+    def authenticating_need(self, api_key, api_version):
+        """The same, while the client authenticates (an authenticator sees
+        every request then, and only then)."""
+        return self.request_need(api_key, api_version)
+
+    def response_need(self, api_key, api_version):
+        """NOTHING, HEAD, STREAM or GATHER for their responses."""
+        return NOTHING
+
+    def on_accept(self, ctx):
+        """The client is accepted, before any broker connection. A filter
+        that authenticates clients itself starts here
+        (``ctx.begin_authentication``); the broker is then connected only
+        once it has called ``ctx.authenticated``."""
+
+    def on_upstream(self, ctx):
+        """The broker connection is up, before any client byte reaches it.
+        Return True to talk to the broker first (``ctx.send_request``); the
+        client waits until the filter calls ``ctx.upstream_ready()``."""
+        return False
+
+    def on_connect(self, ctx):
+        """The client may now be served (the filter may send requests of its
+        own, or hold the connection with ``ctx.begin_authentication``)."""
+
+    def on_request(self, ctx, head, inflight):
+        """``head`` is a RequestHead (the whole frame when GATHER was asked);
+        ``inflight`` the request's record (api_key, api_version,
+        correlation_id). Returns None or a verdict."""
+        return None
+
+    def on_response_head(self, ctx, inflight, head, frame_len):
+        """The first bytes of the response to ``inflight``; None or Throttle."""
+        return None
+
+    def stream(self, ctx, inflight):
+        """For STREAM: a fresh rewriter with ``feed(chunk, out)``, ``done``
+        and ``nodes`` (codecs.stream), or None to leave this one alone."""
+        return None
+
+    def on_response(self, ctx, inflight, frame):
+        """For GATHER: the whole framed response; returns the frame to send
+        on (the same object when unchanged)."""
+        return frame
+
+
+class FilterContext:
+    """What one filter sees of one connection: read-only facts, its own
+    state, and the verbs it may use. Made by the pipeline, one per filter
+    per connection."""
+
+    __slots__ = ("_conn", "_filter", "state", "quotas_for")
+
+    def __init__(self, conn, filter_, state):
+        self._conn = conn
+        self._filter = filter_
+        self.state = state  # the filter's own (Filter.new_state)
+        # quotas_for(client_id): the quotas of this connection's principal
+        # and that client-id (policy ClientQuotas; None when the proxy has
+        # no quotas). Bound here: it is on the request path.
+        self.quotas_for = conn.quotas_for
+
+    # facts -------------------------------------------------------------
+
+    @property
+    def principal(self):
+        """Who the client is: ANONYMOUS until authenticated, then fixed."""
+        return self._conn.principal
+
+    @property
+    def now(self):
+        """The time given with the input being handled (seconds)."""
+        return self._conn.now
+
+    @property
+    def authenticating(self):
+        """True while an authenticating filter holds the connection."""
+        return self._conn.authenticating
+
+    # a filter's own record of a request in flight ------------------------
+
+    def note(self, inflight, value):
+        """Keep ``value`` with a request until its response (``noted``)."""
+        notes = inflight.notes
+        if notes is None:
+            notes = inflight.notes = {}
+        notes[self._filter] = value
+
+    def noted(self, inflight):
+        notes = inflight.notes
+        return None if notes is None else notes.get(self._filter)
+
+    # verbs ---------------------------------------------------------------
+
+    def send_request(self, frame, api_key, api_version, on_response):
+        """Send a request of the filter's own to the broker (a SASL login,
+        say): ``frame`` is framed, its correlation id left to the pipeline;
+        ``on_response(ctx, frame)`` gets the whole response, which the
+        client never sees. Sent at the next frame boundary."""
+        return self._conn.send_request(frame, api_key, api_version, on_response, self)
+
+    def upstream_ready(self, ok=True, reason=None):
+        """The filter's exchange with the broker (on_upstream) is over; a
+        failure closes the connection with ``reason``."""
+        self._conn.upstream_ready(ok, reason)
+
+    def begin_authentication(self):
+        """Hold the connection until the client has authenticated: only this
+        filter's requests are accepted (authenticating_need), and frames are
+        capped at Kafka's sasl.server.max.receive.size."""
+        self._conn.begin_authentication(self._filter)
+
+    def authenticated(self, principal):
+        """The authenticating filter's verdict, given once: the connection's
+        principal for its life."""
+        self._conn.authenticated(principal, self._filter)
+
+    def fail_authentication(self, reason, delay_ms):
+        """Answers already queued (the failure itself) go out after
+        ``delay_ms``, then the connection closes (KIP-306's
+        connection.failed.authentication.delay.ms)."""
+        self._conn.fail_authentication(reason, delay_ms)
+
+    def expect_raw(self, handler):
+        """From the next request frame on, client frames are raw tokens,
+        framed by their length alone (SASL after SaslHandshake v0), until
+        called again with None. Each goes whole to ``handler(ctx, frame)``,
+        which returns the framed answer (bytes), ForwardRaw, Pending, or None
+        (nothing: a failure has been handled)."""
+        self._conn.expect_raw(None if handler is None else (handler, self))
+
+    def nodes_seen(self, nodes):
+        """Broker addresses found in a response, before it is sent on (the
+        proxy opens a listener per new node id)."""
+        self._conn.nodes_seen(nodes)
+
+
+class Services:
+    """What the proxy makes once and its filters share; given to
+    ``Filter.build`` with the configuration. A filter takes what it needs."""
+
+    def __init__(self, quotas=None, credentials=None):
+        self.quotas = quotas  # policy QuotaManager, or None: no quotas configured
+        # the current credentials snapshot, for a proxy that verifies clients
+        # (sources.credentials; replaced live as the store changes)
+        self.credentials = credentials
+        # set by the server, which owns what they use
+        self.advertise = None  # node id -> the (host, port) a client is given
+        self.offload = None  # offload(fn, *args): run a key derivation off the loop
+        self.api_versions = None  # the broker's ApiVersions ranges (``current``, ``fetch()``)

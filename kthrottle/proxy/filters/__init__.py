@@ -1,0 +1,57 @@
+"""The proxy's filters: one module each, registered below in the order they
+see a request.
+
+Adding a filter: a module in this package with a ``Filter`` subclass
+(``proxy/filter.py`` says what a filter sees and may do) that names the
+``options`` it reads and how ``build(config, services)`` makes it from them
+(None when the configuration does not ask for it); then one line in
+``REGISTERED``. Its options become flags of ``kthrottle proxy`` and keys of
+its TOML file. ``forbidden_api_keys.py`` is the smallest example.
+"""
+from . import (
+    address_rewrite,
+    forbidden_api_keys,
+    quotas,
+    sasl_passthrough,
+    sasl_terminate,
+    storage,
+    upstream_login,
+    version_gate,
+)
+
+REGISTERED = (
+    # the proxy's own login to the broker, then the client's authentication,
+    # so that nothing reaches the others (or the broker) before it
+    upstream_login.UpstreamSaslLogin,
+    sasl_terminate.SaslTerminate,
+    sasl_passthrough.SaslPassthrough,
+    forbidden_api_keys.ForbiddenApiKeys,
+    version_gate.VersionGate,
+    address_rewrite.AddressRewrite,
+    # before the quotas: a Produce request held back (PAUSE) is counted
+    # once, when it goes
+    storage.StorageThrottle,
+    quotas.QuotaAccounting,
+    quotas.FetchCap,
+)
+
+
+def build_filters(config, services):
+    """The filters the configuration asks for, in the registered order."""
+    built = (cls.build(config, services) for cls in REGISTERED)
+    return [f for f in built if f is not None]
+
+
+def standard_filters(advertise, quotas=None, authenticator=None, upstream_login=None,
+                     storage=None):
+    """The proxy's chain from filters made by hand (tests and benchmarks
+    that run a pipeline without a configuration), in the registered order."""
+    from .address_rewrite import AddressRewrite
+    from .quotas import FetchCap, QuotaAccounting
+    from .version_gate import VersionGate
+
+    chosen = [upstream_login, authenticator, VersionGate(), AddressRewrite(advertise), storage]
+    if quotas is not None:
+        chosen += [QuotaAccounting(), FetchCap()]
+    order = {cls: i for i, cls in enumerate(REGISTERED)}
+    return sorted((f for f in chosen if f is not None), key=lambda f: order[type(f)])

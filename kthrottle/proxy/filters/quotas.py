@@ -1,0 +1,83 @@
+"""Kafka's client quotas: byte rates (KIP-13, KIP-55) and request rates
+(KIP-124), counted per <user, client-id> as the policy resolves them."""
+from ...codecs import apis
+from ...codecs.request import capped_fetch_head
+from ...policy.quotas import client_quotas_apply
+from ..filter import HEAD, NOTHING, Filter, Forward, Throttle
+
+
+class QuotaAccounting(Filter):
+    """KIP-55 byte-rate and KIP-124 request-rate quotas: every request is
+    counted (the policy says which are exempt), a Fetch response counts its
+    size, and what a client earns comes back as a Throttle."""
+
+    name = "quotas"
+
+    @classmethod
+    def build(cls, config, services):
+        return None if services.quotas is None else cls()
+
+    def request_need(self, api_key, api_version):
+        return HEAD
+
+    def authenticating_need(self, api_key, api_version):
+        # a broker answers the requests before authentication (ApiVersions,
+        # SASL) in its authenticator, outside the quotas; and the principal
+        # they would count against is not known yet
+        return NOTHING
+
+    def response_need(self, api_key, api_version):
+        return HEAD if api_key == apis.FETCH else NOTHING
+
+    def on_request(self, ctx, head, inflight):
+        api_key = head.api_key
+        if api_key == apis.FETCH and not client_quotas_apply(api_key, head.replica_id):
+            return None
+        quotas = ctx.quotas_for(head.client_id or "")
+        if api_key == apis.FETCH:  # its response counts too (on_response_head)
+            ctx.note(inflight, quotas)
+        decision = quotas.on_request(api_key, head.frame_len,
+                                     head.acks if api_key == apis.PRODUCE else None, ctx.now)
+        if decision.delay_ms:
+            return Throttle(decision.delay_ms, decision.reason)
+        return None
+
+    def on_response_head(self, ctx, inflight, head, frame_len):
+        quotas = ctx.noted(inflight)
+        if quotas is None:
+            return None
+        # The response is forwarded whole even when over quota: Kafka answers
+        # an over-quota fetch empty, but a proxy that did so would drop
+        # records the broker counted as sent to an incremental fetch session
+        # (KIP-227). The client is made to wait instead, and its fetch size is
+        # capped (FetchCap).
+        decision = quotas.on_fetch_response(frame_len, ctx.now)
+        if decision.delay_ms:
+            return Throttle(decision.delay_ms, decision.reason)
+        return None
+
+
+class FetchCap(Filter):
+    """A consumer's fetch is capped at what its quota allows at once (Kafka:
+    quota x window), so one response cannot carry minutes of quota."""
+
+    name = "fetch-cap"
+
+    @classmethod
+    def build(cls, config, services):
+        return None if services.quotas is None else cls()
+
+    def request_need(self, api_key, api_version):
+        return HEAD if api_key == apis.FETCH and api_version >= 3 else NOTHING
+
+    def authenticating_need(self, api_key, api_version):
+        return NOTHING  # no Fetch gets through before authentication
+
+    def on_request(self, ctx, head, inflight):
+        if not client_quotas_apply(head.api_key, head.replica_id):
+            return None
+        cap = ctx.quotas_for(head.client_id or "").fetch_max_bytes()
+        if cap is None:
+            return None
+        patched = capped_fetch_head(head, max(int(cap), 1))
+        return None if patched is None else Forward(patched)

@@ -1,0 +1,240 @@
+"""The filter structure: the registry, the narrow context a filter sees, and
+``--forbidden-api-keys`` (the smallest registered filter) in the pipeline
+and through a real proxy with real clients."""
+import ast
+import asyncio
+import warnings
+from pathlib import Path
+
+import pytest
+
+from kthrottle.codecs import apis
+from kthrottle.config import ConfigError, build_config, load_toml
+from kthrottle.options import Option
+from kthrottle.proxy import filters as registry
+from kthrottle.proxy.filter import Filter, FilterContext
+from kthrottle.proxy.filters.forbidden_api_keys import ForbiddenApiKeys, parse_api_keys
+from kthrottle.proxy.pipeline import HEAD, Phase
+from test_pipeline import (
+    Harness,
+    advertise,
+    cids,
+    metadata_req,
+    metadata_resp,
+    produce_req,
+    produce_resp,
+    raw_request,
+    req_cids,
+)
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from kafka.protocol.admin import CreateTopicsRequest
+
+FILTERS_DIR = Path(registry.__file__).parent
+
+
+# the registry ---------------------------------------------------------------
+
+def test_every_registered_filter_has_a_name_options_and_a_builder():
+    names = [cls.name for cls in registry.REGISTERED]
+    assert len(set(names)) == len(names), names
+    for cls in registry.REGISTERED:
+        assert issubclass(cls, Filter)
+        assert cls.build.__func__ is not Filter.build.__func__, cls  # built from the config
+        assert all(isinstance(o, Option) for o in cls.options), cls
+
+
+def test_the_configuration_builds_only_what_it_names():
+    from kthrottle.proxy.filter import Services
+
+    services = Services()
+    services.advertise = advertise
+    plain = build_config({}, {"bootstrap_servers": [("127.0.0.1", 9)]})
+    assert [f.name for f in registry.build_filters(plain, services)] == [
+        "version-gate", "address-rewrite"]
+    config = build_config({}, {"bootstrap_servers": [("127.0.0.1", 9)],
+                               "forbidden_api_keys": frozenset({19})})
+    built = registry.build_filters(config, services)
+    assert [f.name for f in built] == ["forbidden-api-keys", "version-gate", "address-rewrite"]
+    assert built[0].api_keys == {19}
+
+
+def test_no_filter_module_reaches_into_the_pipeline_or_the_adapter():
+    """A filter is read without the connection class: it imports the filter
+    API (proxy/filter.py), never pipeline.py or connection.py."""
+    for path in FILTERS_DIR.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                assert not module.endswith(("pipeline", "connection", "server")), (path, module)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id == "ctx":
+                assert not node.attr.startswith("_"), (path.name, node.lineno, node.attr)
+
+
+def test_a_context_offers_no_way_to_set_the_principal_or_the_phase():
+    h = Harness(filters=[Filter()])
+    ctx = h.conn.contexts[0]
+    assert isinstance(ctx, FilterContext) and ctx.principal == "ANONYMOUS"
+    with pytest.raises(AttributeError):
+        ctx.principal = "admin"
+    with pytest.raises(AttributeError):
+        ctx.phase = Phase.READY
+
+
+class _Impostor(Filter):
+    """Names a principal without holding the connection for authentication."""
+
+    name = "impostor"
+
+    def request_need(self, api_key, api_version):
+        return HEAD
+
+    def on_request(self, ctx, head, inflight):
+        ctx.authenticated("admin")
+
+
+class _Authenticator(Filter):
+    name = "authenticator"
+
+    def on_accept(self, ctx):
+        ctx.begin_authentication()
+
+    def authenticating_need(self, api_key, api_version):
+        return HEAD
+
+    def on_request(self, ctx, head, inflight):
+        ctx.authenticated("alice")
+        ctx.authenticated("admin")  # a second verdict: refused
+
+
+def test_only_the_filter_holding_authentication_names_the_principal_and_only_once():
+    h = Harness(filters=[_Impostor()])
+    with pytest.raises(RuntimeError, match="without holding the connection"):
+        h.client(metadata_req(1))
+    assert h.conn.principal == "ANONYMOUS"
+    h = Harness(filters=[_Authenticator()])
+    with pytest.raises(RuntimeError, match="without holding the connection"):
+        h.client(metadata_req(1))
+    assert h.conn.principal == "alice"
+
+
+def test_each_filter_has_its_own_state_per_connection():
+    class Counting(Filter):
+        name = "counting"
+
+        def new_state(self):
+            return [0]
+
+        def request_need(self, api_key, api_version):
+            return HEAD
+
+        def on_request(self, ctx, head, inflight):
+            ctx.state[0] += 1
+
+    f = Counting()
+    a, b = Harness(filters=[f]), Harness(filters=[f])
+    a.client(metadata_req(1) + metadata_req(2))
+    b.client(metadata_req(1))
+    assert a.conn.contexts[0].state == [2] and b.conn.contexts[0].state == [1]
+
+
+# --forbidden-api-keys ----------------------------------------------------------
+
+def create_topics_req(cid, version=3):
+    request = CreateTopicsRequest[version](topics=[], timeout_ms=1000,
+                                           validate_only=False)
+    request.with_header(correlation_id=cid, client_id="admin-tool")
+    return bytes(request.encode(header=True, framed=True))
+
+
+def test_api_keys_are_read_by_number_or_by_kafkas_name():
+    assert parse_api_keys("CreateTopics, 20,alterconfigs") == {19, 20, 33}
+    assert parse_api_keys(["DeleteTopics", 37]) == {20, 37}
+    assert parse_api_keys("") == frozenset()
+    with pytest.raises(ConfigError, match="'Nonsense' is not an API key"):
+        parse_api_keys("Nonsense")
+    with pytest.raises(ConfigError, match="ApiVersions .* cannot be forbidden"):
+        parse_api_keys("18")
+
+
+def test_a_forbidden_request_closes_its_connection_and_reaches_no_broker():
+    h = Harness(filters=registry.standard_filters(advertise) + [ForbiddenApiKeys({19, 20})])
+    h.client(produce_req(1) + metadata_req(2))
+    assert req_cids(h.take_broker()) == [1, 2]  # other APIs go on
+    h.broker(produce_resp(1) + metadata_resp(2))
+    assert cids(h.take_client()) == [1, 2]
+    h.client(create_topics_req(3) + metadata_req(4))
+    assert h.take_broker() == b""  # neither it nor what follows it
+    assert "api key 19 v3 is forbidden" in h.closed and "principal ANONYMOUS" in h.closed
+    assert h.refused == "forbidden_api_key"
+
+
+def test_an_api_not_listed_is_not_even_looked_at():
+    f = ForbiddenApiKeys({19})
+    h = Harness(filters=[f])
+    table = h.conn.table
+    assert table.lookup(apis.PRODUCE, 8)[1] == ()
+    assert table.lookup(19, 3)[1] == ((f, 0),)
+    h.client(raw_request(5, 20, 4, b"\x00\x00\x00\x00\x00\x00\x03\xe8"))  # DeleteTopics
+    assert req_cids(h.take_broker()) == [5] and h.closed is None
+
+
+def test_the_option_is_a_flag_and_a_toml_key(tmp_path):
+    from kthrottle.cli import make_parser
+
+    args = make_parser().parse_args(["proxy", "--forbidden-api-keys", "CreateTopics,20"])
+    assert args.forbidden_api_keys == {19, 20}
+    path = tmp_path / "kthrottle.toml"
+    path.write_text('bootstrap-server = ["127.0.0.1:9092"]\n'
+                    'forbidden-api-keys = ["DeleteTopics", "AlterConfigs"]\n')
+    assert build_config(load_toml(path), {}).forbidden_api_keys == {20, 33}
+    path.write_text('bootstrap-server = ["127.0.0.1:9092"]\nforbidden-api-keys = "Oops"\n')
+    with pytest.raises(ConfigError, match="forbidden-api-keys: 'Oops' is not an API key"):
+        load_toml(path)
+
+
+def test_through_the_proxy_admin_calls_are_refused_and_records_still_flow(broker, tmp_path):
+    """Real clients: kafka-python's admin client cannot create a topic
+    through a proxy that forbids CreateTopics; an aiokafka producer and
+    consumer carry on through the same proxy."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import KafkaError
+
+    from conftest import ProxyProcess
+
+    proxy = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
+                         ["--forbidden-api-keys", "CreateTopics,DeleteTopics"]).start()
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap, request_timeout_ms=3000,
+                                 client_id="admin-tool")
+        try:
+            with pytest.raises(KafkaError):
+                admin.create_topics([NewTopic("forbidden-topic", 1, 1)])
+        finally:
+            admin.close()
+        proxy.wait_for_log("api key 19")  # the refusal names the API
+        assert "forbidden_api_key" in proxy.log()
+
+        async def round_trip():
+            producer = AIOKafkaProducer(bootstrap_servers=proxy.bootstrap)
+            await producer.start()
+            try:
+                await producer.send_and_wait("allowed-topic", b"still flows")
+            finally:
+                await producer.stop()
+            consumer = AIOKafkaConsumer("allowed-topic", bootstrap_servers=proxy.bootstrap,
+                                        auto_offset_reset="earliest")
+            await consumer.start()
+            try:
+                record = await asyncio.wait_for(consumer.getone(), 20)
+            finally:
+                await consumer.stop()
+            return record.value
+
+        assert asyncio.run(round_trip()) == b"still flows"
+    finally:
+        proxy.stop()
