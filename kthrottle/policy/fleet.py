@@ -50,6 +50,7 @@ from .entities import QUOTA_KEYS
 from .storage import (
     MAX_CLOCK_SKEW,
     check_time,
+    decode_document,
     decode_snapshot,
     encode_snapshot,
     iso_time,
@@ -420,13 +421,7 @@ def parse_shares_document(data):
     already parsed dict; ValueError says what is wrong (the reader keeps its
     last shares). Whether it is dated ahead of the reader's clock is
     SharesDocument.check_clock's question."""
-    data = decode_snapshot(data)
-    if not isinstance(data, dict) or data.get("format") != SHARES_FORMAT:
-        raise ValueError("not a %s document" % SHARES_FORMAT)
-    if data.get("version") != SHARES_VERSION:
-        raise ValueError("shares document version %r; this proxy reads version %d"
-                         % (data.get("version"), SHARES_VERSION))
-    generated_at = check_time(data.get("generated_at"), "generated_at")
+    data, generated_at = decode_document(data, SHARES_FORMAT, SHARES_VERSION, "shares document")
     cycle = data.get("cycle")
     if isinstance(cycle, bool) or not isinstance(cycle, int) or cycle < 0:
         raise ValueError("cycle must be an integer >= 0, got %r" % (cycle,))

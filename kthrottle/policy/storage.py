@@ -386,6 +386,18 @@ def encode_snapshot(snapshot):
     return data
 
 
+def decode_document(data, format_, version, noun):
+    """A stored document (see decode_snapshot) of ``format_`` and
+    ``version`` -> (dict, its generated_at); ValueError names ``noun``."""
+    data = decode_snapshot(data)
+    if not isinstance(data, dict) or data.get("format") != format_:
+        raise ValueError("not a %s %s" % (format_, noun))
+    if data.get("version") != version:
+        raise ValueError("%s version %r; this proxy reads version %d"
+                         % (noun, data.get("version"), version))
+    return data, check_time(data.get("generated_at"), "generated_at")
+
+
 def _not_json(constant):
     raise ValueError("%s is not a JSON number (RFC 8259 s6)" % constant)
 
@@ -429,13 +441,7 @@ class ClusterState:
         """ValueError says what is wrong (the reader keeps its last state),
         also a time that is not finite. Whether it is dated ahead of the
         reader's clock is check_clock's question."""
-        data = decode_snapshot(data)
-        if not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT:
-            raise ValueError("not a %s snapshot" % SNAPSHOT_FORMAT)
-        if data.get("version") != SNAPSHOT_VERSION:
-            raise ValueError("snapshot version %r; this proxy reads version %d"
-                             % (data.get("version"), SNAPSHOT_VERSION))
-        generated_at = check_time(data.get("generated_at"), "generated_at")
+        data, generated_at = decode_document(data, SNAPSHOT_FORMAT, SNAPSHOT_VERSION, "snapshot")
         cluster = data.get("cluster")
         if not isinstance(cluster, dict):
             raise ValueError("cluster must be an object")

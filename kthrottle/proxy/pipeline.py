@@ -8,11 +8,13 @@ connection is tested by feeding bytes.
 
 Kafka answers requests in order on a connection, so a FIFO of in-flight
 requests tells which response is which. What the proxy does to a request or
-a response comes from a fixed list of filters (``filters.py``). Each says,
+a response comes from a fixed list of filters (``filters/``). Each says,
 per API key and version, whether it needs nothing of a frame, its head, the
 whole frame, or (responses) a stream rewrite; the table of who looks at what
 is built once, so an API no filter wants costs one dict lookup and passes
-through as the bytes it came in as.
+through as the bytes it came in as. A filter sees the connection only
+through its own ``FilterContext`` (``filter.py``); the phases, buffers and
+queues below are the pipeline's alone.
 """
 import enum
 from collections import deque

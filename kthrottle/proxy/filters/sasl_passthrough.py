@@ -7,20 +7,11 @@ from functools import partial
 from ...codecs import apis
 from ...codecs.frames import response_body_offset
 from ..filter import GATHER, NOTHING, REFUSED_AUTHENTICATION, Answer, ForwardRaw, Refuse
-from .sasl import (
-    DEFAULT_FAILED_AUTHENTICATION_DELAY_MS,
-    SASL_AUTHENTICATE,
-    SASL_HANDSHAKE,
-    UNSUPPORTED_SASL_MECHANISM,
-    ClientSasl,
-    SaslAuthenticateRequest,
-    SaslAuthenticateResponse,
-    SaslHandshakeRequest,
-    SaslHandshakeResponse,
-    auth_bytes,
-    before_authentication,
-    decode,
-)
+from .sasl import DEFAULT_FAILED_AUTHENTICATION_DELAY_MS, SASL_AUTHENTICATE
+from .sasl import SASL_HANDSHAKE, UNSUPPORTED_SASL_MECHANISM
+from .sasl import SaslAuthenticateRequest, SaslAuthenticateResponse
+from .sasl import SaslHandshakeRequest, SaslHandshakeResponse
+from .sasl import ClientSasl, auth_bytes, before_authentication, decode
 
 log = logging.getLogger("kthrottle.auth")
 

@@ -20,23 +20,12 @@ from functools import partial
 from ...codecs import apis
 from ...codecs.versions import api_versions_answer
 from ..filter import Answer, Pending, Refuse
-from .sasl import (
-    DEFAULT_FAILED_AUTHENTICATION_DELAY_MS,
-    FAILED,
-    ILLEGAL_SASL_STATE,
-    SASL_AUTHENTICATE,
-    SASL_AUTHENTICATION_FAILED,
-    SASL_HANDSHAKE,
-    UNSUPPORTED_SASL_MECHANISM,
-    ClientSasl,
-    SaslAuthenticateRequest,
-    SaslAuthenticateResponse,
-    SaslHandshakeRequest,
-    SaslHandshakeResponse,
-    auth_bytes,
-    before_authentication,
-    decode,
-)
+from .sasl import DEFAULT_FAILED_AUTHENTICATION_DELAY_MS, FAILED, ILLEGAL_SASL_STATE
+from .sasl import SASL_AUTHENTICATE, SASL_AUTHENTICATION_FAILED, SASL_HANDSHAKE
+from .sasl import UNSUPPORTED_SASL_MECHANISM
+from .sasl import SaslAuthenticateRequest, SaslAuthenticateResponse
+from .sasl import SaslHandshakeRequest, SaslHandshakeResponse
+from .sasl import ClientSasl, auth_bytes, before_authentication, decode
 
 log = logging.getLogger("kthrottle.auth")
 
