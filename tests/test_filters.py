@@ -238,3 +238,53 @@ def test_through_the_proxy_admin_calls_are_refused_and_records_still_flow(broker
         assert asyncio.run(round_trip()) == b"still flows"
     finally:
         proxy.stop()
+
+
+class _Recording:
+    """A configuration that records which of its attributes are read."""
+
+    def __init__(self, config):
+        self._config = config
+        self.read = set()
+
+    def __getattr__(self, name):
+        self.read.add(name)
+        return getattr(self._config, name)
+
+
+def test_each_filter_reads_only_the_options_it_declares(tmp_path):
+    """Every attribute a filter's build() reads is one of its own options or
+    named in its ``reads``; and what it names, it reads."""
+    from kthrottle.proxy.filter import Services
+
+    password = tmp_path / "password"
+    password.write_text("secret\n")
+    credentials = tmp_path / "credentials.toml"
+    credentials.write_text("")
+    base = {"bootstrap_servers": [("127.0.0.1", 9)]}
+    configurations = [
+        base,
+        dict(base, forbidden_api_keys=frozenset({19})),
+        dict(base, security_protocol="SASL_PLAINTEXT", credentials_file=str(credentials)),
+        dict(base, security_protocol="SASL_PLAINTEXT", sasl_mode="passthrough"),
+        dict(base, upstream_security_protocol="SASL_PLAINTEXT", upstream_sasl_username="proxy",
+             upstream_sasl_password_file=str(password)),
+        dict(base, zookeeper="127.0.0.1:2181"),
+    ]
+    read = {cls: set() for cls in registry.REGISTERED}
+    built = set()
+    for values in configurations:
+        config = build_config({}, values)
+        services = Services()
+        services.advertise = advertise
+        for cls in registry.REGISTERED:
+            recording = _Recording(config)
+            if cls.build(recording, services) is not None:
+                built.add(cls)
+            read[cls] |= recording.read
+    assert built >= set(registry.REGISTERED) - {registry.quotas.QuotaAccounting,
+                                                registry.quotas.FetchCap}
+    for cls, names in read.items():
+        declared = {o.attr for o in cls.options} | set(cls.reads)
+        assert names <= declared, (cls.name, names - declared)
+        assert set(cls.reads) <= names, (cls.name, set(cls.reads) - names)

@@ -114,7 +114,10 @@ class Filter:
     from the configuration (``build``)."""
 
     name = "filter"
-    options = ()  # the configuration keys (and flags) this filter reads
+    options = ()  # options of its own (options.Option): flags and TOML keys it adds
+    # what build() reads of the configuration beyond its own options (the
+    # proxy's core settings, by attribute name)
+    reads = ()
 
     @classmethod
     def build(cls, config, services):

@@ -65,6 +65,9 @@ class SaslTerminate(ClientSasl):
 
     name = "sasl-terminate"
 
+    reads = ("sasl_enabled", "sasl_mode", "sasl_enabled_mechanisms",
+             "failed_authentication_delay_ms")
+
     @classmethod
     def build(cls, config, services):
         if not config.sasl_enabled or config.sasl_mode != "terminate":

@@ -105,6 +105,8 @@ class StorageThrottle(Filter):
         self.released_at_cap = 0
         self.throttled = 0
 
+    reads = ("zookeeper", "quota_settings")  # the quota window is the storage rate's
+
     @classmethod
     def check(cls, config):
         if config.storage_scope not in ("cluster", "partition", "off"):

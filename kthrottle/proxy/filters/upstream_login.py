@@ -44,6 +44,9 @@ class UpstreamSaslLogin(Filter):
         self._password = password
         self._keys = {}  # (salt, iterations) -> (client key, server key)
 
+    reads = ("upstream_security_protocol", "sasl_mode", "upstream_sasl_mechanism",
+             "upstream_sasl_username", "upstream_sasl_password")
+
     @classmethod
     def build(cls, config, services):
         """Towards brokers that require SASL, in terminate mode (in
