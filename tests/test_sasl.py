@@ -1,7 +1,6 @@
 """SASL terminate mode in the connection pipeline, without sockets: real
 SCRAM (scramp) on both sides, a fake clock, bytes in and actions out."""
 import struct
-import warnings
 
 import pytest
 from scramp import ScramClient
@@ -21,14 +20,8 @@ from kthrottle.proxy.pipeline import Connection, FilterTable, Phase
 from kthrottle.sources.credentials import Credentials, scram_from_password
 from test_pipeline import Harness, api_versions_req, cids, frames_of, produce_req, req_cids
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from kafka.protocol.sasl import (
-        SaslAuthenticateRequest,
-        SaslAuthenticateResponse,
-        SaslHandshakeRequest,
-        SaslHandshakeResponse,
-    )
+from kthrottle.proxy.filters.sasl import SaslAuthenticateRequest, SaslAuthenticateResponse
+from kthrottle.proxy.filters.sasl import SaslHandshakeRequest, SaslHandshakeResponse
 
 USERS = {"alice": "alice-secret", "bob": "bob-secret"}
 

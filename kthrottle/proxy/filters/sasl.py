@@ -37,7 +37,17 @@ FAILED = "Authentication failed during authentication due to invalid credentials
 
 class ClientSasl(Filter):
     """What both modes share: the enabled mechanisms, the SASL APIs gathered
-    whole, every request seen (HEAD) while the connection authenticates."""
+    whole, every request seen (HEAD) while the connection authenticates.
+    ``mode`` is the --sasl-mode that selects the subclass."""
+
+    mode = None
+    reads = ("sasl_enabled", "sasl_mode", "sasl_enabled_mechanisms",
+             "failed_authentication_delay_ms")
+
+    @classmethod
+    def selected(cls, config):
+        """A SASL listener in this filter's --sasl-mode."""
+        return config.sasl_enabled and config.sasl_mode == cls.mode
 
     def __init__(self, mechanisms, failed_delay_ms):
         unknown = [m for m in mechanisms if m not in MECHANISMS]

@@ -110,12 +110,11 @@ class SaslPassthrough(ClientSasl):
 
     name = "sasl-passthrough"
 
-    reads = ("sasl_enabled", "sasl_mode", "sasl_enabled_mechanisms",
-             "failed_authentication_delay_ms")
+    mode = "passthrough"
 
     @classmethod
     def build(cls, config, services):
-        if not config.sasl_enabled or config.sasl_mode != "passthrough":
+        if not cls.selected(config):
             return None
         return cls(config.sasl_enabled_mechanisms, config.failed_authentication_delay_ms)
 

@@ -65,12 +65,11 @@ class SaslTerminate(ClientSasl):
 
     name = "sasl-terminate"
 
-    reads = ("sasl_enabled", "sasl_mode", "sasl_enabled_mechanisms",
-             "failed_authentication_delay_ms")
+    mode = "terminate"
 
     @classmethod
     def build(cls, config, services):
-        if not config.sasl_enabled or config.sasl_mode != "terminate":
+        if not cls.selected(config):
             return None
         return cls(config.sasl_enabled_mechanisms, services.credentials,
                    config.failed_authentication_delay_ms, offload=services.offload,
