@@ -45,9 +45,18 @@ class ClientSasl(Filter):
              "failed_authentication_delay_ms")
 
     @classmethod
-    def selected(cls, config):
-        """A SASL listener in this filter's --sasl-mode."""
-        return config.sasl_enabled and config.sasl_mode == cls.mode
+    def build(cls, config, services):
+        """On a SASL listener in this filter's --sasl-mode."""
+        if not config.sasl_enabled or config.sasl_mode != cls.mode:
+            return None
+        return cls(config.sasl_enabled_mechanisms,
+                   failed_delay_ms=config.failed_authentication_delay_ms,
+                   **cls.services_used(services))
+
+    @staticmethod
+    def services_used(services):
+        """What of the proxy's services the subclass takes (keywords)."""
+        return {}
 
     def __init__(self, mechanisms, failed_delay_ms):
         unknown = [m for m in mechanisms if m not in MECHANISMS]

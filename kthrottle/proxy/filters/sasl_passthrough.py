@@ -112,12 +112,6 @@ class SaslPassthrough(ClientSasl):
 
     mode = "passthrough"
 
-    @classmethod
-    def build(cls, config, services):
-        if not cls.selected(config):
-            return None
-        return cls(config.sasl_enabled_mechanisms, config.failed_authentication_delay_ms)
-
     def __init__(self, mechanisms, failed_delay_ms=DEFAULT_FAILED_AUTHENTICATION_DELAY_MS):
         super().__init__(mechanisms, failed_delay_ms)
 

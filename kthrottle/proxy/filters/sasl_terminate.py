@@ -67,13 +67,10 @@ class SaslTerminate(ClientSasl):
 
     mode = "terminate"
 
-    @classmethod
-    def build(cls, config, services):
-        if not cls.selected(config):
-            return None
-        return cls(config.sasl_enabled_mechanisms, services.credentials,
-                   config.failed_authentication_delay_ms, offload=services.offload,
-                   api_versions=services.api_versions)
+    @staticmethod
+    def services_used(services):
+        return {"credentials": services.credentials, "offload": services.offload,
+                "api_versions": services.api_versions}
 
     def __init__(self, mechanisms, credentials,
                  failed_delay_ms=DEFAULT_FAILED_AUTHENTICATION_DELAY_MS, offload=_inline,
