@@ -11,6 +11,7 @@ from kthrottle.policy.storage import (
     PAUSE,
     PAUSE_STATE,
     THROTTLE,
+    UNKNOWN,
     ClusterState,
     State,
     StoragePolicy,
@@ -202,3 +203,87 @@ def test_partition_scope_reads_nothing_while_every_partition_is_open():
     assert not h.storage.watch_partitions
     h.client(produce_to(1, [("any", 0)]))
     assert req_cids(h.take_broker()) == [1]
+
+
+# the fail-safe's reach (--storage-unknown-scope) and the first snapshot's clock ------
+
+def _unknown_broker_state(cluster=OPEN_STATE):
+    """Broker 3 has no fresh report: ("b", 0) has a replica on it."""
+    return ClusterState(WALL, cluster, (3,), {("b", 0): State(UNKNOWN, 1.0)})
+
+
+@pytest.mark.parametrize("scope", ["cluster", "partition"])
+def test_cluster_reach_holds_every_producer_in_either_scope(scope):
+    h = StorageHarness(pause_max_ms=5000)
+    h.storage.policy.scope = scope
+    assert h.storage.policy.unknown_scope == "cluster"  # the default
+    h.storage.policy.update(_unknown_broker_state())
+    state, reason = h.storage.refresh(WALL, h.now)
+    assert "broker(s) 3" in str(reason)
+    h.client(produce_to(1, [("a", 0)]))  # no replica on broker 3, held all the same
+    if scope == "cluster":
+        assert state == PAUSE_STATE and h.take_broker() == b""  # left unread
+    else:
+        assert req_cids(h.take_broker()) == [1] and h.client_paused_until == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("scope", ["cluster", "partition"])
+def test_broker_reach_holds_only_producers_to_the_unknown_brokers_partitions(scope):
+    h = StorageHarness(pause_max_ms=5000)
+    h.storage.policy.scope = scope
+    h.storage.policy.unknown_scope = "broker"
+    h.storage.policy.update(_unknown_broker_state())
+    state, reason = h.storage.refresh(WALL, h.now)
+    assert state == OPEN_STATE and "broker(s) 3" in str(reason)  # the known brokers' state
+    assert h.storage.watch_partitions  # the requests' partitions are read
+    h.client(produce_to(1, [("a", 0), ("a", 1)]))
+    assert req_cids(h.take_broker()) == [1] and h.client_paused_until is None
+    h.client(produce_to(2, [("a", 0), ("b", 0)]) + produce_to(3, [("a", 0)]))
+    assert req_cids(h.take_broker()) == [2]  # streamed whole; then the producer waits
+    assert h.client_paused_until == pytest.approx(5.0)
+
+
+def test_broker_reach_still_meets_what_the_known_brokers_say():
+    h = StorageHarness(base_rate=1000.0)
+    h.storage.policy.unknown_scope = "broker"
+    h.storage.policy.update(_unknown_broker_state(State(THROTTLE, 0.1)))
+    h.storage.refresh(WALL, h.now)
+    h.client(produce_to(1, [("a", 0)], nbytes=5000))  # 500 B/s over 100 kept
+    assert req_cids(h.take_broker()) == [1] and h.storage.throttled == 1
+    h2 = StorageHarness()
+    h2.storage.policy.unknown_scope = "broker"
+    h2.storage.policy.update(_unknown_broker_state(PAUSE_STATE))
+    h2.storage.refresh(WALL, h2.now)
+    h2.client(produce_to(1, [("a", 0)]))
+    assert h2.take_broker() == b""  # a known broker past its hard limit: held unread
+
+
+@pytest.mark.parametrize("reach", ["cluster", "broker"])
+def test_no_first_snapshot_within_the_maximum_age_is_unknown_as_a_stale_one(reach):
+    h = StorageHarness()  # max_age 60 s
+    h.storage.policy.unknown_scope = reach
+    assert h.storage.refresh(WALL, h.now) == (OPEN_STATE, None)  # the clock starts
+    assert h.storage.refresh(WALL + 59, h.now) == (OPEN_STATE, None)
+    h.client(produce_req(1))
+    assert req_cids(h.take_broker()) == [1]
+    state, reason = h.storage.refresh(WALL + 61, h.now)
+    assert state == PAUSE_STATE and str(reason) == (
+        "no cluster state 61 s after this proxy began following it (max 60 s)")
+    h.client(produce_req(2))
+    assert h.take_broker() == b""
+    # as with a snapshot that has gone stale
+    stale = StorageHarness()
+    stale.storage.policy.unknown_scope = reach
+    stale.storage.policy.update(ClusterState(WALL - 61, OPEN_STATE))
+    assert stale.storage.refresh(WALL, stale.now)[0] == PAUSE_STATE
+
+
+def test_the_reach_is_an_option_checked_at_start():
+    from kthrottle.config import ConfigError, build_config
+
+    base = {"bootstrap_servers": [("k", 1)], "zookeeper": "127.0.0.1:2181"}
+    config = build_config({}, dict(base, storage_unknown_scope="broker"))
+    assert StorageThrottle.build(config, None).policy.unknown_scope == "broker"
+    assert build_config({}, base).storage_unknown_scope == "cluster"
+    with pytest.raises(ConfigError, match="storage-unknown-scope must be cluster or broker"):
+        build_config({}, dict(base, storage_unknown_scope="volume"))

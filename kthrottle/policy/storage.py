@@ -508,23 +508,45 @@ class FailSafeReason(NamedTuple):
         return self.text
 
 
+UNKNOWN_SCOPES = ("cluster", "broker")
+
+
 class StoragePolicy:
     """What a proxy makes of the cluster state: the state a producer meets,
     given the scope, the snapshot's age and the fail-safe for what is
-    unknown (no snapshot yet, one older than ``max_age`` seconds, brokers
-    without a fresh report)."""
+    unknown.
 
-    def __init__(self, scope="cluster", fail_safe=PAUSE, max_age=120.0):
+    Unknown is: no snapshot ``max_age`` seconds after the proxy began
+    following the cluster state (``since``: as if one had been read then and
+    had gone stale), a snapshot older than ``max_age``, or brokers without a
+    fresh volume report. The first two leave every broker unknown, and the
+    fail-safe applies to every producer. For brokers without a fresh report
+    ``unknown_scope`` says how far it reaches, whatever the scope: ``cluster``
+    (the seed's cluster-wide design) every producer, ``broker`` only Produce
+    requests writing to a partition with a replica on such a broker."""
+
+    def __init__(self, scope="cluster", fail_safe=PAUSE, max_age=120.0, unknown_scope="cluster"):
         if scope not in ("cluster", "partition"):
             raise ValueError("storage scope must be cluster or partition, got %r" % scope)
         if fail_safe not in (PAUSE, OPEN):
             raise ValueError("storage fail-safe must be PAUSE or OPEN, got %r" % fail_safe)
         if max_age <= 0:
             raise ValueError("the cluster state's maximum age must be positive")
+        if unknown_scope not in UNKNOWN_SCOPES:
+            raise ValueError("storage unknown scope must be cluster or broker, got %r"
+                             % unknown_scope)
         self.scope = scope
         self.fail_safe = fail_safe
         self.max_age = max_age
+        self.unknown_scope = unknown_scope
         self.state = None  # the last ClusterState accepted
+        self.since = None  # when the proxy began following (epoch seconds)
+
+    def follow_from(self, now):
+        """The proxy follows the cluster state from ``now`` on: without a
+        snapshot by ``now + max_age`` the state is unknown."""
+        if self.since is None:
+            self.since = now
 
     @property
     def fail_safe_state(self):
@@ -540,7 +562,13 @@ class StoragePolicy:
         good as none."""
         state = self.state
         if state is None:
-            return FailSafeReason(("none",), "no cluster state yet")
+            if self.since is None:
+                return FailSafeReason(("none",), "no cluster state yet")
+            waited = now - self.since
+            if waited > self.max_age:
+                return FailSafeReason(("none",), "no cluster state %.0f s after this proxy "
+                                      "began following it (max %.0f s)" % (waited, self.max_age))
+            return None
         age = now - state.generated_at
         if not math.isfinite(age):
             return FailSafeReason(("not a time",), "the cluster state's time %r is not a time"
@@ -561,21 +589,38 @@ class StoragePolicy:
         if reason is not None:
             return self.fail_safe_state, reason
         state = self.state
+        if state is None:  # not followed for max_age yet
+            return OPEN_STATE, None
         if state.unknown_brokers:
             reason = FailSafeReason(
                 ("unknown brokers", state.unknown_brokers),
                 "no fresh volume report from broker(s) %s" % ", ".join(
                     map(str, state.unknown_brokers)))
-            if self.fail_safe == PAUSE:
+            if self.fail_safe == PAUSE and self.unknown_scope == "cluster":
                 return PAUSE_STATE, reason
+            # broker reach: their partitions are held (partition()); the
+            # others meet what the known brokers say
             return state.cluster, reason
         return state.cluster, None
+
+    @property
+    def unknown_partitions_held(self):
+        """Produce requests must be read for their partitions because of
+        brokers without a fresh report (broker reach, PAUSE fail-safe)."""
+        state = self.state
+        return (state is not None and bool(state.unknown_brokers) and self.fail_safe == PAUSE
+                and self.unknown_scope == "broker")
 
     def partition(self, topic, partition, now):
         """The State of one topic-partition (partition scope)."""
         if self.unknown(now) is not None:
             return self.fail_safe_state
-        s = self.state.partitions.get((topic, partition), OPEN_STATE)
+        state = self.state
+        if state is None:
+            return OPEN_STATE
+        if state.unknown_brokers and self.unknown_scope == "cluster" and self.fail_safe == PAUSE:
+            return PAUSE_STATE  # cluster reach: an unknown broker holds every partition
+        s = state.partitions.get((topic, partition), OPEN_STATE)
         if s.state == UNKNOWN:
             return self.fail_safe_state if self.fail_safe == PAUSE else State(
                 THROTTLE, s.factor) if s.factor < 1.0 else OPEN_STATE

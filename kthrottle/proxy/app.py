@@ -84,6 +84,8 @@ async def _serve(config, on_ready, stack):
 
         cluster_state = ClusterStateSource(config.zookeeper, config.cluster_state_znode)
         await _started(stack, cluster_state, cluster_state.start, new_state)
+        # from now on the first snapshot is awaited: none in storage-max-age-ms is unknown
+        storage.refresh(time.time(), asyncio.get_running_loop().time())
     fleet = None
     if config.fleet_enabled:
         from .fleet import FleetMember

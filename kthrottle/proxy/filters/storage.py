@@ -32,7 +32,7 @@ import logging
 from ...codecs import apis
 from ...codecs.produce import ProducePartitions
 from ...policy.rate import SampledRate, throttle_seconds, to_ms
-from ...policy.storage import OPEN, OPEN_STATE, PAUSE
+from ...policy.storage import OPEN, OPEN_STATE, PAUSE, UNKNOWN_SCOPES
 from ...options import INTEGER, NAMES, NUMBER, ConfigError, Option
 from ..filter import HEAD, NOTHING, Defer, Filter, Observe, Throttle
 
@@ -74,6 +74,12 @@ class StorageThrottle(Filter):
         Option("storage-base-rate", NUMBER, default=1024 * 1024, metavar="BYTES/S",
                help="the produce rate a producer without a producer_byte_rate quota keeps at "
                "factor 1 when throttled for storage (default 1048576)"),
+        Option("storage-unknown-scope", default="cluster", choices=UNKNOWN_SCOPES,
+               help="how far the fail-safe reaches when brokers have no fresh volume report: "
+               "cluster (default) every producer; broker only Produce requests writing to a "
+               "partition with a replica on such a broker (read as they stream, in either "
+               "scope). Without any fresh snapshot (none --storage-max-age-ms after start, or a "
+               "stale one) every broker is unknown and the fail-safe reaches every producer"),
         Option("storage-pause-max-ms", INTEGER, default=10_000, metavar="MS",
                help="longest a Produce request is held while paused, before it goes on "
                "(default 10000; keep it under the clients' request.timeout.ms)"),
@@ -112,6 +118,9 @@ class StorageThrottle(Filter):
         if config.storage_scope not in ("cluster", "partition", "off"):
             raise ConfigError("storage-scope must be cluster, partition or off, got %r"
                               % config.storage_scope)
+        if config.storage_unknown_scope not in UNKNOWN_SCOPES:
+            raise ConfigError("storage-unknown-scope must be cluster or broker, got %r"
+                              % config.storage_unknown_scope)
         if config.storage_fail_safe not in ("PAUSE", "OPEN"):
             raise ConfigError("storage-fail-safe must be PAUSE or OPEN, got %r"
                               % config.storage_fail_safe)
@@ -135,7 +144,8 @@ class StorageThrottle(Filter):
 
         settings = config.quota_settings()
         return cls(StoragePolicy(config.storage_scope, config.storage_fail_safe,
-                                 config.storage_max_age_ms / 1000.0),
+                                 config.storage_max_age_ms / 1000.0,
+                                 config.storage_unknown_scope),
                    config.storage_excluded_principals, config.storage_base_rate,
                    config.storage_pause_max_ms, samples=settings.samples,
                    window=settings.window)
@@ -149,13 +159,11 @@ class StorageThrottle(Filter):
         """Work out the state in force at ``wall_now`` (epoch seconds: the
         snapshot's age); log each change once (a snapshot growing older is
         not a change: its reason's cause stays). Returns (State, fail-safe
-        reason or None). Until a first snapshot has been read the state is
-        OPEN: a cluster without the Spark job is not held (a snapshot that
-        later goes missing or stale is unknown, and the fail-safe applies)."""
-        if self.policy.state is None:
-            state, reason = OPEN_STATE, None
-        else:
-            state, reason = self.policy.cluster(wall_now)
+        reason or None). The first call starts the clock of the first
+        snapshot: without one --storage-max-age-ms later the state is unknown,
+        as a stale one is."""
+        self.policy.follow_from(wall_now)
+        state, reason = self.policy.cluster(wall_now)
         cause = reason.cause if reason is not None else None
         if cause != self._cause:
             if reason is not None:
@@ -177,8 +185,12 @@ class StorageThrottle(Filter):
                 self._logged_state = state
         self.current, self.reason = state, reason
         snapshot = self.policy.state
-        self.watch_partitions = snapshot is not None and bool(
-            snapshot.partitions or (reason is not None and self.policy.fail_safe == PAUSE))
+        held = reason is not None and self.policy.fail_safe == PAUSE
+        # partition scope: read a Produce request's partitions while some is
+        # not OPEN; cluster scope: only for brokers without a fresh report
+        # under broker reach (their partitions are held, the rest go on)
+        self.watch_partitions = (bool(snapshot.partitions) if snapshot is not None else False) \
+            or held if self.policy.scope == "partition" else self.policy.unknown_partitions_held
         if now is not None:
             self.wall_offset = wall_now - now
         if now is not None and self.rates:
@@ -202,6 +214,11 @@ class StorageThrottle(Filter):
             return Observe(ProducePartitions(head.api_version), functools.partial(
                 self._partitions_read, head.client_id or "", head.frame_len))
         state = self.current
+        if self.watch_partitions and state.state != PAUSE:  # broker reach (cluster scope)
+            if ctx.principal in self.excluded:
+                return None
+            return Observe(ProducePartitions(head.api_version), functools.partial(
+                self._partitions_read, head.client_id or "", head.frame_len))
         if state is OPEN_STATE or state.state == OPEN:
             ctx.state.since = None
             return None
@@ -226,7 +243,9 @@ class StorageThrottle(Filter):
 
     def _partitions_read(self, client_id, nbytes, ctx, reader):
         wall = ctx.now + self.wall_offset
-        worst = OPEN_STATE
+        # cluster scope (broker reach): what the known brokers say, and the
+        # fail-safe of the partitions on brokers without a fresh report
+        worst = OPEN_STATE if self.policy.scope == "partition" else self.current
         for topic, partition in reader.partitions:
             if isinstance(topic, str):
                 state = self.policy.partition(topic, partition, wall)
