@@ -159,7 +159,7 @@ def test_a_filling_volume_slows_then_pauses_producers_and_clearing_it_restores_t
     broker.create_topic(topic, partitions=1)
     log_dir = tmp / "kafka-logs"
     (log_dir / ("%s-0" % topic)).mkdir(parents=True)
-    free = free_bytes(log_dir)[1]
+    free = free_bytes(log_dir)[0]  # f_bavail: what the agent counts as free
 
     def run(soft_factor, hard_factor, expect, name):
         """Limits as MinFreeBytes, multiples of today's free space."""

@@ -13,11 +13,12 @@ import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 from conftest import ROOT, ProxyProcess
 from kthrottle.embedded import TansuBroker, free_port
-from kthrottle.policy.storage import Limit, parse_limit, parse_report
+from kthrottle.policy.storage import Limit, parse_limit, parse_report, volume_state
 from kthrottle.spark_sync import agent
 from quota_clients import kthrottle_quotas, wait_until
 
@@ -44,8 +45,17 @@ def make_log_dir(path, partitions=PARTITIONS, junk=True):
 
 
 def statvfs_bytes(path):
+    """(Capacity, Consumed) as the agent reports them: the bytes in use, plus
+    what an unprivileged user may still write (f_bavail, not f_bfree)."""
     st = os.statvfs(path)
-    return st.f_blocks * st.f_frsize, (st.f_blocks - st.f_bfree) * st.f_frsize
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    return used + st.f_bavail * st.f_frsize, used
+
+
+def usage_of(f_blocks, f_bfree, f_bavail, f_frsize):
+    """psutil.disk_usage's used and free from statvfs numbers, as psutil
+    computes them (checked against the real file system below)."""
+    return SimpleNamespace(used=(f_blocks - f_bfree) * f_frsize, free=f_bavail * f_frsize)
 
 
 # the report, from real directories ------------------------------------------------------
@@ -133,36 +143,134 @@ def test_a_missing_or_unlistable_log_dir_is_reported_and_the_rest_published(tmp_
     assert report.volumes == () and len(problems) == 1
 
 
-def test_collect_report_with_a_given_statvfs_and_clock():
-    fs = {"/a": SimpleNamespace(f_blocks=1000, f_bfree=250, f_frsize=4096),
-          "/b": SimpleNamespace(f_blocks=10, f_bfree=10, f_frsize=512)}
-    names = {"/a": "/dev/sda1", "/b": "/mnt/b"}
-    listing = {"/a": [("t", 1), ("t", 0)], "/b": []}
+def test_collect_report_with_a_given_usage_and_clock():
+    fs = {"/a": usage_of(f_blocks=1000, f_bfree=250, f_bavail=250, f_frsize=4096),
+          "/b": usage_of(f_blocks=10, f_bfree=10, f_bavail=10, f_frsize=512),
+          "/c": usage_of(f_blocks=1000, f_bfree=250, f_bavail=200, f_frsize=4096)}
+    names = {"/a": "/dev/sda1", "/b": "/mnt/b", "/c": "/dev/sdc1"}
+    listing = {"/a": [("t", 1), ("t", 0)], "/b": [], "/c": [("u", 0)]}
     report, problems = agent.collect_report(
-        9, ["/a", "/b"], Limit("ConsumedSpace", 100.0), Limit("ConsumedSpace", 200.0), 12.5,
-        statvfs=fs.__getitem__, volume_of=names.__getitem__, partitions_of=listing.__getitem__)
+        9, ["/a", "/b", "/c"], Limit("ConsumedSpace", 100.0), Limit("ConsumedSpace", 200.0),
+        12.5, usage=fs.__getitem__, volume_of=names.__getitem__,
+        partitions_of=listing.__getitem__)
     assert problems == []
     assert [(v.name, v.capacity, v.consumed, v.partitions) for v in report.volumes] == [
-        ("/dev/sda1", 4096000, 3072000, (("t", 0), ("t", 1))), ("/mnt/b", 5120, 0, ())]
+        ("/dev/sda1", 4096000, 3072000, (("t", 0), ("t", 1))),
+        # 50 blocks reserved for root: not part of what the broker can fill
+        ("/dev/sdc1", 3891200, 3072000, (("u", 0),)), ("/mnt/b", 5120, 0, ())]
 
 
-def test_volume_names_come_from_the_device_or_the_mount_point():
-    mountinfo = (
-        "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
-        "30 25 0:27 / /dev/shm rw,relatime - tmpfs tmpfs rw\n"
-        "31 27 8:17 / /var/lib/kafka\\040data rw,relatime shared:5 - xfs /dev/sdb1 rw\n"
-        "32 27 0:50 / /mnt/nfs rw - nfs4 nas:/export rw\n"
-        "33 27 0:51 / /mnt/nfs rw - tmpfs tmpfs rw\n"  # stacked: the last one is visible
+def stable_statvfs(path, measure, tries=50):
+    """(statvfs, measure()) taken while the file system did not change, so
+    that the two can be compared exactly on a disk other processes write to."""
+    for _ in range(tries):
+        before = os.statvfs(path)
+        result = measure()
+        if os.statvfs(path) == before:
+            return before, result
+    pytest.skip("the file system under %s kept changing" % path)
+
+
+def test_usage_is_what_an_unprivileged_user_may_write_on_a_real_directory(tmp_path):
+    log_dir = make_log_dir(tmp_path / "kafka-logs")
+    st, usage = stable_statvfs(log_dir, lambda: psutil.disk_usage(str(log_dir)))
+    # psutil's free is f_bavail (what a non-root broker may still write), used f_blocks-f_bfree
+    assert usage.free == st.f_bavail * st.f_frsize
+    assert usage.used == (st.f_blocks - st.f_bfree) * st.f_frsize
+    st, (report, problems) = stable_statvfs(log_dir, lambda: agent.collect_report(
+        1, [str(log_dir)], parse_limit(SOFT), parse_limit(HARD), time.time()))
+    assert problems == []
+    (volume,) = report.volumes
+    assert volume.capacity - volume.consumed == st.f_bavail * st.f_frsize
+    assert volume.consumed == (st.f_blocks - st.f_bfree) * st.f_frsize
+    if st.f_bfree > st.f_bavail:  # this file system reserves blocks (ext4: 5% by default)
+        assert volume.capacity < st.f_blocks * st.f_frsize
+        assert volume.capacity - volume.consumed < st.f_bfree * st.f_frsize
+
+
+# ext4, 100 GiB in 4 KiB blocks: 5% reserved for root (mkfs.ext4 -m 5) plus the
+# 4096 clusters ext4 holds back for itself (min(2%, 4096)); statfs's f_bavail
+# leaves both out
+EXT4_BLOCKS, EXT4_BSIZE = 26_214_400, 4096
+EXT4_HELD_BACK = EXT4_BLOCKS * 5 // 100 + 4096
+
+
+@pytest.mark.parametrize("avail_blocks, measured_state, f_bfree_state", [
+    # the broker's user gets ENOSPC: counted right, PAUSE; f_bfree saw 5.02% free
+    (0, "PAUSE", "THROTTLE"),
+    # 1% of the disk left to write: past MinFreePercentage:5 already
+    (EXT4_BLOCKS // 100, "PAUSE", "THROTTLE"),
+    # 20% left: open either way
+    (EXT4_BLOCKS // 5, "OPEN", "OPEN"),
+])
+def test_a_min_free_percentage_hard_limit_trips_when_the_brokers_user_runs_out(
+        avail_blocks, measured_state, f_bfree_state):
+    soft, hard = parse_limit("MinFreePercentage:10"), parse_limit("MinFreePercentage:5")
+    bfree = avail_blocks + EXT4_HELD_BACK
+    fs = {"/data": usage_of(EXT4_BLOCKS, bfree, avail_blocks, EXT4_BSIZE)}
+    report, problems = agent.collect_report(
+        3, ["/data"], soft, hard, 1.0, usage=fs.__getitem__, volume_of=lambda p: "/dev/sdb",
+        partitions_of=lambda p: [("orders", 0)])
+    assert problems == []
+    ((volume, state),) = report.volume_states()
+    free = volume.capacity - volume.consumed
+    assert free == avail_blocks * EXT4_BSIZE
+    assert state.state == measured_state
+    # what counting f_bfree as free (the agent before) made of the same disk
+    old = volume_state(EXT4_BLOCKS * EXT4_BSIZE, (EXT4_BLOCKS - bfree) * EXT4_BSIZE, soft, hard)
+    assert old.state == f_bfree_state
+    assert 100.0 * bfree / EXT4_BLOCKS > 5.0  # ~5% "free" where nothing can be written
+    if avail_blocks == 0:
+        assert volume.consumed == volume.capacity
+        assert 100.0 * volume.consumed / volume.capacity == 100.0  # df's Use%
+
+
+def test_min_free_bytes_counts_only_what_the_brokers_user_may_write():
+    """MinFreeBytes:1GiB with 512 MiB left to the broker's user and 5 GiB
+    more reserved for root: PAUSE (f_bfree would show 5.5 GiB free)."""
+    blocks, bsize = EXT4_BLOCKS, EXT4_BSIZE
+    avail = 512 * 1024 * 1024 // bsize
+    reserved = 5 * 1024 ** 3 // bsize
+    fs = {"/data": usage_of(blocks, avail + reserved, avail, bsize)}
+    report, _ = agent.collect_report(
+        3, ["/data"], parse_limit("MinFreeBytes:2GiB"), parse_limit("MinFreeBytes:1GiB"), 1.0,
+        usage=fs.__getitem__, volume_of=lambda p: "/dev/sdb", partitions_of=lambda p: [])
+    ((volume, state),) = report.volume_states()
+    assert volume.capacity - volume.consumed == 512 * 1024 * 1024
+    assert state.state == "PAUSE"
+
+
+def test_volume_names_come_from_the_device_or_the_mount_point(tmp_path, monkeypatch):
+    # psutil reads <PROCFS_PATH>/self/mounts when PROCFS_PATH is not /proc
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "mounts").write_text(
+        "/dev/vda / ext4 rw,relatime 0 0\n"
+        "tmpfs /dev/shm tmpfs rw,relatime 0 0\n"
+        "/dev/sdb1 /var/lib/kafka\\040data xfs rw,relatime 0 0\n"
+        "/dev/sdb1 /srv/kafka-bind xfs rw,relatime 0 0\n"  # a bind mount: its source device
+        "nas:/export /mnt/nfs nfs4 rw 0 0\n"
+        "tmpfs /mnt/nfs tmpfs rw 0 0\n"  # stacked: the last one is visible
         "garbage\n")
-    mounts = agent.parse_mountinfo(mountinfo)
+    monkeypatch.setattr(psutil, "PROCFS_PATH", str(tmp_path))
+    mounts = agent.read_mounts()
     assert mounts == {"/": "/dev/vda", "/dev/shm": "tmpfs", "/var/lib/kafka data": "/dev/sdb1",
-                      "/mnt/nfs": "tmpfs"}
-    points = {"/", "/dev/shm", "/var/lib/kafka data", "/mnt/nfs"}
+                      "/srv/kafka-bind": "/dev/sdb1", "/mnt/nfs": "tmpfs"}
+    points = {"/", "/dev/shm", "/var/lib/kafka data", "/srv/kafka-bind", "/mnt/nfs"}
     ismount = points.__contains__
     assert agent.volume_name("/var/lib/kafka data/logs-0", mounts, ismount) == "/dev/sdb1"
+    assert agent.volume_name("/srv/kafka-bind/logs-1", mounts, ismount) == "/dev/sdb1"
     assert agent.volume_name("/dev/shm/kafka", mounts, ismount) == "/dev/shm"
+    assert agent.volume_name("/mnt/nfs/kafka", mounts, ismount) == "/mnt/nfs"
     assert agent.volume_name("/srv/kafka", mounts, ismount) == "/dev/vda"
     assert agent.volume_name("/srv/kafka", {}, ismount) == "/"
+
+
+def test_this_hosts_mounts_name_a_real_log_dirs_volume(tmp_path):
+    mounts = agent.read_mounts()
+    point = agent.mount_point(str(tmp_path))
+    assert point in mounts  # psutil lists the mount tmp_path lives on
+    name = agent.LocalVolumes(mounts)(str(tmp_path))
+    assert name == (mounts[point] if mounts[point].startswith("/dev/") else point)
 
 
 # durations and flags ------------------------------------------------------------

@@ -7,8 +7,9 @@ JSON) as one record keyed by the broker id to a compacted topic, where the
 Spark job (``kthrottle spark-sync``) reads the latest report of every broker.
 
 Pure parts (no I/O, unit-testable): ``settings_from_args``,
-``parse_mountinfo``, ``collect_report`` (the file system calls and the clock
-are passed in). The I/O: ``Publisher`` (kafka-python, with the KafkaPublisher of
+``mounts_from_partitions``, ``volume_bytes``, ``collect_report`` (the file
+system calls and the clock are passed in). The I/O: psutil (disk usage and
+the mount table), ``Publisher`` (kafka-python, with the KafkaPublisher of
 ``sources/kafka_publisher`` the proxy shares), ``AgentMetrics``
 (prometheus_client on a private registry) and ``run``.
 """
@@ -20,6 +21,8 @@ import re
 import signal
 import sys
 import time
+
+import psutil
 
 from ..options import arg_type, parse_duration, parse_host_port
 from ..policy.storage import BrokerReport, VolumeReport, parse_limit, split_partition_dir
@@ -172,20 +175,15 @@ def settings_from_args(args, environ=None):
 
 # volumes and partitions (pure, the file system passed in) ------------------------
 
-def _unescape_mountinfo(field):
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def parse_mountinfo(text):
-    """{mount point: source} from /proc/self/mountinfo's text; where several
-    mounts are stacked on one point the last (the visible one) wins."""
+def mounts_from_partitions(partitions):
+    """{mount point: device} from ``psutil.disk_partitions(all=True)``; where
+    several mounts are stacked on one point the last (the visible one) wins.
+    psutil reads the mount table (/proc/self/mounts on Linux), octal escapes
+    undone; entries without a mount point are skipped."""
     mounts = {}
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if not sep or len(fields) < 5 or len(tail) < 2:
-            continue
-        mounts[_unescape_mountinfo(fields[4])] = _unescape_mountinfo(tail[1])
+    for part in partitions:
+        if part.mountpoint:
+            mounts[part.mountpoint] = part.device
     return mounts
 
 
@@ -210,11 +208,12 @@ def volume_name(path, mounts, ismount=os.path.ismount):
 
 
 def read_mounts():
+    """{mount point: device} of this host's mounts, {} if they cannot be
+    read (then mount points name the volumes)."""
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            return parse_mountinfo(f.read())
-    except OSError:
-        return {}  # not Linux: mount points name the volumes
+        return mounts_from_partitions(psutil.disk_partitions(all=True))
+    except (OSError, psutil.Error):
+        return {}
 
 
 class LocalVolumes:
@@ -256,26 +255,36 @@ def _why(exc):
     return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
-def collect_report(broker_id, log_dirs, soft, hard, now, statvfs=os.statvfs,
+def volume_bytes(usage):
+    """(Capacity, Consumed) of a volume from ``psutil.disk_usage``'s result:
+    Consumed is ``used`` (every block in use, f_blocks - f_bfree) and
+    Capacity is ``used + free``, ``free`` being what an unprivileged user may
+    still write (f_bavail). Blocks reserved for root (ext4's 5% by default)
+    are thus left out: free space, as MinFreeBytes and MinFreePercentage
+    see it, is 0 when the broker's user gets ENOSPC, and Consumed/Capacity is
+    the Use% ``df`` shows."""
+    return usage.used + usage.free, usage.used
+
+
+def collect_report(broker_id, log_dirs, soft, hard, now, usage=psutil.disk_usage,
                    volume_of=None, partitions_of=list_partitions):
     """(BrokerReport, problems) for the broker's ``log_dirs`` at ``now``
-    (epoch seconds). Each volume's Capacity is f_blocks*f_frsize and its
-    Consumed (f_blocks-f_bfree)*f_frsize, as ``statvfs`` reports them; log
-    dirs on one volume are one volume, their partitions merged. A log dir
-    whose volume cannot be measured is left out; one whose entries cannot be
-    listed still reports its volume (without its partitions). ``problems``
-    says, one line each, what was left out and why."""
+    (epoch seconds). Each volume's Capacity and Consumed are ``volume_bytes``
+    of ``usage(log_dir)``; log dirs on one volume are one volume, their
+    partitions merged. A log dir whose volume cannot be measured is left out;
+    one whose entries cannot be listed still reports its volume (without its
+    partitions). ``problems`` says, one line each, what was left out and why."""
     volume_of = LocalVolumes() if volume_of is None else volume_of
-    volumes = {}  # name -> {"st": statvfs result, "dirs": [...], "partitions": set()}
+    volumes = {}  # name -> {"bytes": (capacity, consumed), "dirs": [...], "partitions": set()}
     problems = []
     for log_dir in log_dirs:
         try:
-            st = statvfs(log_dir)
+            measured = volume_bytes(usage(log_dir))
             name = volume_of(log_dir)
         except OSError as exc:
             problems.append("log dir %s: cannot measure its volume: %s" % (log_dir, _why(exc)))
             continue
-        volume = volumes.setdefault(name, {"st": st, "dirs": [], "partitions": set()})
+        volume = volumes.setdefault(name, {"bytes": measured, "dirs": [], "partitions": set()})
         volume["dirs"].append(log_dir)
         try:
             volume["partitions"].update(partitions_of(log_dir))
@@ -284,10 +293,9 @@ def collect_report(broker_id, log_dirs, soft, hard, now, statvfs=os.statvfs,
     reports = []
     for name in sorted(volumes):
         v = volumes[name]
-        st = v["st"]
+        capacity, consumed = v["bytes"]
         reports.append(VolumeReport(
-            name=name, capacity=st.f_blocks * st.f_frsize,
-            consumed=(st.f_blocks - st.f_bfree) * st.f_frsize,
+            name=name, capacity=capacity, consumed=consumed,
             log_dir=",".join(v["dirs"]), partitions=tuple(sorted(v["partitions"]))))
     return BrokerReport(broker_id, now, soft, hard, tuple(reports)), problems
 
@@ -325,7 +333,9 @@ class AgentMetrics:
         self.log_dir_errors = Counter("kthrottle_volume_agent_log_dir_errors",
                                       "Log dirs that could not be measured or listed",
                                       registry=r)
-        self.capacity = Gauge("kthrottle_volume_capacity_bytes", "Size of the volume",
+        self.capacity = Gauge("kthrottle_volume_capacity_bytes",
+                              "Bytes used on the volume plus bytes an unprivileged user "
+                              "may still write (blocks reserved for root left out)",
                               ["volume"], registry=r)
         self.consumed = Gauge("kthrottle_volume_consumed_bytes", "Bytes used on the volume",
                               ["volume"], registry=r)
@@ -567,7 +577,9 @@ def add_parser(sub):
         "volume-agent", help="publish this broker's volume usage (run next to each broker)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=_fill("Run next to a Kafka broker: measure the volumes holding its log dirs "
-        "(capacity and bytes consumed, from statvfs) and the partitions stored on each, and "
+        "(bytes consumed, and capacity as consumed plus what an unprivileged user may still "
+        "write: blocks reserved for root are not free to the broker) and the partitions stored "
+        "on each, and "
         "publish them as one JSON record keyed by the broker id to a compacted topic, at "
         "start and every --interval. kthrottle spark-sync turns the latest report of every "
         "broker into the cluster state the proxies throttle by (OPEN below the soft limit, "
