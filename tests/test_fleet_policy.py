@@ -18,6 +18,7 @@ from kthrottle.policy.fleet import (
     compute_shares,
     encode_shares_document,
     estimate_demand,
+    is_held,
     fleet_shares,
     parse_shares_document,
     parse_usage_report,
@@ -602,3 +603,196 @@ def test_fleet_shares_timing(capsys):
               "1,000 documents encoded: %.2f s, %d bytes in all"
               % (entries, elapsed, encode, sum(map(len, docs))))
     assert len(out) == 1000 and entries == sum(len(bs) for bs in per_proxy.values())
+
+
+# a fair split: held proxies (demand at the estimate's cap) -------------------------------
+#
+# A proxy whose clients are held back at least 90% of an interval reports
+# Demand = 10 x Rate whatever they would send: with every proxy of a bucket
+# held, splitting by those demands keeps the split the fleet has (only the
+# floor moves it, 10% a cycle). These tests and the simulation below hold the
+# fix: held proxies split what the others do not want equally (max-min).
+
+INTERVAL = 5.0
+
+
+def usage(rate, throttled_fraction, quota=Q, client="app-1"):
+    """A bucket as the proxy reports it: the demand from the throttle time."""
+    ms = throttled_fraction * INTERVAL * 1000.0
+    return bucket(client=client, quota=quota, rate=rate,
+                  demand=estimate_demand(rate, ms, INTERVAL))
+
+
+def split(reports, now=NOW):
+    """{proxy: its share of the one bucket} from fleet_shares."""
+    out = fleet_shares(reports, now, 30.0)
+    return {p: s.shares[0][3] for p, s in out.items() if s.shares}
+
+
+def test_is_held_at_the_estimates_cap_only():
+    assert is_held(1000.0, estimate_demand(1000.0, 4500, 5.0))  # 90%: the cap
+    assert is_held(1000.0, estimate_demand(1000.0, 60_000, 5.0))  # several connections
+    assert is_held(3.3, estimate_demand(3.3, 5000, 5.0))
+    assert not is_held(1000.0, estimate_demand(1000.0, 4400, 5.0))  # 88%: an estimate
+    assert not is_held(1000.0, 1000.0)
+    assert not is_held(0.0, 0.0)  # nothing measured
+    assert usage(1000.0, 1.0).held and not usage(1000.0, 0.5).held
+    # through the report's JSON: the same floats, the same answer
+    r = report("a", [usage(123456.789, 0.95), usage(1.0, 0.2, client="b")])
+    assert [b.held for b in parse_usage_report(r.to_json()).buckets] == [True, False]
+
+
+def test_the_cause_held_demands_repeat_the_split_the_fleet_has():
+    """Both proxies held at 79/21: their demands are 10 x their rates, so a
+    split by demand (what fleet_shares did) gives 0.05 + 0.9 x 0.79 back."""
+    a, b = usage(0.79 * Q, 1.0), usage(0.21 * Q, 1.0)
+    assert a.demand / b.demand == pytest.approx(79 / 21)
+    by_demand = compute_shares(Q, {"a": a.demand, "b": b.demand})
+    assert by_demand["a"] == pytest.approx(0.05 * Q + 0.9 * 0.79 * Q)
+    # knowing both are held: equal at once
+    assert split({"a": report("a", [a]), "b": report("b", [b])}) == pytest.approx(
+        {"a": Q / 2, "b": Q / 2}, rel=1e-12)
+    assert compute_shares(Q, {"a": a.demand, "b": b.demand}, held={"a", "b"}) == pytest.approx(
+        {"a": Q / 2, "b": Q / 2}, rel=1e-12)
+
+
+def test_held_proxies_split_what_the_others_leave_equally():
+    # c wants 0.12 Q (0.1 x 1.2): it gets that; a and b, held, the rest equally
+    shares = compute_shares(Q, {"a": 5 * Q, "b": 0.5 * Q, "c": 0.1 * Q}, held={"a", "b"})
+    assert shares["c"] == pytest.approx(0.12 * Q)
+    assert shares["a"] == shares["b"] == pytest.approx(0.44 * Q)
+    # c wanting more than the level gets the level, as the held ones do
+    shares = compute_shares(Q, {"a": 5 * Q, "b": 0.5 * Q, "c": 0.9 * Q}, held={"a"})
+    assert shares == pytest.approx({p: Q / 3 for p in "abc"})
+    # a want under the floor: the floor
+    shares = compute_shares(1000.0, {"a": 1.0, "b": 50.0}, held={"b"})
+    assert shares == pytest.approx({"a": 50.0, "b": 950.0})
+    # the cascade: an equal part is 250; c's want (120) raises the level to
+    # 293, past b's want (240), which raises it to 320, short of a's (360)
+    shares = compute_shares(1000.0, {"a": 300.0, "b": 200.0, "c": 100.0, "h": 1.0},
+                            floor_fraction=0.0, held={"h"})
+    assert shares == pytest.approx({"a": 320.0, "b": 240.0, "c": 120.0, "h": 320.0})
+    assert total(shares) == pytest.approx(1000.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
+def test_held_split_properties(seed):
+    rng = random.Random(seed)
+    n = rng.randint(2, 12)
+    demands = {"p%02d" % i: rng.choice([0.0, rng.uniform(0, 2 * Q), rng.uniform(0, Q / 20)])
+               for i in range(n)}
+    held = set(rng.sample(sorted(demands), rng.randint(1, n)))
+    shares = compute_shares(Q, demands, held=held)
+    floor = 0.1 * Q / n
+    assert total(shares) == pytest.approx(Q, rel=1e-12)
+    assert all(s >= floor * (1 - 1e-12) for s in shares.values())
+    top = max(shares.values())
+    # every held proxy at the level, the top; the others at their want or the level
+    assert all(shares[p] == pytest.approx(top, rel=1e-9) for p in held)
+    for p in set(demands) - held:
+        want = max(floor, demands[p] * 1.2)
+        assert shares[p] == pytest.approx(min(want, top), rel=1e-9)
+
+
+def test_equal_demand_from_a_79_21_history_is_equal_within_two_cycles():
+    """The history of issue 17: both held at 79/21; and the mixed history
+    where the larger one is not held."""
+    cycle1 = split({"a": report("a", [usage(0.79 * Q, 1.0)]),
+                    "b": report("b", [usage(0.21 * Q, 1.0)])})
+    assert cycle1 == pytest.approx({"a": Q / 2, "b": Q / 2}, rel=1e-9)
+    # a held 30% of the interval at 0.79 (an estimate: 1.13 Q), b held at 0.21
+    cycle1 = split({"a": report("a", [usage(0.79 * Q, 0.3)]),
+                    "b": report("b", [usage(0.21 * Q, 1.0)])})
+    assert cycle1 == pytest.approx({"a": Q / 2, "b": Q / 2}, rel=1e-9)
+
+
+def test_a_late_joiner_gets_at_least_the_floor_on_its_first_cycle():
+    floor = 0.1 * Q / 2
+    # a has had the whole quota; b's producer came a second before b's report:
+    # a small rate (Kafka's rate pads to ten windows), held 20% of the interval
+    first = split({"a": report("a", [usage(Q, 1.0)]), "b": report("b", [usage(0.01 * Q, 0.2)])})
+    assert first["b"] >= floor
+    assert first["a"] + first["b"] == pytest.approx(Q)
+    # a proxy new to the fleet altogether, its producer held from the start:
+    # half at once
+    first = split({"a": report("a", [usage(Q, 1.0)]), "c": report("c", [usage(0.01 * Q, 1.0)])})
+    assert first == pytest.approx({"a": Q / 2, "c": Q / 2}, rel=1e-9)
+
+
+def test_unequal_demand_not_held_is_proportional():
+    # 3:1 wants, neither held: in proportion above the floors
+    reports = {"a": report("a", [usage(0.6 * Q, 0.8)]),  # 3 Q
+               "b": report("b", [usage(0.4 * Q, 0.6)])}  # 1 Q
+    shares = split(reports)
+    assert shares["a"] == pytest.approx(0.05 * Q + 0.9 * Q * 3 / 4)
+    assert shares["b"] == pytest.approx(0.05 * Q + 0.9 * Q * 1 / 4)
+    # unthrottled, 3:1 and every want met: the quota in proportion to the wants
+    shares = split({"a": report("a", [usage(0.3 * Q, 0.0)]),
+                    "b": report("b", [usage(0.1 * Q, 0.0)])})
+    assert shares["a"] == pytest.approx(3 * shares["b"])
+    assert total(shares) == pytest.approx(Q)
+
+
+# the fleet over cycles, on a fake clock: each proxy's clients have a true demand
+# (bytes/s they would send unthrottled); over an interval a proxy passes
+# min(demand, share) and holds its clients back for the rest of the time, on
+# each of its connections (closed loop: a client waits out each delay before
+# sending again), so the throttle time sums over the connections.
+
+def simulate(true, start, cycles=8, connections=None, lag=0):
+    """The share of each proxy per cycle, from ``start`` ({proxy: share}),
+    ``true`` {proxy: demand}; with ``lag`` the reports measure the shares
+    of ``lag`` cycles before (the report interval and the job's cycle)."""
+    connections = connections or {}
+    history = [dict(start)]
+    for k in range(1, cycles + 1):
+        applied = history[max(0, len(history) - 1 - lag)]
+        now = NOW + k * INTERVAL
+        reports = {}
+        for p, demand in true.items():
+            s = applied[p]
+            held = max(0.0, 1.0 - s / demand) * connections.get(p, 1)
+            reports[p] = report(p, [usage(min(demand, s), held)], at=now - 1)
+        history.append(split(reports, now))
+    return history
+
+
+def fractions(history, p):
+    return [round(h[p] / Q, 3) for h in history]
+
+
+@pytest.mark.parametrize("connections", [1, 4])
+@pytest.mark.parametrize("lag", [0, 1])
+def test_two_proxies_with_the_same_demand_converge_to_half_each(connections, lag):
+    for demand in (50 * Q, 2 * Q):  # as fast as they are let; twice the quota
+        true = {"a": demand, "b": demand}
+        history = simulate(true, {"a": 0.79 * Q, "b": 0.21 * Q}, 6,
+                           {"a": connections, "b": connections}, lag)
+        for h in history[1 + lag:]:  # once the reports saw the shares
+            assert h["a"] == pytest.approx(Q / 2, rel=1e-6), fractions(history, "a")
+
+
+@pytest.mark.parametrize("connections", [1, 4])
+def test_two_held_proxies_with_fixed_unequal_demands_converge(connections):
+    conns = {"a": connections, "b": connections}
+    # one as fast as it is let, one wanting 0.3 Q: 0.36 Q (its want) and the rest
+    history = simulate({"a": 50 * Q, "b": 0.3 * Q}, {"a": 0.21 * Q, "b": 0.79 * Q}, 8, conns)
+    assert history[-1]["b"] == pytest.approx(0.36 * Q, rel=1e-6)
+    assert history[-2] == pytest.approx(history[-1], rel=1e-6)
+    # 3 Q and 1 Q: proportional when the throttle time tells the demand (one
+    # connection each), an equal split when it does not (four: both held)
+    history = simulate({"a": 3 * Q, "b": Q}, {"a": 0.21 * Q, "b": 0.79 * Q}, 8, conns)
+    a = history[-1]["a"]
+    assert a == pytest.approx(0.725 * Q if connections == 1 else 0.5 * Q, rel=1e-6)
+    assert history[-2] == pytest.approx(history[-1], rel=1e-6)
+    for h in history:
+        assert total(h) == pytest.approx(Q, rel=1e-9)
+
+
+def test_a_late_joiner_converges_in_the_simulation():
+    """b's producer joins an interval before b's first report; b's first
+    report is diluted (a small rate, held part of the interval)."""
+    first = split({"a": report("a", [usage(Q, 1.0)]), "b": report("b", [usage(0.02 * Q, 0.3)])})
+    assert first["b"] >= 0.05 * Q
+    history = simulate({"a": 50 * Q, "b": 50 * Q}, first, 3, {"a": 4, "b": 4})
+    assert fractions(history, "b")[1:] == [0.5, 0.5, 0.5]

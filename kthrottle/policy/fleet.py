@@ -21,7 +21,15 @@ seconds since the epoch, since reports cross machines):
   demand, none getting more than it wants (``max(floor, demand * headroom)``);
   what one does not want goes to the others in proportion to their demand
   (water-filling), and if every want is met the leftover is spread in
-  proportion to the shares. The shares always sum to the quota;
+  proportion to the shares. A proxy whose demand is at the estimate's cap
+  (``BucketUsage.held``: its clients were held back at least 90% of the
+  interval) only says it wants more than it got, not how much: its demand
+  is ten times whatever share it had, so splitting by it would keep any
+  split the fleet already has (both proxies held at 79/21 gave 76/24, then
+  74/26: only the floor moved them, 10% a cycle). When any proxy is held,
+  the bucket is split max-min instead: the others get their want, up to an
+  equal part of what is left, and the held proxies split the rest equally.
+  The shares always sum to the quota;
 - the shares the Spark job computes from the latest report of every proxy
   (``fleet_shares``) and writes to ZooKeeper, one document per proxy
   (``shares_document``, read back with ``parse_shares_document``), with the
@@ -65,6 +73,9 @@ DEFAULT_HEADROOM = 1.2
 # estimate_demand: the most of an interval counted as throttled, so a bucket
 # throttled throughout is estimated at ten times its rate, not infinitely.
 MAX_THROTTLED_FRACTION = 0.9
+# A demand at least this many times its rate was estimated at the cap: held
+# (the margin absorbs the rounding of Rate / (1 - 0.9)).
+HELD_RATIO = (1.0 - 1e-9) / (1.0 - MAX_THROTTLED_FRACTION)
 
 
 def _number(value, what, minimum=0.0, strict=False):
@@ -109,6 +120,11 @@ class BucketUsage(NamedTuple):
     @property
     def sharing_key(self):
         return self.key, self.user, self.client_id
+
+    @property
+    def held(self):
+        """Whether the demand is only a lower bound: see ``is_held``."""
+        return is_held(self.rate, self.demand)
 
 
 class UsageReport(NamedTuple):
@@ -182,6 +198,15 @@ def estimate_demand(rate, throttled_ms, interval_s):
     return rate / max(1.0 - MAX_THROTTLED_FRACTION, 1.0 - f)
 
 
+def is_held(rate, demand):
+    """Whether ``demand`` (from estimate_demand) is at the cap, Demand >=
+    Rate / (1 - 0.9): the bucket's clients were held back at least 90% of the
+    interval, so what they would send unthrottled is unknown above it. The
+    report needs no more than Rate and Demand to tell: Demand / Rate is
+    1 / max(0.1, 1 - f). A rate of 0 is never held (nothing was measured)."""
+    return rate > 0.0 and demand >= rate * HELD_RATIO
+
+
 # the shares -------------------------------------------------------------------------
 
 def _check_shape(floor_fraction, headroom):
@@ -192,36 +217,63 @@ def _check_shape(floor_fraction, headroom):
 
 
 def compute_shares(quota, demands, floor_fraction=DEFAULT_FLOOR_FRACTION,
-                   headroom=DEFAULT_HEADROOM):
+                   headroom=DEFAULT_HEADROOM, held=()):
     """{proxy id: share} of one bucket's ``quota`` among the proxies of
     ``demands`` ({proxy id: demand >= 0}), in sorted proxy-id order.
+    ``held`` names the proxies whose demand is only a lower bound (is_held).
 
     One proxy gets the whole quota. Otherwise each of the n gets the floor
     f = floor_fraction * quota / n, and the rest, quota * (1 - floor_fraction),
-    is split in proportion to demand with no proxy above its want,
+    is split as follows; the shares sum to ``quota`` (within float rounding).
+
+    None held: in proportion to demand with no proxy above its want,
     max(f, demand * headroom): what a proxy does not want goes to the others
     in proportion to their demand (water-filling). If every want is met, the
     leftover is spread in proportion to the shares. All demands 0: an equal
-    split. The shares sum to ``quota`` (within float rounding), and a larger
-    demand never gets a smaller share."""
+    split. A larger demand never gets a smaller share.
+
+    Some held: max-min. Each proxy not held gets its want, up to the level L
+    the held proxies get, f + L each, L such that the shares sum to the
+    quota. Equal demands held get equal shares whatever they had before, a
+    proxy wanting less than L keeps what it wants, and a held proxy never
+    gets less than one that is not."""
     quota = _number(quota, "quota", strict=True)
     _check_shape(floor_fraction, headroom)
     ids = sorted(demands)
+    held = set(held)
     return dict(zip(ids, _shares(quota, [_number(demands[p], "demand of %s" % p) for p in ids],
-                                 floor_fraction, headroom)))
+                                 floor_fraction, headroom, [p in held for p in ids])))
 
 
-def _shares(quota, d, floor_fraction, headroom):
-    """The shares for demands ``d`` (a list, validated), in the same order."""
+def _shares(quota, d, floor_fraction, headroom, held=None):
+    """The shares for demands ``d`` (a list, validated), in the same order;
+    ``held`` a list of flags (None: none held)."""
     n = len(d)
     if n <= 1:
         return [quota] * n
+    floor = floor_fraction * quota / n
+    rest = quota - n * floor
     total = math.fsum(d)
-    if total == 0.0:
+    if held is not None and any(held):
+        # max-min: the level rises as the proxies wanting less than it are
+        # served (in order of want); the held ones, and any wanting more,
+        # get the level.
+        extra = [None] * n
+        served = sorted((i for i in range(n) if not held[i]), key=d.__getitem__)
+        left, remaining = n, rest
+        level = remaining / left
+        for i in served:
+            cap = max(0.0, d[i] * headroom - floor)
+            if cap > level:
+                break
+            extra[i] = cap
+            remaining -= cap
+            left -= 1  # never 0: at least one is held
+            level = remaining / left
+        shares = [floor + (level if e is None else e) for e in extra]
+    elif total == 0.0:
         shares = [quota / n] * n
     else:
-        floor = floor_fraction * quota / n
-        rest = quota - n * floor
         # what each wants above the floor
         caps = [max(0.0, x * headroom - floor) for x in d]
         if math.fsum(caps) <= rest:
@@ -296,9 +348,9 @@ def fleet_shares(reports, now, freshness, floor_fraction=DEFAULT_FLOOR_FRACTION,
     of it (that proxy's clock is wrong: its report would never grow old), is
     ignored: that proxy gets nothing and is not counted. Each bucket (sharing
     key) is split with compute_shares() among the fresh proxies that report
-    it, by their demands; a bucket only
-    one proxy reports is wholly its own. The quota of a bucket is the one
-    reported; when proxies disagree (a quota changed between their
+    it, by their demands, those at the estimate's cap held (is_held); a
+    bucket only one proxy reports is wholly its own. The quota of a bucket
+    is the one reported; when proxies disagree (a quota changed between their
     reports), the latest report's quota wins (at the same time, the greatest
     proxy id's). The prior is prior_fractions() over the proxies' fronted
     brokers and ``leaders`` ({(topic, partition): leader id}; None: an equal
@@ -307,9 +359,10 @@ def fleet_shares(reports, now, freshness, floor_fraction=DEFAULT_FLOOR_FRACTION,
     fresh = {p: r for p, r in reports.items()
              if -MAX_CLOCK_SKEW <= now - r.reported_at <= freshness}  # NaN: never
     ids = tuple(sorted(fresh))
-    # sharing key -> [quota, reported_at of the quota, proxy, demand, proxy,
-    # demand, ...]: one list a bucket (a third of the objects three lists
-    # would be, and of the garbage collector's work: it was a third of the time)
+    # sharing key -> [quota, reported_at of the quota, proxy, demand, held,
+    # proxy, demand, held, ...]: one list a bucket (a third of the objects
+    # three lists would be, and of the garbage collector's work: it was a
+    # third of the time)
     groups = {}
     get = groups.get
     for p in ids:  # ascending: at the same time, the greatest id comes last
@@ -318,11 +371,14 @@ def fleet_shares(reports, now, freshness, floor_fraction=DEFAULT_FLOOR_FRACTION,
         for b in report.buckets:
             sk = b[:3]  # (key, user, client_id)
             g = get(sk)
+            demand, rate = b.demand, b.rate
+            held = rate > 0.0 and demand >= rate * HELD_RATIO  # is_held, inline
             if g is None:
-                groups[sk] = [b.quota, at, p, b.demand]
+                groups[sk] = [b.quota, at, p, demand, held]
             else:
                 g.append(p)
-                g.append(b.demand)
+                g.append(demand)
+                g.append(held)
                 if at >= g[1]:
                     g[0] = b.quota
                     g[1] = at
@@ -335,10 +391,10 @@ def fleet_shares(reports, now, freshness, floor_fraction=DEFAULT_FLOOR_FRACTION,
         if not (isinstance(quota, (int, float)) and 0.0 < quota < math.inf):
             _number(quota, "the quota of bucket %s/%s/%s" % sk, strict=True)
         quota = float(quota)
-        if len(g) == 4:
+        if len(g) == 5:
             per_proxy[g[2]].append((key, user, client_id, quota, quota))
             continue
-        members, demands = g[2::2], g[3::2]
+        members, demands, held = g[2::3], g[3::3], g[4::3]
         try:
             valid = isfinite(fsum(demands)) and min(demands) >= 0.0
         except TypeError:
@@ -346,7 +402,7 @@ def fleet_shares(reports, now, freshness, floor_fraction=DEFAULT_FLOOR_FRACTION,
         if not valid:
             for p, x in zip(members, demands):
                 _number(x, "the demand of bucket %s/%s/%s on %s" % (sk + (p,)))
-        for p, share in zip(members, _shares(quota, demands, floor_fraction, headroom)):
+        for p, share in zip(members, _shares(quota, demands, floor_fraction, headroom, held)):
             per_proxy[p].append((key, user, client_id, share, quota))
     prior = prior_fractions({p: fresh[p].fronted_brokers for p in ids}, leaders, floor_fraction)
     return {p: ProxyShares(p, ids, prior[p], per_proxy[p]) for p in ids}
