@@ -1319,3 +1319,40 @@ def flag_parser(description, flags, raw=False, output_help="where the results ar
 def int_list(text):
     """A flag's "1,2,3" as [1, 2, 3] (an argparse type)."""
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+def spark_standalone(procs, workers=2, worker_cores=1, worker_memory="1g", work_dir=None):
+    """A Spark standalone master and ``workers`` workers from the PySpark install
+    (``spark-class``), bound to 127.0.0.1 on free ports, each stopped by its PID with the
+    run's processes; returns the master's URL once every worker has registered."""
+    import pyspark
+
+    spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
+    work_dir = Path(work_dir or tempfile.mkdtemp(prefix="spark-standalone-"))
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(work_dir),
+               SPARK_WORKER_DIR=str(work_dir / "work"), PYSPARK_PYTHON=sys.executable,
+               SPARK_NO_DAEMONIZE="1")
+    port, ui = free_port(), free_port()
+    procs.spawn("spark-master", [spark_class, "org.apache.spark.deploy.master.Master",
+                                 "--host", "127.0.0.1", "--port", str(port),
+                                 "--webui-port", str(ui)], env=env)
+    wait_for_port("127.0.0.1", port, timeout=60)
+    wait_for_port("127.0.0.1", ui, timeout=60)
+    url = "spark://127.0.0.1:%d" % port
+    for n in range(workers):
+        procs.spawn("spark-worker-%d" % n, [
+            spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+            "--port", str(free_port()), "--webui-port", str(free_port()),
+            "--cores", str(worker_cores), "--memory", worker_memory,
+            "--work-dir", str(work_dir / ("worker-%d" % n)), url], env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d/json/" % ui, timeout=5) as answer:
+                state = json.load(answer)
+            if sum(w.get("state") == "ALIVE" for w in state.get("workers", ())) >= workers:
+                return url
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("the Spark workers did not register with %s within 60 s" % url)

@@ -21,9 +21,20 @@ shares computed on the driver, and one shares znode per proxy written.
 
 Writes ``spark_sync_cycle.md`` and a plot ``spark_sync_cycle.png`` into ``--output-dir``.
 
+With ``--backlog``: the two report topics are first filled with ``--backlog-minutes`` of
+reports (``--backlog-proxies`` proxies every ``--proxy-interval`` s, ``--backlog-brokers``
+brokers every ``--broker-interval`` s, produced with confluent-kafka within
+``--backlog-budget`` seconds), then on each of ``--backlog-masters`` (local[2]; ``standalone``:
+a Spark master and two workers, 1 core and 1 GB each, started here from the PySpark install
+on 127.0.0.1) whole cycles run (``SparkSync.cycle``: both topics, the snapshot, the shares,
+one ZooKeeper transaction): the first reads the whole backlog, then ``--cycles`` steady ones,
+each after one interval of new reports. Reported: cycle seconds and the records and bytes
+read from Kafka, first and steady; written to ``spark_sync_backlog.md``.
+
 Example (about 2 minutes)::
 
     python benchmarks/spark_sync_cycle.py
+    python benchmarks/spark_sync_cycle.py --backlog   # about 6 minutes
 """
 import random
 import statistics
@@ -154,7 +165,222 @@ FLAGS = (
     ("--master", None, "local[2]", None),
     ("--fleet-proxies", int, 1000, None),
     ("--fleet-buckets", int, 100_000, None),
+    ("--backlog-proxies", int, 1000, None),
+    ("--backlog-brokers", int, 1000, None),
+    ("--backlog-minutes", float, 60.0, "how much reporting the topics hold"),
+    ("--backlog-budget", float, 240.0, "seconds producing the backlog may take at most"),
+    ("--backlog-partitions", int, 1, "partitions of each report topic (kthrottle makes 1)"),
+    ("--backlog-masters", lambda t: t.split(","), "local[2],standalone",
+     "masters to measure: local[N] and/or standalone (a master and two workers started here)"),
+    ("--proxy-interval", float, 5.0, None),
+    ("--broker-interval", float, 30.0, None),
 )
+
+
+# the backlog: report topics holding an hour of reports -------------------------------------
+
+def backlog_templates(brokers, proxies, seed=3):
+    """({broker key: report JSON with its time left out}, {proxy key: the same}): a volume
+    report of two volumes listing a few partitions, a usage report of three buckets; the
+    time is put in per record (``"__AT__"``), which keeps producing fast."""
+    from kthrottle.policy.fleet import BucketUsage, UsageReport
+
+    rng = random.Random(seed)
+    soft, hard = parse_limit("MinFreePercentage:20"), parse_limit("MinFreePercentage:10")
+    volume = {}
+    for b in range(1, brokers + 1):
+        vols = tuple(VolumeReport("/dev/vd%s" % "ab"[v], 4000 * GB, rng.randint(5, 60) * 40 * GB,
+                                  "/var/kafka/data-%d" % v,
+                                  tuple(("topic-%d" % rng.randrange(500), rng.randrange(50))
+                                        for _ in range(5)))
+                     for v in range(2))
+        text = BrokerReport(b, 0.0, soft, hard, vols).to_json()
+        volume[str(b)] = text.replace('"1970-01-01T00:00:00.000Z"', '"__AT__"')
+    usage = {}
+    for n in range(proxies):
+        proxy = "proxy-%04d" % n
+        buckets = tuple(BucketUsage("producer_byte_rate", "", "client-%d" % rng.randrange(2000),
+                                    "clients/x", 1e6, rng.uniform(0, 1e6), rng.uniform(1e6, 2e6))
+                        for _ in range(3))
+        buckets = tuple({b.client_id: b for b in buckets}.values())
+        text = UsageReport(proxy, 0.0, 5.0, (1,), buckets).to_json()
+        usage[proxy] = text.replace('"1970-01-01T00:00:00.000Z"', '"__AT__"')
+    return volume, usage
+
+
+def produce_reports(bootstrap, batches, deadline):
+    """Produce ``batches`` ([(topic, {key: template}, at epoch seconds)]) with
+    confluent-kafka (the fastest client here); stops at ``deadline`` (monotonic).
+    Returns (records, bytes) produced."""
+    from confluent_kafka import Producer
+
+    from kthrottle.policy.storage import iso_time
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50,
+                         "batch.size": 1_000_000, "queue.buffering.max.messages": 500_000,
+                         "queue.buffering.max.kbytes": 1_000_000, "acks": 1})
+    records = nbytes = 0
+    errors = []
+
+    def delivered(err, msg):
+        if err is not None:
+            errors.append(err)
+
+    for topic, templates, at in batches:
+        if time.monotonic() > deadline:
+            break
+        stamp = '"%s"' % iso_time(at)
+        ms = int(at * 1000)
+        for key, template in templates.items():
+            value = template.replace('"__AT__"', stamp).encode()
+            while True:
+                try:
+                    producer.produce(topic, value=value, key=key.encode(), timestamp=ms,
+                                     on_delivery=delivered)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            records += 1
+            nbytes += len(value) + len(key)
+        producer.poll(0)
+    producer.flush(120)
+    if errors:
+        raise RuntimeError("%d reports not delivered, the first: %s" % (len(errors), errors[0]))
+    return records, nbytes
+
+
+def interval_batches(volume_topic, usage_topic, volume, usage, start, end, broker_every,
+                     proxy_every):
+    """The reports sent between ``start`` and ``end``: every proxy every ``proxy_every`` s,
+    every broker every ``broker_every`` s (the brokers spread over the interval)."""
+    batches = []
+    t = start
+    keys = sorted(volume, key=int)
+    slice_of = max(1, int(round(len(keys) * proxy_every / broker_every)))
+    n = 0
+    while t < end:
+        batches.append((usage_topic, usage, t))
+        first = (n * slice_of) % len(keys)
+        part = keys[first:first + slice_of]
+        batches.append((volume_topic, {k: volume[k] for k in part}, t))
+        t += proxy_every
+        n += 1
+    return batches
+
+
+def backlog_cycle(sync):
+    """(seconds, records read, bytes read) of one whole cycle (both topics)."""
+    t0 = time.perf_counter()
+    sync.cycle()
+    seconds = time.perf_counter() - t0
+    counts = [sync.topics[t].last_counts for t in (sync.topic, sync.usage_topic)]
+    return seconds, sum(c["records"] for c in counts), sum(c["bytes"] for c in counts)
+
+
+def run_backlog(run, args, out):
+    """The report topics filled with ``--backlog-minutes`` of reports, then on each master
+    a first cycle (the whole backlog) and ``--cycles`` steady ones, each after one usage
+    interval's new reports."""
+    import tempfile
+
+    from zookeeper import ZooKeeperServer
+
+    # the shares of 1,000 proxies are megabytes a cycle (each document lists the whole
+    # fleet): more than the tests' 128 MB heap holds in ZooKeeper's in-memory commit log
+    zk = ZooKeeperServer(run.path("zookeeper"), heap="1g")
+    run.procs.on_stop(zk.stop)
+    zk.start()
+    broker = run.broker()
+    volume_topic, usage_topic = "volume-%s" % uuid.uuid4().hex[:6], "usage-%s" % uuid.uuid4().hex[:6]
+    for topic in (volume_topic, usage_topic):
+        broker.create_topic(topic, partitions=args.backlog_partitions)
+    volume, usage = backlog_templates(args.backlog_brokers, args.backlog_proxies)
+    now = time.time()
+    span = args.backlog_minutes * 60.0
+    t0 = time.perf_counter()
+    records, nbytes = produce_reports(
+        broker.bootstrap, interval_batches(volume_topic, usage_topic, volume, usage, now - span,
+                                           now, args.broker_interval, args.proxy_interval),
+        time.monotonic() + args.backlog_budget)
+    out["backlog"] = {"records": records, "bytes": nbytes,
+                      "seconds": time.perf_counter() - t0}
+    print("backlog: %d reports (%.0f MB) produced in %.0f s" % (
+        records, nbytes / 1e6, out["backlog"]["seconds"]), flush=True)
+
+    brokers = list(range(1, args.backlog_brokers + 1))
+    job_module.read_metadata = (lambda settings, timeout_ms, leaders=None, topic_ids=None:
+                                (brokers, {}))
+    out["masters"] = {}
+    for master in args.backlog_masters:
+        label = master
+        conf = [("spark.executor.memory", "512m")]
+        if master == "standalone":
+            url = harness.spark_standalone(run.procs, workers=2, worker_cores=1,
+                                           worker_memory="1g",
+                                           work_dir=run.path("spark-standalone"))
+            conf += [("spark.driver.host", "127.0.0.1"), ("spark.driver.bindAddress", "127.0.0.1"),
+                     ("spark.cores.max", "2"), ("spark.executor.cores", "1")]
+            master, label = url, "standalone (2 workers, 1 core and 1 GB each)"
+        started = time.perf_counter()
+        spark = job_module.spark_session(master, conf)
+        session = time.perf_counter() - started
+        assert spark.sparkContext.master == master, (spark.sparkContext.master, master)
+        sync = job_module.SparkSync(broker.bootstrap, zk.hosts + "/backlog-%d" % len(out["masters"]),
+                                    topic=volume_topic, usage_topic=usage_topic, spark=spark,
+                                    freshness=3600, usage_freshness=3600, kafka_timeout=300,
+                                    state_dir=tempfile.mkdtemp(prefix="spark-sync-state-",
+                                                               dir=str(run.log_dir)))
+        try:
+            first = backlog_cycle(sync)
+            print("  %s: first cycle %.1f s, %d records (%.0f MB) read" % (
+                label, first[0], first[1], first[2] / 1e6), flush=True)
+            steady = []
+            clock = time.time()
+            for _ in range(args.cycles):
+                produce_reports(broker.bootstrap, interval_batches(
+                    volume_topic, usage_topic, volume, usage, clock, clock + args.proxy_interval,
+                    args.broker_interval, args.proxy_interval), time.monotonic() + 120)
+                clock += args.proxy_interval
+                steady.append(backlog_cycle(sync))
+            med = medians(steady, 3)
+            print("  %s: steady cycle %.2f s (median of %d), %d records (%.0f kB) read" % (
+                label, med[0], len(steady), med[1], med[2] / 1e3), flush=True)
+            executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
+            print("  %s: %d executor(s) besides the driver" % (label, executors), flush=True)
+            out["masters"][label] = {"session": session, "first": first, "steady": med,
+                                     "steady_runs": steady}
+        finally:
+            sync.writer.close()
+            spark.stop()
+
+
+def backlog_report(args, out):
+    b = out["backlog"]
+    lines = ["# spark-sync cycles over a backlog of reports", "",
+             "`%s`. The report topics (%d partition(s) each, on one Tansu broker, which does "
+             "not compact) hold %.0f minutes of reports: %d proxies every %g s and %d brokers "
+             "every %g s, %d records, %.0f MB (produced in %.0f s). Each cycle reads both "
+             "topics, computes the snapshot and the quota shares, and writes them to a real "
+             "ZooKeeper in one transaction. Steady: median of %d cycles, each after one "
+             "%g s interval of new reports (%d proxies, %d brokers)." % (
+                 args.command, args.backlog_partitions, args.backlog_minutes,
+                 args.backlog_proxies, args.proxy_interval, args.backlog_brokers,
+                 args.broker_interval, b["records"], b["bytes"] / 1e6, b["seconds"],
+                 args.cycles, args.proxy_interval, args.backlog_proxies,
+                 round(args.backlog_brokers * args.proxy_interval / args.broker_interval)), ""]
+    rows = []
+    for label, m in out["masters"].items():
+        first, steady = m["first"], m["steady"]
+        rows.append((label, "%.1f" % m["session"], "%.1f" % first[0], first[1],
+                     "%.1f" % (first[2] / 1e6), "%.2f" % steady[0], int(steady[1]),
+                     "%.0f" % (steady[2] / 1e3)))
+    lines += harness.markdown_table(
+        ["master", "session s", "first cycle s", "first: records read", "first: MB read",
+         "steady cycle s", "steady: records read", "steady: kB read"], rows,
+        align="l" + "r" * 7)
+    if out.get("stopped"):
+        lines += ["", "Stopped early (%s)." % out["stopped"]]
+    return "\n".join(lines) + "\n"
 
 
 def medians(runs, columns):
@@ -179,7 +405,7 @@ def run_sizes(run, args, out):
         out["partitions"][size] = len(replicas)
         publish(broker.bootstrap, topic, reports)
         sync = job_module.SparkSync(broker.bootstrap, zk.hosts, topic=topic, spark=spark,
-                                    freshness=3600)
+                                    freshness=3600, state_dir=str(run.path("state-%d" % size)))
         by_size = {size: (sorted(reports), replicas)}
         measure(sync, by_size, size, 1)  # warm-up
         runs = measure(sync, by_size, size, args.cycles)
@@ -191,8 +417,10 @@ def run_sizes(run, args, out):
     usage = "proxy-usage-%s" % uuid.uuid4().hex[:6]
     broker.create_topic(usage, partitions=3)
     publish(broker.bootstrap, usage, synthetic_usage(args.fleet_proxies, args.fleet_buckets))
+    # the first read is the whole topic; the measured ones only what is new (nothing)
     sync = job_module.SparkSync(broker.bootstrap, zk.hosts, topic=usage, spark=spark,
-                                usage_topic=usage, usage_freshness=3600)
+                                usage_topic=usage, usage_freshness=3600,
+                                state_dir=str(run.path("state-fleet")))
     sync.leaders = {}
     measure_fleet(sync, 1)  # warm-up
     fleet = measure_fleet(sync, args.cycles)
@@ -230,8 +458,13 @@ def report(args, out):
 
 
 def main(argv=None):
-    args = harness.flag_parser(__doc__.split("\n\n")[0], FLAGS, raw=True).parse_args(argv)
+    p = harness.flag_parser(__doc__.split("\n\n")[0], FLAGS, raw=True)
+    p.add_argument("--backlog", action="store_true",
+                   help="measure cycles over report topics holding a backlog instead")
+    args = p.parse_args(argv)
     args.command = harness.command_line("spark_sync_cycle", argv)
+    if args.backlog:
+        return main_backlog(args)
     out = {"sizes": {}, "partitions": {}}
     with harness.Run("spark_sync_cycle") as run:
         run_sizes(run, args, out)
@@ -249,6 +482,19 @@ def main(argv=None):
         title="kthrottle spark-sync cycle, %s" % args.master, log_x=True, marker="o",
         figsize=(6, 3.5))
     harness.write_results(args.output_dir, "spark_sync_cycle", markdown=text, draw=draw)
+    return run.finish()
+
+
+def main_backlog(args):
+    out = {}
+    with harness.Run("spark_sync_cycle") as run:
+        run_backlog(run, args, out)
+    if not out.get("masters"):
+        return run.finish(failed=True)
+    out["stopped"] = run.stopped
+    text = backlog_report(args, out)
+    print(text)
+    harness.write_results(args.output_dir, "spark_sync_backlog", markdown=text)
     return run.finish()
 
 

@@ -56,8 +56,13 @@ def cluster_of(broker):
     return ids, node
 
 
+CONFIGS = "cleanup.policy=compact,min.cleanable.dirty.ratio=0.1,segment.ms=3600000"
+
+
 def layout_of(broker, topic):
-    """(replica counts per partition, cleanup.policy) of ``topic``."""
+    """(replica counts per partition, cleanup.policy) of ``topic``; its
+    segment.ms and min.cleanable.dirty.ratio are the publisher's (Tansu
+    keeps the configs a CreateTopics carries and describes them back)."""
     admin = admin_of(broker)
     try:
         (described,) = admin.describe_topics([topic])
@@ -66,7 +71,11 @@ def layout_of(broker, topic):
     finally:
         admin.close()
     assert described["error_code"] == 0, described
-    policy = configs["topic"][topic].get("cleanup.policy", {}).get("value")
+    described_configs = configs["topic"][topic]
+    policy = described_configs.get("cleanup.policy", {}).get("value")
+    assert {k: described_configs.get(k, {}).get("value")
+            for k in ("segment.ms", "min.cleanable.dirty.ratio")} == {
+        "segment.ms": "3600000", "min.cleanable.dirty.ratio": "0.1"}, described_configs
     return [len(p["replica_nodes"]) for p in described["partitions"]], policy
 
 
@@ -119,8 +128,8 @@ def test_topic_gets_one_partition_and_the_computed_replication_factor(
         "configs); creating topic %s with replication factor %d = %s"
         % (node, topic, expected, why)]
     assert lines(caplog, logging.INFO) == [
-        "created topic %s (cleanup.policy=compact) with 1 partition, replication factor %d = %s"
-        % (topic, expected, why)]
+        "created topic %s (%s) with 1 partition, replication factor %d = %s"
+        % (topic, CONFIGS, expected, why)]
 
     # a second publisher finds the topic: nothing to choose, nothing said
     caplog.clear()
@@ -149,8 +158,8 @@ def test_create_topics_below_v4_still_creates_the_topic(broker, caplog,
     expected = min(FALLBACK_REPLICATION_FACTOR, len(cluster_of(broker)[0]))
     assert layout_of(broker, topic) == ([expected], "compact")
     (created,) = lines(caplog, logging.INFO)
-    assert created.startswith("created topic %s (cleanup.policy=compact) with 1 partition, "
-                              "replication factor %d = " % (topic, expected))
+    assert created.startswith("created topic %s (%s) with 1 partition, "
+                              "replication factor %d = " % (topic, CONFIGS, expected))
     assert not [line for line in lines(caplog) if "Incompatible" in line or "refused" in line]
 
 
@@ -180,7 +189,7 @@ def test_a_broker_without_describe_configs_gets_the_fallback_said(broker, caplog
     assert warning.endswith("; creating topic %s with replication factor %d = min(%d, %d live "
                             "broker%s)" % (topic, expected, FALLBACK_REPLICATION_FACTOR,
                                            len(ids), "" if len(ids) == 1 else "s"))
-    assert any(line.startswith("created topic %s (cleanup.policy=compact)" % topic)
+    assert any(line.startswith("created topic %s (%s)" % (topic, CONFIGS))
                for line in lines(caplog, logging.INFO))
 
 
@@ -204,7 +213,8 @@ def test_replication_factor_is_the_default_capped_to_the_live_brokers():
 SPEC = "1 partition, replication factor 3 = the cluster's default.replication.factor, " \
        "cleanup.policy=compact"
 CREATE = ("kafka-topics --bootstrap-server b1:9092 --create --topic reports --partitions 1 "
-          "--replication-factor 3 --config cleanup.policy=compact")
+          "--replication-factor 3 --config cleanup.policy=compact "
+          "--config min.cleanable.dirty.ratio=0.1 --config segment.ms=3600000")
 
 
 def warning_for(first, second=None):
@@ -222,6 +232,7 @@ def test_the_create_command_is_the_publishers_spec():
                             sasl_username="u", sasl_password="p")
     assert KafkaPublisher(secured, "reports").create_command(1).endswith(
         "--replication-factor 1 --config cleanup.policy=compact "
+        "--config min.cleanable.dirty.ratio=0.1 --config segment.ms=3600000 "
         "--command-config CLIENT.properties")
 
 

@@ -165,7 +165,20 @@ def test_the_data_source_explains_a_missing_topic(broker):
 
 # whole cycles, in-process -----------------------------------------------------------
 
+@pytest.fixture(scope="module", autouse=True)
+def state_root(tmp_path_factory):
+    """Every job of the module keeps its state under this directory (never
+    the user's own state directory)."""
+    global STATE_ROOT
+    STATE_ROOT = str(tmp_path_factory.mktemp("spark-sync-state"))
+    return STATE_ROOT
+
+
+STATE_ROOT = None
+
+
 def _sync(broker, zookeeper, spark, topic, chroot, **kw):
+    kw.setdefault("state_dir", os.path.join(STATE_ROOT, _name("job")))
     return job.SparkSync(broker.bootstrap, zookeeper.hosts + chroot, topic=topic, spark=spark,
                          kafka_timeout=10, **kw)
 
@@ -299,12 +312,12 @@ def test_a_failed_cycle_leaves_the_last_snapshot_and_the_next_one_recovers(
         sync.settings, sync.topic = good, _name("missing")
         assert sync.cycle() is None
         assert _znode(zookeeper, "/recover") == written
-        assert sync.cycles == 2
+        assert sync.cycles == 3
 
         sync.topic = reports
         _publish(broker.bootstrap, reports, [("111", _report(200, partitions=[(data, 0)]), 0)])
         snap = sync.cycle()
-        assert snap["cycle"] == 3
+        assert snap["cycle"] == 4  # the failed cycle's number is not used again
         assert ClusterState.from_json(_znode(zookeeper, "/recover")).partitions == {}
     finally:
         sync.close()
@@ -359,7 +372,8 @@ def test_a_cycle_over_sasl_ssl_with_a_client_certificate(
         security = job.security_options(args)
         assert "-----BEGIN CERTIFICATE-----" in security["ssl_ca_pem"]  # text, not a path
         sync = job.SparkSync(proxy.bootstrap, zookeeper.hosts + "/secure", topic=reports,
-                             spark=spark, security=security, kafka_timeout=10)
+                             spark=spark, security=security, kafka_timeout=10,
+                             state_dir=str(tmp_path / "state"))
         try:
             snap = sync.cycle()
         finally:
@@ -375,6 +389,272 @@ def _subparsers():
     import argparse
 
     return argparse.ArgumentParser(prog="kthrottle").add_subparsers()
+
+
+# reading only what is new --------------------------------------------------------------
+
+def _versions(state_dir, topic):
+    return sorted(os.listdir(os.path.join(state_dir, topic)))
+
+
+@needs_zookeeper
+def test_each_cycle_reads_only_what_is_new_and_a_restart_carries_on(
+        broker, zookeeper, spark, tmp_path, caplog):
+    reports = _name("incr")
+    broker.create_topic(reports, partitions=2)
+    _publish(broker.bootstrap, reports, [("111", _report(100), 0), ("111", _report(300), 0),
+                                         ("112", _report(50, broker=112), 1)])
+    state_dir = str(tmp_path / "state")
+    caplog.set_level(logging.INFO, logger="kthrottle.spark_sync")
+    sync = _sync(broker, zookeeper, spark, reports, "/incr", state_dir=state_dir)
+    try:
+        snap, counts = sync.snapshot()
+        assert counts["records"] == 3 and counts["bytes"] > 0
+        assert snap["brokers"]["111"]["volumes"][0]["consumed"] == 300
+        _, counts = sync.snapshot()
+        assert counts["records"] == 0 and counts["keys"] == 2  # nothing new: nothing read
+        _publish(broker.bootstrap, reports, [("111", _report(700), 0)])
+        snap = sync.cycle()
+        assert snap["brokers"]["111"]["volumes"][0]["consumed"] == 700
+        assert snap["brokers"]["112"]["volumes"][0]["consumed"] == 50  # kept from before
+        assert any(re.search(r"cycle \d+: .* \(1 new record\(s\), \d+ bytes, of %s\)" % reports,
+                             r.getMessage()) for r in caplog.records)
+        # one complete version at a time: the previous is removed
+        assert _versions(state_dir, reports) == ["v-0000000003"]
+        assert sorted(os.listdir(os.path.join(state_dir, reports, "v-0000000003"))) == [
+            ".offsets.json.crc", "latest", "offsets.json"]
+        first_cycle = snap["cycle"]
+    finally:
+        sync.close()
+
+    # a new job on the same state directory reads nothing old again
+    _publish(broker.bootstrap, reports, [("112", _report(900, broker=112), 1)])
+    again = _sync(broker, zookeeper, spark, reports, "/incr", state_dir=state_dir)
+    try:
+        snap, counts = again.snapshot()
+        assert counts["records"] == 1
+        assert snap["brokers"]["111"]["volumes"][0]["consumed"] == 700
+        assert snap["brokers"]["112"]["volumes"][0]["consumed"] == 900
+        assert again.cycle()["cycle"] == first_cycle + 1  # counted on from ZooKeeper's
+    finally:
+        again.close()
+
+
+@needs_zookeeper
+def test_a_topic_created_again_is_read_from_its_start_and_its_old_state_dropped(
+        broker, zookeeper, spark, tmp_path, caplog):
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    reports = _name("again")
+    broker.create_topic(reports, partitions=1)
+    _publish(broker.bootstrap, reports, [("111", _report(100), 0),
+                                         ("112", _report(1, broker=112), 0),
+                                         ("111", _report(200), 0)])
+    caplog.set_level(logging.WARNING, logger="kthrottle.spark_sync")
+    sync = _sync(broker, zookeeper, spark, reports, "/again", state_dir=str(tmp_path / "s"))
+    admin = KafkaAdminClient(bootstrap_servers=[broker.bootstrap])
+    try:
+        snap, _ = sync.snapshot()
+        assert set(snap["brokers"]) == {"111", "112"}
+        admin.delete_topics([reports])
+        deadline = time.monotonic() + 10
+        while reports in admin.list_topics() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        admin.create_topics([NewTopic(reports, 2, 1)])
+        _publish(broker.bootstrap, reports, [("111", _report(600), 1)])
+        snap, counts = sync.snapshot()
+        assert counts["records"] == 1
+        assert snap["brokers"]["111"]["volumes"][0]["consumed"] == 600
+        assert "112" not in snap["brokers"]  # its report went with the old topic
+        assert any("was deleted and created again" in r.getMessage() for r in caplog.records)
+    finally:
+        admin.close()
+        sync.close()
+
+
+def test_which_offsets_a_cycle_reads():
+    asked = []
+
+    def hw(value):
+        def high_watermark(partition, near):
+            asked.append((partition, near))
+            return value
+        return high_watermark
+
+    # the first cycle: every partition from its log start
+    assert job.plan_read("t", {}, {0: (0, 5), 1: (3, 3)}, None, "id", hw(0)) == (
+        {0: (0, 5), 1: (3, 3)}, set(), [])
+    # then from the next offsets kept; a new partition from its log start
+    ranges, dropped, notes = job.plan_read("t", {0: 5, 1: 3}, {0: (0, 9), 1: (3, 3), 2: (0, 4)},
+                                           "id", "id", hw(0))
+    assert ranges == {0: (5, 9), 1: (3, 3), 2: (0, 4)} and dropped == set()
+    assert notes == ["t-2 is new: read from its log start 0"]
+    # records removed under the next offset (retention): from the log start
+    ranges, dropped, notes = job.plan_read("t", {0: 5}, {0: (8, 12)}, "id", "id", hw(0))
+    assert ranges == {0: (8, 12)} and not dropped and "past the next offset kept" in notes[0]
+    # an end offset below the next offset kept: the high watermark decides
+    assert not asked
+    ranges, dropped, notes = job.plan_read("t", {0: 9}, {0: (0, 6)}, "id", "id", hw(9))
+    assert ranges == {0: (9, 9)} and not dropped and not notes  # Tansu's end offset, no more
+    assert asked == [(0, 5)]
+    ranges, dropped, notes = job.plan_read("t", {0: 9}, {0: (0, 2)}, "id", "id", hw(2))
+    assert ranges == {0: (0, 2)} and dropped == {0} and "truncated" in notes[0]
+    # another topic id, or a partition gone: the state is dropped
+    ranges, dropped, notes = job.plan_read("t", {0: 9, 1: 4}, {0: (0, 1)}, "old", "new", hw(1))
+    assert ranges == {0: (0, 1)} and dropped == {0, 1} and "created again" in notes[0]
+    ranges, dropped, notes = job.plan_read("t", {0: 9, 1: 4}, {0: (0, 9)}, None, None, hw(9))
+    assert ranges == {0: (9, 9)} and dropped == {1} and notes == ["t-1 is gone: its state is dropped"]
+
+
+# decided by offset, times checked ------------------------------------------------------
+
+def _report_at(consumed, at, broker=TANSU_NODE_ID):
+    return BrokerReport(broker, at, SOFT, HARD,
+                        (VolumeReport("sda", 2000, consumed, "/var/lib/kafka", ()),)).to_json()
+
+
+@needs_zookeeper
+def test_a_report_from_a_clock_ahead_does_not_pin_its_broker(broker, zookeeper, spark, caplog):
+    """The agent's clock jumps an hour ahead (its SnapshotAt and the record
+    timestamp alike), then is put right: the later record wins."""
+    from kthrottle.policy.fleet import UsageReport
+
+    reports, usage = _name("clock"), _name("clock-usage")
+    broker.create_topic(reports, partitions=1)
+    broker.create_topic(usage, partitions=1)
+    ahead = time.time() + 3600
+    _publish(broker.bootstrap, reports, [("111", _report(100), 0)])
+    p = _producer(broker.bootstrap)
+    try:
+        p.send(reports, key=b"111", value=_report_at(1000, ahead).encode(), partition=0,
+               timestamp_ms=int(ahead * 1000)).get(30)
+        p.send(usage, key=b"edge-1", value=UsageReport("edge-1", ahead, 5.0, (111,), ()).to_json()
+               .encode(), partition=0, timestamp_ms=int(ahead * 1000)).get(30)
+    finally:
+        p.close()
+    caplog.set_level(logging.INFO, logger="kthrottle.spark_sync")
+    sync = _sync(broker, zookeeper, spark, reports, "/clock", usage_topic=usage)
+    try:
+        snap = sync.cycle()
+        # refused, and said with the broker's name: the broker is UNKNOWN
+        assert snap["brokers"]["111"] == {"state": UNKNOWN, "reason": "no report"}
+        refused = [r.getMessage() for r in caplog.records if "ahead" in r.getMessage()]
+        assert any("broker 111" in m and "SnapshotAt is 3600 s ahead" in m for m in refused), \
+            refused
+        assert any("proxy 'edge-1'" in m and "ReportedAt is 3600 s ahead" in m for m in refused)
+        # the clock put right: a report dated now, at a higher offset, wins
+        _publish(broker.bootstrap, reports, [("111", _report(750), 0)])
+        snap = sync.cycle()
+        assert snap["brokers"]["111"]["state"] == THROTTLE
+        assert snap["brokers"]["111"]["volumes"][0]["consumed"] == 750
+    finally:
+        sync.close()
+
+
+def test_the_latest_of_a_key_is_its_partitions_last_offset_and_between_partitions_its_time():
+    import datetime
+
+    def at(seconds):
+        return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+
+    rows = [{"key": "a", "partition": 0, "offset": 7, "timestamp": at(100), "value": "old"},
+            {"key": "a", "partition": 2, "offset": 1, "timestamp": at(200), "value": "moved"},
+            {"key": "b", "partition": 1, "offset": 3, "timestamp": at(100), "value": "b"}]
+    latest = kafka_source.latest_of_keys(rows)
+    assert {k: r["value"] for k, r in latest.items()} == {"a": "moved", "b": "b"}
+
+
+def test_a_report_dated_far_ahead_is_refused_when_the_time_is_given():
+    from kthrottle.policy.storage import parse_report
+
+    now = time.time()
+    text = _report_at(10, now + 600)
+    assert parse_report(text).snapshot_at == pytest.approx(now + 600, abs=0.01)
+    with pytest.raises(ValueError, match="SnapshotAt is 600 s ahead"):
+        parse_report(text, now)
+    assert parse_report(_report_at(10, now + 5), now).broker_id == TANSU_NODE_ID
+
+
+# one cycle, one change -------------------------------------------------------------------
+
+def _zk(zookeeper):
+    from kazoo.client import KazooClient
+
+    zk = KazooClient(hosts=zookeeper.hosts)
+    zk.start(timeout=10)
+    return zk
+
+
+@needs_zookeeper
+def test_the_shares_and_the_snapshot_change_together_or_not_at_all(broker, zookeeper, spark):
+    from kazoo.security import make_acl
+
+    from kthrottle.policy.fleet import BucketUsage, UsageReport, parse_shares_document
+
+    reports, usage = _name("txn"), _name("txn-usage")
+    broker.create_topic(reports, partitions=1)
+    broker.create_topic(usage, partitions=1)
+
+    def usage_of(proxy, demand):
+        return (proxy, UsageReport(proxy, time.time(), 5.0, (TANSU_NODE_ID,), (
+            BucketUsage("producer_byte_rate", "", "app", "clients/app", 1000.0, demand / 2,
+                        demand),)).to_json(), 0)
+
+    _publish(broker.bootstrap, reports, [("111", _report(100), 0)])
+    _publish(broker.bootstrap, usage, [usage_of("a", 100.0)])
+    base = "/txn" + job.DEFAULT_ZNODE
+    zk = _zk(zookeeper)
+    sync = _sync(broker, zookeeper, spark, reports, "/txn", usage_topic=usage)
+    try:
+        assert sync.cycle()["cycle"] == 1
+        before = {z: zk.get(z)[0] for z in (base, base + "/shares/a")}
+        # proxy b's znode is there but no one may write it: the transaction fails
+        zk.create(base + "/shares/b", b"", acl=[make_acl("world", "anyone", read=True)])
+        _publish(broker.bootstrap, reports, [("111", _report(750), 0)])
+        _publish(broker.bootstrap, usage, [usage_of("a", 300.0), usage_of("b", 100.0)])
+        with pytest.raises(job.CycleError) as err:
+            sync.cycle()
+        assert "refused the transaction, nothing of it was written" in str(err.value)
+        assert "setting %s/shares/b: NoAuthError" % job.DEFAULT_ZNODE in str(err.value)
+        assert {z: zk.get(z)[0] for z in before} == before  # neither changed
+        zk.delete(base + "/shares/b")
+        snap = sync.cycle()
+        assert snap["cycle"] == 3  # not 2 again
+        assert ClusterState.from_json(zk.get(base)[0]).cluster == State(THROTTLE, 0.5)
+        docs = [parse_shares_document(zk.get(base + "/shares/" + p)[0]) for p in "ab"]
+        assert [d.cycle for d in docs] == [3, 3]
+    finally:
+        sync.close()
+        zk.stop()
+        zk.close()
+
+
+@needs_zookeeper
+def test_a_cycle_past_one_transaction_is_written_in_several_the_snapshot_last(zookeeper):
+    zk = _zk(zookeeper)
+    writer = job.ZnodeWriter(zookeeper.hosts + "/chunks", job.DEFAULT_ZNODE, 10)
+    base = "/chunks" + job.DEFAULT_ZNODE
+    try:
+        writes = [("%s/shares/p%02d" % (job.DEFAULT_ZNODE, n), b"x" * 3000) for n in range(20)]
+        writes.append((job.DEFAULT_ZNODE, b'{"snapshot": 1}'))
+        # the znodes do not exist yet: created (the snapshot's empty first, set last)
+        assert writer.commit(writes) == 1
+        assert zk.get(base)[0] == b'{"snapshot": 1}'
+        assert len(zk.get_children(base + "/shares")) == 20
+        writes = [(z, d.replace(b"x", b"y").replace(b"1", b"2")) for z, d in writes]
+        assert writer.commit(writes, limit=16 * 1024) == 4  # five shares (3.1 kB) in each
+        assert zk.get(base)[0] == b'{"snapshot": 2}'
+        assert all(zk.get(base + "/shares/p%02d" % n)[0] == b"y" * 3000 for n in range(20))
+        # 1.5 MB in all: more than this server's jute.maxbuffer (1 MiB) takes in one request
+        writes = [("%s/shares/q%02d" % (job.DEFAULT_ZNODE, n), b"z" * 50_000) for n in range(30)]
+        assert writer.commit(writes + [(job.DEFAULT_ZNODE, b'{"snapshot": 3}')]) == 2
+        assert zk.get(base)[0] == b'{"snapshot": 3}'
+        assert zk.get(base + "/shares/q29")[0] == b"z" * 50_000
+    finally:
+        writer.close()
+        zk.stop()
+        zk.close()
 
 
 # flags and helpers ------------------------------------------------------------------
@@ -415,7 +695,8 @@ def test_help_explains_every_flag_with_an_example(capsys):
         main(["spark-sync", "--help"])
     out = capsys.readouterr().out
     for flag in ("--bootstrap-server", "--zookeeper", "--master", "--interval", "--once",
-                 "--topic", "--freshness", "--znode", "--security-protocol", "--ssl-ca",
+                 "--topic", "--freshness", "--znode", "--state-dir", "hdfs://", "s3a://",
+                 "--security-protocol", "--ssl-ca",
                  "--sasl-mechanism", "--sasl-username", "--sasl-password-file",
                  job.PASSWORD_ENV, "example:", "kthrottle spark-sync --bootstrap-server"):
         assert flag in out, flag
@@ -464,6 +745,8 @@ def _run_command(*args, timeout=120):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("PYSPARK_PYTHON", None)
     started = time.monotonic()
+    if "--state-dir" not in args:
+        args += ("--state-dir", os.path.join(STATE_ROOT, _name("command")))
     proc = subprocess.Popen([sys.executable, "-m", "kthrottle", "spark-sync", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                             env=env, stdin=subprocess.DEVNULL)

@@ -17,8 +17,9 @@ def available():
 
 
 class ZooKeeperServer:
-    def __init__(self, workdir):
+    def __init__(self, workdir, heap="128m"):
         self.dir = Path(workdir)
+        self.heap = heap  # -Xmx: a benchmark writing megabytes a cycle needs more
         self.port = free_port()
         self.proc = None
 
@@ -38,7 +39,7 @@ class ZooKeeperServer:
         )
         with open(self.dir / "zookeeper.log", "ab") as log:
             self.proc = subprocess.Popen(
-                ["java", "-Xmx128m", "-Dzookeeper.log.dir=%s" % self.dir,
+                ["java", "-Xmx%s" % self.heap, "-Dzookeeper.log.dir=%s" % self.dir,
                  "-Dzookeeper.root.logger=WARN,CONSOLE",
                  "-cp", ":".join(["/etc/zookeeper/conf"] + JARS), MAIN, str(cfg)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -264,11 +264,11 @@ def _int(value, what):
     return int(value)
 
 
-def parse_report(data):
+def parse_report(data, now=None):
     """A BrokerReport from the agent's JSON (bytes, str or already parsed);
-    ValueError says what is wrong. A SnapshotAt ahead of the reader's clock
-    is not refused here: cluster_snapshot counts that broker UNKNOWN, and
-    says why."""
+    ValueError says what is wrong. With ``now``, a SnapshotAt more than
+    MAX_CLOCK_SKEW ahead of it is refused too (check_time); without,
+    cluster_snapshot counts such a broker UNKNOWN, and says why."""
     data = decode_snapshot(data)
     if not isinstance(data, dict):
         raise ValueError("a volume report is a JSON object")
@@ -297,7 +297,8 @@ def parse_report(data):
             tuple(partitions),
             limit_from_json(v["SoftLimit"], what + ".SoftLimit") if "SoftLimit" in v else None,
             limit_from_json(v["HardLimit"], what + ".HardLimit") if "HardLimit" in v else None))
-    return BrokerReport(broker_id, parse_iso_time(data.get("SnapshotAt")), soft, hard, tuple(out))
+    snapshot_at = check_time(parse_iso_time(data.get("SnapshotAt")), "SnapshotAt", now)
+    return BrokerReport(broker_id, snapshot_at, soft, hard, tuple(out))
 
 
 # the cluster-state snapshot (the Spark job writes it, proxies read it) ------------

@@ -3,7 +3,8 @@
 What the volume agent (``kthrottle volume-agent``: per-broker volume usage)
 and the proxy (``--proxy-id``: its usage reports for fleet-wide quotas) both
 publish with. The topic is created on first contact, compacted
-(cleanup.policy=compact), one partition, and the cluster's
+(cleanup.policy=compact, with segment.ms and min.cleanable.dirty.ratio set
+so that compaction keeps up: TOPIC_CONFIGS), one partition, and the cluster's
 default.replication.factor (read from the controller with DescribeConfigs,
 capped to the live brokers; min(3, live brokers) when it cannot be read), all
 explicit, as CreateTopics below v4 (Kafka < 2.4) requires. A cluster that
@@ -24,7 +25,12 @@ import time
 
 log = logging.getLogger("kthrottle.publisher")
 
-TOPIC_CONFIGS = {"cleanup.policy": "compact"}
+# Compaction never touches the active segment, which rolls only at segment.bytes
+# (1 GiB) or segment.ms (7 days) by default: a report topic would be read whole
+# for days. Rolling every hour and cleaning once a tenth of the log is
+# superseded (Kafka's default: half) keeps it near one record per key.
+TOPIC_CONFIGS = {"cleanup.policy": "compact", "segment.ms": "3600000",
+                 "min.cleanable.dirty.ratio": "0.1"}
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_REPLICATION_FACTOR = "default.replication.factor"
 # when the cluster's default cannot be read: Kafka's own recommendation for

@@ -4,21 +4,28 @@ Each cycle:
 
 1. reads the volume-report topic with the ``kthrottle-kafka`` Python data
    source (``kafka_source``: one Spark partition per Kafka partition, read on
-   the executors) and keeps the latest record of each key (broker id) with
-   Spark; only that (one row per broker) is collected. Each is parsed with
-   ``parse_report``; a malformed one is logged and skipped (its broker is then
-   UNKNOWN);
+   the executors), only the records past the offsets the last cycle stopped
+   at, and unions them with the latest record of each (key, partition) kept
+   from the last cycle; Spark reduces them again (within a partition the
+   offset decides, never the sender's clock) and the result is stored under
+   --state-dir with the next offsets (``ReportTopic``). Only those rows (one
+   per broker) are collected. Each is parsed with ``parse_report``; a
+   malformed one, or one dated ahead of the job's clock, is logged and
+   skipped (its broker is then UNKNOWN);
 2. reads the cluster's Metadata on the driver: the live brokers and the
    replicas of every partition;
 3. computes the snapshot with ``cluster_snapshot`` (plus ``cycle`` and
-   ``cycle_seconds``);
-4. writes it as JSON to one znode (created if missing, else set: readers see
-   the old or the new snapshot, never half of one).
+   ``cycle_seconds``), and the fleet's quota shares from the usage topic
+   (read the same way);
+4. writes the shares and the snapshot in one ZooKeeper transaction: readers
+   see all of the old cycle or all of the new one.
 
-A cycle that fails changes nothing in ZooKeeper; the next one tries again.
-One SparkSession and one ZooKeeper client serve every cycle.
+A cycle that fails changes nothing in ZooKeeper, and its number is not used
+again; the next one tries again. One SparkSession and one ZooKeeper client
+serve every cycle.
 """
 import argparse
+import json
 import logging
 import os
 import re
@@ -34,7 +41,13 @@ from ..policy.fleet import (
     parse_usage_report,
     shares_document,
 )
-from ..policy.storage import OPEN, cluster_snapshot, encode_snapshot, parse_report
+from ..policy.storage import (
+    OPEN,
+    cluster_snapshot,
+    decode_snapshot,
+    encode_snapshot,
+    parse_report,
+)
 from ..security import (  # noqa: F401 (the names kafka_source keeps copies of)
     SASL_MECHANISMS,
     SECURITY_PROTOCOLS,
@@ -55,6 +68,11 @@ DEFAULT_ZNODE = "/kthrottle/cluster-state"
 DEFAULT_MASTER = "local[2]"
 PASSWORD_ENV = "KTHROTTLE_SPARK_SASL_PASSWORD"
 ZNODE_MAX_BYTES = 1048575 - 1024  # ZooKeeper's default jute.maxbuffer, less some room
+# A transaction (multi) is one request, held to jute.maxbuffer as a whole: the
+# shares and the snapshot of a cycle go in one while they fit in this, less
+# each operation's own bytes (its header, path and ACL)
+TRANSACTION_MAX_BYTES = 1048575 - 16 * 1024
+OP_OVERHEAD_BYTES = 64
 SECURITY = ClientSecurityOptions(
     who="the job", password_env=PASSWORD_ENV,
     title="Kafka client security (for the driver and the executors)",
@@ -118,6 +136,10 @@ example:
 
 durations: 30s, 5m, 500ms, 1h or a number of seconds.
 
+Each cycle reads only the records published since the last one: the latest
+report of each key and the next offset of each partition are kept in
+--state-dir (parquet, written by Spark) and survive a restart.
+
 On a Spark cluster the executors need Python with kafka-python and pyarrow
 (not kthrottle: the data source is shipped with the job); the driver host must
 be reachable by them (--conf spark.driver.host=...). With a local master the
@@ -134,7 +156,8 @@ def add_parser(sub):
         "(OPEN, THROTTLE with a factor, PAUSE; UNKNOWN for a broker without a fresh report)\n"
         "and write it as JSON to a ZooKeeper znode, once or every --interval. Each cycle\n"
         "reads the topic with PySpark (one Spark task per Kafka partition, on the\n"
-        "executors); only the latest report of each broker reaches the driver.\n"
+        "executors), only what was published since the last cycle (--state-dir); only\n"
+        "the latest report of each broker reaches the driver.\n"
         "The same cycle reads the usage reports of the fleet's proxies (--usage-topic)\n"
         "and writes each proxy its share of every quota bucket shared between proxies, in\n"
         "proportion to demand, to <znode>/shares/<proxy-id>.",
@@ -175,6 +198,13 @@ def add_parser(sub):
                    help="each proxy of a shared bucket gets at least this fraction of an equal "
                    "share, so that clients just arrived are not starved (default %g)"
                    % DEFAULT_FLOOR_FRACTION)
+    p.add_argument("--state-dir", default=None, metavar="PATH",
+                   help="where the job keeps, between cycles and across restarts, the latest "
+                   "report of each key and the next offset of each partition, so that a cycle "
+                   "reads only what is new (default %s). On a real cluster it must be a path the "
+                   "driver and every executor reach, e.g. hdfs://namenode/kthrottle/spark-sync "
+                   "or s3a://bucket/kthrottle/spark-sync; one job per state directory"
+                   % default_state_dir().replace("%", "%%"))
     p.add_argument("--znode", type=_znode, default=DEFAULT_ZNODE, metavar="PATH",
                    help="znode the snapshot is written to, under the chroot if any "
                    "(default %s)" % DEFAULT_ZNODE)
@@ -200,9 +230,11 @@ def security_options(args):
     return SECURITY.resolve(vars(args)).data_source_options()
 
 
-def read_metadata(settings, timeout_ms, leaders=None):
+def read_metadata(settings, timeout_ms, leaders=None, topic_ids=None):
     """(live broker ids, {(topic, partition): [replica broker ids]}); with a
-    ``leaders`` dict, fills it with {(topic, partition): leader id}."""
+    ``leaders`` dict, fills it with {(topic, partition): leader id}; with a
+    ``topic_ids`` dict, with {topic: topic id} (KIP-516; absent before
+    Kafka 2.8), which tells a topic deleted and created again."""
     kafka_source = _source()
     from kafka import KafkaAdminClient
 
@@ -213,6 +245,8 @@ def read_metadata(settings, timeout_ms, leaders=None):
                    if not b.get("is_fenced")]
         replicas = {}
         for topic in admin.describe_topics():
+            if topic_ids is not None and _topic_id(topic.get("topic_id")):
+                topic_ids[topic["name"]] = _topic_id(topic.get("topic_id"))
             for p in topic.get("partitions") or ():
                 replicas[topic["name"], p["partition_index"]] = list(p.get("replica_nodes") or ())
                 if leaders is not None and p.get("leader_id", -1) >= 0:
@@ -222,9 +256,16 @@ def read_metadata(settings, timeout_ms, leaders=None):
         admin.close()
 
 
+def _topic_id(value):
+    """A topic id as text; None for none (Kafka before 2.8 sends zeros)."""
+    text = str(value) if value is not None else ""
+    return None if not text.strip("0-") or text == "AAAAAAAAAAAAAAAAAAAAAA" else text
+
+
 def latest_reports(spark, settings, topic, offsets, timeout_ms):
     """The latest record of each key, reduced by Spark and collected (one
-    row per broker), and the number of records read."""
+    row per broker), and the number of records read: the whole topic, with
+    no state kept (``ReportTopic`` reads only what is new)."""
     kafka_source = _source()
     df = kafka_source.load(spark, settings["bootstrap"], topic, offsets, timeout_ms,
                            **{k: v for k, v in settings.items() if k != "bootstrap"})
@@ -232,9 +273,11 @@ def latest_reports(spark, settings, topic, offsets, timeout_ms):
     return rows, sum(r["records"] for r in rows)
 
 
-def parse_reports(rows):
-    """{broker id: BrokerReport} from the latest rows; a malformed report is
-    logged and skipped (that broker is then UNKNOWN)."""
+def parse_reports(rows, now=None):
+    """{broker id: BrokerReport} from the latest rows; a malformed report,
+    or one dated ahead of ``now`` by more than the allowed clock skew, is
+    logged and skipped (that broker is then UNKNOWN until its agent sends a
+    good one: the next record of its key replaces it, whatever its time)."""
     reports = {}
     for row in sorted(rows, key=lambda r: (r["key"] is None, r["key"] or "")):
         where = "partition %d, offset %d" % (row["partition"], row["offset"])
@@ -246,10 +289,10 @@ def parse_reports(rows):
             log.info("broker %s's report was deleted (tombstone at %s)", row["key"], where)
             continue
         try:
-            report = parse_report(row["value"])
+            report = parse_report(row["value"], now)
         except Exception as exc:  # a malformed report is never fatal
-            log.error("skipping the malformed report of key %r (%s): %s: %s", row["key"],
-                      where, type(exc).__name__, str(exc)[:300])
+            log.error("skipping the malformed report of key %r (broker %s, %s): %s: %s",
+                      row["key"], row["key"], where, type(exc).__name__, str(exc)[:300])
             continue
         if str(report.broker_id) != row["key"]:
             log.warning("the report keyed %r (%s) is broker %d's", row["key"], where,
@@ -258,6 +301,241 @@ def parse_reports(rows):
         if previous is None or report.snapshot_at >= previous.snapshot_at:
             reports[report.broker_id] = report
     return reports
+
+
+# the state between cycles -----------------------------------------------------------
+
+def default_state_dir():
+    """Where the job keeps its state unless --state-dir says: the user's
+    state directory (XDG_STATE_HOME, else ~/.local/state)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                            "state")
+    return os.path.join(base, "kthrottle", "spark-sync")
+
+
+def state_dir_path(text):
+    """A local path made absolute (Spark resolves relative ones elsewhere on
+    executors); a URI (hdfs://, s3a://, file:) as given."""
+    text = str(text).strip()
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", text):
+        return text.rstrip("/") or text
+    return os.path.abspath(os.path.expanduser(text))
+
+
+class StateFiles:
+    """The state directory through Hadoop's FileSystem API (what Spark
+    writes with): a local directory, hdfs://, s3a:// alike."""
+
+    def __init__(self, spark, root):
+        jvm = spark._jvm
+        self._path = jvm.org.apache.hadoop.fs.Path
+        self._io = jvm.org.apache.commons.io.IOUtils
+        self.root = root
+        self.fs = self._path(root).getFileSystem(spark._jsc.hadoopConfiguration())
+
+    def join(self, *parts):
+        return "/".join([self.root.rstrip("/")] + [p.strip("/") for p in parts])
+
+    def list(self, path):
+        """The names in directory ``path`` ([] when it does not exist)."""
+        p = self._path(path)
+        if not self.fs.exists(p):
+            return []
+        return [st.getPath().getName() for st in self.fs.listStatus(p)]
+
+    def exists(self, path):
+        return bool(self.fs.exists(self._path(path)))
+
+    def read_text(self, path):
+        """The file's text, None when it does not exist."""
+        p = self._path(path)
+        if not self.fs.exists(p):
+            return None
+        stream = self.fs.open(p)
+        try:
+            return self._io.toString(stream, "UTF-8")
+        finally:
+            stream.close()
+
+    def write_text(self, path, text):
+        """Written under a temporary name, then renamed: a reader sees the
+        whole file or none."""
+        tmp = self._path(path + ".tmp")
+        out = self.fs.create(tmp, True)
+        try:
+            out.write(bytearray(text.encode("utf-8")))
+        finally:
+            out.close()
+        target = self._path(path)
+        if self.fs.exists(target):
+            self.fs.delete(target, False)
+        if not self.fs.rename(tmp, target):
+            raise OSError("could not rename %s to %s" % (tmp, target))
+
+    def delete(self, path):
+        self.fs.delete(self._path(path), True)
+
+
+STATE_COLUMNS = ("key", "partition", "value", "offset", "timestamp")
+STATE_SCHEMA = ("key STRING, partition INT, value STRING, offset BIGINT, timestamp TIMESTAMP, "
+                "records BIGINT, bytes BIGINT")
+STATE_FORMAT = "kthrottle-spark-sync-state"
+_VERSION = re.compile(r"^v-([0-9]{10})$")
+
+
+def plan_read(topic, stored, listed, stored_topic_id, topic_id, high_watermark):
+    """Which offsets of ``topic`` to read this cycle. ``stored``: {partition:
+    next offset} kept from the last cycle; ``listed``: {partition: (log
+    start, end offset)} now; ``high_watermark(partition, near)``: asked only
+    when the end offset is below the stored one (Tansu under-reports end
+    offsets; a real truncation shows in the high watermark too).
+    Returns ({partition: (start, end)}, partitions whose state is dropped,
+    [what happened, for the log])."""
+    notes, dropped = [], set()
+    if stored and stored_topic_id and topic_id and stored_topic_id != topic_id:
+        notes.append("topic %s was deleted and created again (topic id %s, was %s): its state "
+                     "is dropped, read from the log start" % (topic, topic_id, stored_topic_id))
+        dropped, stored = set(stored), {}
+    for p in sorted(set(stored) - set(listed)):
+        notes.append("%s-%d is gone: its state is dropped" % (topic, p))
+        dropped.add(p)
+    ranges = {}
+    for p, (start, end) in sorted(listed.items()):
+        at = stored.get(p)
+        if at is None:
+            if stored:
+                notes.append("%s-%d is new: read from its log start %d" % (topic, p, start))
+            ranges[p] = (start, end)
+        elif end < at and high_watermark(p, max(start, end - 1)) < at:
+            notes.append("%s-%d ends at %d, before the next offset kept (%d): the partition was "
+                         "truncated or created again; its state is dropped, read from the log "
+                         "start %d" % (topic, p, end, at, start))
+            dropped.add(p)
+            ranges[p] = (start, end)
+        elif start > at:
+            notes.append("%s-%d starts at %d, past the next offset kept (%d): records were "
+                         "removed (retention, deletion); read from the log start"
+                         % (topic, p, start, at))
+            ranges[p] = (start, end)
+        else:
+            ranges[p] = (at, max(end, at))
+    return ranges, dropped, notes
+
+
+class ReportTopic:
+    """One report topic read incrementally: the latest record per (key,
+    partition) is kept as a Spark DataFrame; each cycle unions it with only
+    the records past the next offset kept for each partition, reduces again
+    (Spark), and stores the result as parquet under ``<state dir>/<topic>/
+    v-<N>/latest`` with ``offsets.json`` (the next offset per partition,
+    the topic id), written last: a version without it is incomplete. The
+    previous version is removed once the new one is complete; on start the
+    newest complete version is loaded. One job per state directory."""
+
+    def __init__(self, topic, state_dir):
+        self.topic = topic
+        self.state_dir = state_dir
+        self.loaded = False
+        self.version = 0  # the newest version number seen (complete or not)
+        self.current = None  # the directory of the version in use
+        self.offsets = {}  # partition -> next offset
+        self.topic_id = None
+        self.latest = None  # DataFrame of the version in use
+        self.last_counts = None  # what the last cycle read: records, bytes, keys
+
+    def _load(self, spark, files):
+        home = files.join(self.topic)
+        versions = sorted((int(m.group(1)), name) for name in files.list(home)
+                          for m in [_VERSION.match(name)] if m)
+        self.version = versions[-1][0] if versions else 0
+        for number, name in reversed(versions):
+            where = files.join(self.topic, name)
+            try:
+                meta = json.loads(files.read_text(where + "/offsets.json") or "null")
+                if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT \
+                        or meta.get("topic") != self.topic:
+                    continue
+                offsets = {int(p): int(n) for p, n in meta["next_offsets"].items()}
+                latest = spark.read.schema(STATE_SCHEMA).parquet(where + "/latest")
+            except Exception as exc:
+                log.warning("state %s is unreadable, an older one is tried: %s", where,
+                            one_line(exc))
+                continue
+            self.current, self.offsets, self.latest = where, offsets, latest
+            self.topic_id = meta.get("topic_id")
+            log.info("%s: resuming from %s (next offsets %s)", self.topic, where,
+                     ", ".join("%d: %d" % kv for kv in sorted(offsets.items())) or "none")
+            break
+        self.loaded = True
+
+    def read(self, spark, settings, listed, topic_id, timeout_ms):
+        """This cycle's rows (one per (key, partition), collected) and
+        {"records", "bytes"} read from Kafka this cycle (new ones only)."""
+        kafka_source = _source()
+        from pyspark.sql import functions as F
+
+        files = StateFiles(spark, self.state_dir)
+        if not self.loaded:
+            self._load(spark, files)
+
+        def high_watermark(partition, near):
+            return kafka_source.high_watermark(settings, self.topic, partition, near, timeout_ms)
+
+        ranges, dropped, notes = plan_read(self.topic, self.offsets, listed, self.topic_id,
+                                           topic_id, high_watermark)
+        for note in notes:
+            log.warning("%s", note)
+        new = kafka_source.load(spark, settings["bootstrap"], self.topic, ranges, timeout_ms,
+                                **{k: v for k, v in settings.items() if k != "bootstrap"})
+        df = new.select(*STATE_COLUMNS).withColumn("new", F.lit(1))
+        if self.latest is not None:
+            old = self.latest
+            if dropped:
+                old = old.filter(~F.col("partition").isin(sorted(dropped)))
+            df = old.select(*STATE_COLUMNS).withColumn("new", F.lit(0)).unionByName(df)
+        version = self.version + 1
+        where = files.join(self.topic, "v-%010d" % version)
+        self.version = version
+        try:
+            (kafka_source.latest_per_key_partition(df, new=False).coalesce(1)
+             .write.mode("overwrite").parquet(where + "/latest"))
+            latest = spark.read.schema(STATE_SCHEMA).parquet(where + "/latest")
+            rows = latest.collect()
+            offsets = {p: start for p, (start, _) in ranges.items()}
+            for row in rows:
+                p = row["partition"]
+                if p in offsets:
+                    offsets[p] = max(offsets[p], row["offset"] + 1)
+            files.write_text(where + "/offsets.json", json.dumps({
+                "format": STATE_FORMAT, "version": 1, "topic": self.topic, "topic_id": topic_id,
+                "next_offsets": {str(p): n for p, n in sorted(offsets.items())},
+                "written_at": time.time()}, sort_keys=True))
+        except BaseException:
+            try:
+                files.delete(where)
+            except Exception:
+                pass
+            self.forget()  # what this job held may be what failed: load it again
+            raise
+        previous, self.current = self.current, where
+        self.latest, self.offsets, self.topic_id = latest, offsets, topic_id
+        if previous is not None and previous != where:
+            try:
+                files.delete(previous)
+            except Exception as exc:  # left for the next start to ignore
+                log.warning("could not remove the previous state %s: %s", previous,
+                            one_line(exc))
+        counts = self.last_counts = {"records": sum(r["records"] or 0 for r in rows),
+                                     "bytes": sum(r["bytes"] or 0 for r in rows),
+                                     "keys": len(rows)}
+        return rows, counts
+
+    def forget(self):
+        """After a failed cycle: load the newest complete version again on
+        the next one (what this job held may be what failed)."""
+        self.loaded = False
+        self.current = self.latest = self.topic_id = None
+        self.offsets = {}
 
 
 # the ZooKeeper side -----------------------------------------------------------------
@@ -271,6 +549,7 @@ class ZnodeWriter:
         self.znode = znode
         self.timeout = timeout
         self.zk = None
+        self._chunks_said = 1
 
     def _connect(self):
         import warnings
@@ -339,6 +618,126 @@ class ZnodeWriter:
                 znode, self.hosts, type(exc).__name__ + (": %s" % exc if str(exc) else "")
             )) from None
 
+    def last_cycle(self, znodes):
+        """The greatest ``cycle`` among the documents at ``znodes`` (0 when
+        none has one): where a restarted job carries on counting."""
+        self.ensure_connected()
+        last = 0
+        for znode in znodes:
+            try:
+                data, _ = self.zk.get_async(znode).get(timeout=self.timeout)
+                cycle = decode_snapshot(data).get("cycle") if data else None
+            except Exception:
+                continue
+            if isinstance(cycle, int) and not isinstance(cycle, bool):
+                last = max(last, cycle)
+        return last
+
+    def children(self, znode):
+        """The names under ``znode`` ([] when it does not exist)."""
+        from kazoo.exceptions import NoNodeError
+
+        self.ensure_connected()
+        try:
+            return list(self.zk.get_children_async(znode).get(timeout=self.timeout))
+        except NoNodeError:
+            return []
+
+    def plan(self, writes):
+        """The operations of one transaction that writes every (znode, data)
+        of ``writes``: ("create" | "set", znode, data), in order, a missing
+        znode created empty before anything below it (set later in the same
+        transaction when it is itself written: the snapshot znode is the
+        parent of the shares)."""
+        zk = self.zk
+        targets = [z for z, _ in writes]
+        parents = {z.rsplit("/", 1)[0] or "/" for z in targets}
+        needed = set()
+        for z in targets:
+            parts = z.strip("/").split("/")
+            needed.update("/" + "/".join(parts[:i]) for i in range(1, len(parts)))
+        probe = sorted(needed | (set(targets) & parents), key=lambda z: z.count("/"))
+        answers = [(z, zk.exists_async(z)) for z in probe]
+        existing = {z for z, a in answers if a.get(timeout=self.timeout) is not None}
+        listed = [(parent, zk.get_children_async(parent)) for parent in sorted(parents)
+                  if parent == "/" or parent in existing]
+        for parent, answer in listed:
+            existing.update("%s/%s" % (parent.rstrip("/"), c)
+                            for c in answer.get(timeout=self.timeout))
+        ops = []
+
+        def ensure(path):
+            parts = path.strip("/").split("/")
+            for i in range(1, len(parts) + 1):
+                z = "/" + "/".join(parts[:i])
+                if z != "/" and z not in existing:
+                    ops.append(("create", z, b""))
+                    existing.add(z)
+
+        for znode, data in writes:
+            ensure(znode.rsplit("/", 1)[0] or "/")
+            ops.append(("set" if znode in existing else "create", znode, data))
+            existing.add(znode)
+        return ops
+
+    def commit(self, writes, limit=None):
+        """Write every (znode, data) of ``writes`` in one ZooKeeper
+        transaction (a multi): all or none. One transaction is one request,
+        which a server refuses past its jute.maxbuffer (1 MiB by default): a
+        cycle whose znodes pass ``limit`` bytes in all is written in several,
+        in order, each all or none, the last one carrying what ``writes``
+        ends with (the snapshot); returns how many transactions it took."""
+        from kazoo.exceptions import KazooException, RolledBackError
+
+        limit = TRANSACTION_MAX_BYTES if limit is None else limit
+        for znode, data in writes:
+            if len(data) > ZNODE_MAX_BYTES:
+                raise CycleError("%s would be %d bytes, past what one znode holds (%d)"
+                                 % (znode, len(data), ZNODE_MAX_BYTES))
+        self.ensure_connected()
+        zk = self.zk
+        try:
+            ops = self.plan(writes)
+            chunks, size = [[]], 0
+            for op in ops:
+                cost = len(op[2]) + len(op[1]) + OP_OVERHEAD_BYTES
+                if chunks[-1] and size + cost > limit:
+                    chunks.append([])
+                    size = 0
+                chunks[-1].append(op)
+                size += cost
+            if len(chunks) > 1 and len(chunks) != self._chunks_said:
+                log.warning("the cycle's %d znodes (%d bytes) pass what one ZooKeeper transaction "
+                            "carries (%d bytes, jute.maxbuffer): written in %d transactions, the "
+                            "snapshot with the last", len(writes),
+                            sum(len(op[2]) for op in ops), limit, len(chunks))
+            self._chunks_said = len(chunks)  # said again when that changes
+            for n, chunk in enumerate(chunks, 1):
+                t = zk.transaction()
+                for kind, znode, data in chunk:
+                    if kind == "create":
+                        t.create(znode, data)
+                    else:
+                        t.set_data(znode, data)
+                results = t.commit_async().get(timeout=self.timeout)
+                failed = [(op, r) for op, r in zip(chunk, results)
+                          if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
+                if failed:
+                    (kind, znode, _), error = failed[0]
+                    raise CycleError("ZooKeeper %s refused the transaction%s, nothing of it was "
+                                     "written: %s %s: %s" % (
+                                         self.hosts, " %d of %d (the earlier ones were written)"
+                                         % (n, len(chunks)) if n > 1 else "",
+                                         "creating" if kind == "create" else "setting", znode,
+                                         type(error).__name__))
+        except CycleError:
+            raise
+        except (KazooException, zk.handler.timeout_exception) as exc:
+            raise CycleError("writing %d znode(s) on ZooKeeper %s failed: %s" % (
+                len(writes), self.hosts,
+                type(exc).__name__ + (": %s" % exc if str(exc) else ""))) from None
+        return len(chunks)
+
     def close(self):
         if self.zk is not None:
             try:
@@ -405,13 +804,15 @@ def one_line(exc):
 
 class SparkSync:
     """The job's state across cycles: the settings, the SparkSession (made
-    on first use, kept), the ZooKeeper writer and the cycle counter."""
+    on first use, kept), the ZooKeeper writer, the cycle counter and, per
+    report topic, what was read of it (``ReportTopic``, under
+    ``state_dir``)."""
 
     def __init__(self, bootstrap, zookeeper, *, topic=DEFAULT_TOPIC, freshness=90.0,
                  znode=DEFAULT_ZNODE, master=DEFAULT_MASTER, conf=(), security=None,
                  kafka_timeout=15.0, zookeeper_timeout=10.0, spark=None,
                  usage_topic=DEFAULT_USAGE_TOPIC, usage_freshness=30.0,
-                 share_floor=DEFAULT_FLOOR_FRACTION):
+                 share_floor=DEFAULT_FLOOR_FRACTION, state_dir=None):
         self.source = _source()
         self.settings = self.source.client_settings(dict(security or {}, bootstrap=bootstrap))
         self.topic = topic
@@ -423,11 +824,16 @@ class SparkSync:
         self.spark = spark
         self._own_spark = spark is None
         self.on_session = None  # called with the session once it is made
-        self.cycles = 0
+        self.cycles = None  # the last cycle number used; read from ZooKeeper on the first
+        self.ran = 0  # cycles this process ran
         self._warned_no_reports = False
         self.usage_topic = usage_topic
         self.usage_freshness = float(usage_freshness)
         self.share_floor = share_floor
+        self.state_dir = state_dir_path(state_dir or default_state_dir())
+        self.topics = {}  # name -> ReportTopic
+        self.leaders = {}
+        self.topic_ids = {}
 
     def session(self):
         if self.spark is None:
@@ -439,13 +845,24 @@ class SparkSync:
                 self.on_session(self.spark)
         return self.spark
 
+    def read_topic(self, topic, listed):
+        """(rows, counts) of ``topic``: its latest record per (key,
+        partition), only what is new read from Kafka (ReportTopic)."""
+        state = self.topics.get(topic)
+        if state is None:
+            state = self.topics[topic] = ReportTopic(topic, self.state_dir)
+        return state.read(self.session(), self.settings, listed, self.topic_ids.get(topic),
+                          self.timeout_ms)
+
     def snapshot(self, now=None):
-        """Steps 1-3: the snapshot dict (and how many reports were read);
-        (None, None) while no volume agent has published (the report topic
-        does not exist): the fleet's shares are still computed."""
-        self.leaders = {}
+        """Steps 1-3: the snapshot dict (and what was read); (None, None)
+        while no volume agent has published (the report topic does not
+        exist): the fleet's shares are still computed."""
+        self.leaders, self.topic_ids = {}, {}
+        now = time.time() if now is None else now
         try:
-            brokers, replicas = read_metadata(self.settings, self.timeout_ms, self.leaders)
+            brokers, replicas = read_metadata(self.settings, self.timeout_ms, self.leaders,
+                                              self.topic_ids)
             offsets = self.source.list_offsets(self.settings, self.topic, self.timeout_ms)
         except self.source.TopicMissing as exc:
             if not self._warned_no_reports:
@@ -457,54 +874,65 @@ class SparkSync:
             raise CycleError(str(exc)) from None
         except Exception as exc:
             raise CycleError("Kafka %s: %s" % (self.settings["bootstrap"], one_line(exc))) from None
-        spark = self.session()
-        rows, records = latest_reports(spark, self.settings, self.topic, offsets,
-                                       self.timeout_ms)
-        reports = parse_reports(rows)
-        snap = cluster_snapshot(reports, brokers, replicas,
-                                time.time() if now is None else now, self.freshness,
+        rows, counts = self.read_topic(self.topic, offsets)
+        reports = parse_reports(self.source.latest_of_keys(rows).values(), now)
+        snap = cluster_snapshot(reports, brokers, replicas, now, self.freshness,
                                 generated_by="kthrottle spark-sync")
-        return snap, {"records": records, "keys": len(rows), "reports": len(reports)}
+        return snap, dict(counts, keys=len(rows), reports=len(reports))
 
     def cycle(self, now=None):
         """One cycle; returns the snapshot written. CycleError (one line)
-        when it failed: then nothing was written."""
+        when it failed: then nothing was written, and the cycle's number is
+        not used again."""
         started = time.monotonic()
-        cycle = self.cycles + 1
         try:
             self.writer.ensure_connected()
-            snap, counts = self.snapshot(now)
-            generated_at = snap["generated_at"] if snap else (time.time() if now is None
-                                                              else now)
-            shares = self.fleet_shares(generated_at)
-            for proxy, proxy_shares in sorted(shares.items()):
-                self.writer.write(encode_shares_document(
-                    shares_document(proxy_shares, generated_at, cycle)),
-                    znode=shares_znode(proxy, self.writer.znode))
-            if snap is None:
-                self.cycles = cycle
-                log.info("cycle %d: quota shares for %d proxies written; no volume reports",
-                         cycle, len(shares))
-                return None
-            snap["cycle"] = cycle
-            snap["quota_shares"] = {
-                "proxies": sorted(shares), "usage_reports": len(shares),
-                "buckets": len({s[:3] for p in shares.values() for s in p.shares})}
-            snap["cycle_seconds"] = round(time.monotonic() - started, 3)
-            self.writer.write(encode_snapshot(snap))
+            if self.cycles is None:
+                self.cycles = self.writer.last_cycle([self.writer.znode] + [
+                    shares_znode(p, self.writer.znode)
+                    for p in self.writer.children(self.writer.znode + "/shares")[:1]])
         except CycleError:
             raise
         except Exception as exc:
             raise CycleError(one_line(exc)) from None
-        self.cycles = cycle
+        cycle = self.cycles = self.cycles + 1
+        self.ran += 1
+        try:
+            snap, counts = self.snapshot(now)
+            generated_at = snap["generated_at"] if snap else (time.time() if now is None
+                                                              else now)
+            shares = self.fleet_shares(generated_at)
+            writes = [(shares_znode(proxy, self.writer.znode),
+                       encode_shares_document(shares_document(proxy_shares, generated_at, cycle)))
+                      for proxy, proxy_shares in sorted(shares.items())]
+            if snap is not None:
+                snap["cycle"] = cycle
+                snap["quota_shares"] = {
+                    "proxies": sorted(shares), "usage_reports": len(shares),
+                    "buckets": len({s[:3] for p in shares.values() for s in p.shares})}
+                snap["cycle_seconds"] = round(time.monotonic() - started, 3)
+                writes.append((self.writer.znode, encode_snapshot(snap)))
+            if writes:
+                # the shares and the snapshot together, or neither
+                self.writer.commit(writes)
+            if snap is None:
+                log.info("cycle %d: quota shares for %d proxies written; no volume reports",
+                         cycle, len(shares))
+                return None
+        except CycleError:
+            raise
+        except Exception as exc:
+            raise CycleError(one_line(exc)) from None
         cluster = snap["cluster"]
         state = cluster["state"] + (" %.3f" % cluster["factor"] if cluster["state"] not in (
             OPEN, "PAUSE") else "")
         not_open = snap["partitions"]
         log.info(
-            "cycle %d: %d broker(s), %d report(s) read (%d record(s) in %s), cluster %s, "
-            "unknown brokers: %s, %d partition(s) not OPEN%s; written to %s in %.2f s",
-            cycle, len(snap["brokers"]), counts["reports"], counts["records"], self.topic, state,
+            "cycle %d: %d broker(s), %d report(s) read (%d new record(s), %d bytes, of %s), "
+            "cluster %s, unknown brokers: %s, %d partition(s) not OPEN%s; written to %s in "
+            "%.2f s",
+            cycle, len(snap["brokers"]), counts["reports"], counts["records"], counts["bytes"],
+            self.topic, state,
             ", ".join(map(str, cluster["unknown_brokers"])) or "none", len(not_open),
             (" (%s)" % ", ".join("%s-%d %s" % (t, p, s) for t, p, s, _ in not_open[:5])
              + (" ..." if len(not_open) > 5 else "")) if not_open else "",
@@ -519,25 +947,28 @@ class SparkSync:
             offsets = self.source.list_offsets(self.settings, self.usage_topic, self.timeout_ms)
         except self.source.KafkaReadError:
             return {}
-        rows, _ = latest_reports(self.session(), self.settings, self.usage_topic, offsets,
-                                 self.timeout_ms)
+        rows, counts = self.read_topic(self.usage_topic, offsets)
         reports = {}
-        for row in rows:
-            if row["key"] is None or row["value"] is None:
+        for key, row in sorted(self.source.latest_of_keys(rows).items(),
+                               key=lambda kv: (kv[0] is None, kv[0] or "")):
+            if key is None or row["value"] is None:
                 continue
             try:
                 # dated ahead of the job's clock: refused, as it would never age
                 report = parse_usage_report(row["value"], now)
             except Exception as exc:  # a malformed report is never fatal
-                log.error("skipping the malformed usage report of proxy %r: %s: %s",
-                          row["key"], type(exc).__name__, str(exc)[:300])
+                log.error("skipping the usage report of proxy %r (partition %d, offset %d): "
+                          "%s: %s", key, row["partition"], row["offset"], type(exc).__name__,
+                          str(exc)[:300])
                 continue
             reports[report.proxy_id] = report
         shares = fleet_shares(reports, now, self.usage_freshness, self.share_floor,
                               self.leaders or None)
-        if shares:
-            log.info("quota shares for %d proxies (%s) from %d usage report(s)", len(shares),
-                     ", ".join(sorted(shares)), len(reports))
+        log.info("quota shares for %d proxies%s from %d usage report(s) (%d new record(s), "
+                 "%d bytes, of %s)", len(shares),
+                 " (%s)" % ", ".join(sorted(shares)[:10]) + (" ..." if len(shares) > 10 else "")
+                 if shares else "", len(reports), counts["records"], counts["bytes"],
+                 self.usage_topic)
         return shares
 
     def close(self):
@@ -625,7 +1056,8 @@ def run(args):
                         freshness=args.freshness, znode=args.znode, master=args.master,
                         conf=args.conf, security=security, kafka_timeout=args.kafka_timeout,
                         zookeeper_timeout=args.zookeeper_timeout, usage_topic=args.usage_topic,
-                        usage_freshness=args.usage_freshness, share_floor=args.share_floor)
+                        usage_freshness=args.usage_freshness, share_floor=args.share_floor,
+                        state_dir=args.state_dir)
     except CycleError as exc:
         log.error("%s", exc)
         return 1
@@ -633,9 +1065,9 @@ def run(args):
     stopper.install()
     job.on_session = stopper.install
     where = "%s%s" % (args.zookeeper, args.znode)
-    log.info("spark-sync: %s from %s (freshness %.0f s) -> %s, %s", args.topic,
+    log.info("spark-sync: %s from %s (freshness %.0f s) -> %s, %s; state in %s", args.topic,
              ",".join(args.bootstrap), args.freshness, where,
-             "once" if args.once else "every %g s" % args.interval)
+             "once" if args.once else "every %g s" % args.interval, job.state_dir)
     try:
         if args.once:
             try:
@@ -662,7 +1094,7 @@ def run(args):
         if args.once:
             log.error("stopped before %s was written", where)
             return 1
-        log.info("stopped after %d cycle(s)", job.cycles)
+        log.info("stopped after %d cycle(s)", job.ran)
         return 0
     finally:
         job.close()

@@ -128,13 +128,13 @@ def _load_cert_chain(context, cert_pem, key_pem):
         context.load_cert_chain(paths[0], paths[1] if key_pem else None)
 
 
-def consumer(settings, timeout_ms=DEFAULT_TIMEOUT_MS):
+def consumer(settings, timeout_ms=DEFAULT_TIMEOUT_MS, **extra):
     """A kafka-python consumer without a consumer group (Tansu's groups stall;
     nothing is committed anyway)."""
     from kafka import KafkaConsumer
 
     return KafkaConsumer(group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
-                         fetch_max_wait_ms=100, **kafka_config(settings, timeout_ms))
+                         fetch_max_wait_ms=100, **kafka_config(settings, timeout_ms), **extra)
 
 
 def list_offsets(settings, topic, timeout_ms=DEFAULT_TIMEOUT_MS, client=None):
@@ -155,6 +155,31 @@ def list_offsets(settings, topic, timeout_ms=DEFAULT_TIMEOUT_MS, client=None):
     finally:
         if own:
             c.close()
+
+
+def high_watermark(settings, topic, partition, near, timeout_ms=DEFAULT_TIMEOUT_MS):
+    """The high watermark of one partition, as a Fetch from offset ``near``
+    answers it. The end offset ListOffsets reports may be lower (see the
+    module's docstring), so only this tells a truncated or recreated
+    partition from one that is not."""
+    from kafka import TopicPartition
+
+    tp = TopicPartition(topic, partition)
+    deadline = time.monotonic() + timeout_ms / 1000.0
+    c = consumer(settings, timeout_ms, max_partition_fetch_bytes=1)
+    try:
+        c.assign([tp])
+        c.seek(tp, max(0, int(near)))
+        while True:
+            c.poll(timeout_ms=200, max_records=1)
+            highwater = c.highwater(tp)
+            if highwater is not None:
+                return int(highwater)
+            if time.monotonic() > deadline:
+                raise KafkaReadError("no high watermark for %s-%d within %.0f s"
+                                     % (topic, partition, timeout_ms / 1000.0))
+    finally:
+        c.close()
 
 
 class KafkaRange(InputPartition):
@@ -274,15 +299,53 @@ def load(spark, bootstrap, topic, offsets=None, timeout_ms=DEFAULT_TIMEOUT_MS, *
     return reader.load()
 
 
+def latest_per_key_partition(df, new=True):
+    """One row per (key, partition): its record of the greatest offset (the
+    order Kafka gives a key's records in its partition, whatever the clocks
+    of their senders said), with ``records`` and ``bytes`` (of keys and
+    values), the records and bytes among them marked new (all, with
+    ``new=True``; else the ``new`` column, 0 or 1, says). Computed by Spark."""
+    from pyspark.sql import functions as F
+
+    if new is True:
+        df = df.withColumn("new", F.lit(1))
+    size = F.coalesce(F.length("key"), F.lit(0)) + F.coalesce(F.length("value"), F.lit(0))
+    latest = F.max_by(F.struct("value", "offset", "timestamp"), "offset")
+    return (df.groupBy("key", "partition")
+            .agg(latest.alias("latest"), F.sum("new").cast("long").alias("records"),
+                 F.sum(F.col("new") * size).cast("long").alias("bytes"))
+            .select("key", "partition", "latest.value", "latest.offset", "latest.timestamp",
+                    "records", "bytes"))
+
+
 def latest_per_key(df):
-    """One row per key: its latest record (the greatest (timestamp, offset)),
-    with ``records``, how many records the key had. Computed by Spark: the
-    records themselves never reach the driver."""
+    """One row per key: its latest record, with ``records``, how many
+    records the key had. Within a partition the offset decides; between
+    partitions (a key that moved when the partition count changed) the
+    record timestamp, then the offset. Computed by Spark: the records
+    themselves never reach the driver."""
     from pyspark.sql import functions as F
 
     latest = F.max_by(F.struct("value", "partition", "offset", "timestamp"),
                       F.struct("timestamp", "offset"))
-    return (df.groupBy("key")
-            .agg(latest.alias("latest"), F.count(F.lit(1)).alias("records"))
+    return (latest_per_key_partition(df).groupBy("key")
+            .agg(latest.alias("latest"), F.sum("records").alias("records"))
             .select("key", "latest.value", "latest.partition", "latest.offset",
                     "latest.timestamp", "records"))
+
+
+def latest_of_keys(rows):
+    """``latest_per_key`` on the driver, over rows that are already one per
+    (key, partition) (a few per key at most): {key: row}."""
+    out = {}
+    for row in rows:
+        key = row["key"]
+        held = out.get(key)
+        if held is None or _order(row) > _order(held):
+            out[key] = row
+    return out
+
+
+def _order(row):
+    at = row["timestamp"]
+    return (at is not None, at.timestamp() if at is not None else 0.0, row["offset"])
