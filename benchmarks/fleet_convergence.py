@@ -42,6 +42,14 @@ from quota_clients import BackgroundProducer
 KEY = ("producer_byte_rate", "", "fleet-app")  # the bucket's sharing key
 
 
+def job_state(args, run, name):
+    """``--state-dir`` in the run's log directory, for a job of a tree that
+    has it (the job's state must not land in the user's own directory)."""
+    job = args.tree.src / "kthrottle" / "spark_sync" / "job.py"
+    return ["--state-dir", str(run.path("job-state-%s" % name))] \
+        if "--state-dir" in job.read_text() else []
+
+
 def run_fleet(n, args, run, broker, zk_hosts, zk):
     """One fleet of ``n`` proxies under their own ZooKeeper chroot; stops it at the end."""
     chroot = "/conv-%d-%s" % (n, uuid.uuid4().hex[:6])
@@ -74,7 +82,8 @@ def run_fleet(n, args, run, broker, zk_hosts, zk):
         job = harness.spawn_kthrottle(
             run.procs, "job-%d" % n, "spark-sync", "--bootstrap-server", broker.bootstrap,
             "--zookeeper", hosts, "--master", "local[2]", "--interval", "%gs" % args.interval,
-            "--usage-freshness", "%gs" % (4 * args.interval + 5), src=args.tree)
+            "--usage-freshness", "%gs" % (4 * args.interval + 5), *job_state(args, run, n),
+            src=args.tree)
         shares = chroot + "/kthrottle/cluster-state/shares/p0"
         deadline = time.monotonic() + 180
         while not zk.exists(shares):
@@ -147,7 +156,8 @@ def run_late_join(args, run, broker, zk_hosts, zk):
         job = harness.spawn_kthrottle(
             run.procs, "late-job", "spark-sync", "--bootstrap-server", broker.bootstrap,
             "--zookeeper", hosts, "--master", "local[2]", "--interval", "%gs" % args.interval,
-            "--usage-freshness", "%gs" % (4 * args.interval + 5), src=args.tree)
+            "--usage-freshness", "%gs" % (4 * args.interval + 5),
+            *job_state(args, run, "late"), src=args.tree)
         deadline = time.monotonic() + 180
         while limits()[0] is None:
             if time.monotonic() > deadline or job.poll() is not None:

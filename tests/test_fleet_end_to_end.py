@@ -66,7 +66,8 @@ def test_two_proxies_hold_one_quota_together_and_follow_demand(broker, zookeeper
 
             job = Process(["spark-sync", "--bootstrap-server", broker.bootstrap, "--zookeeper",
                            hosts, "--master", "local[2]", "--interval", "%gs" % CYCLE,
-                           "--usage-topic", usage, "--usage-freshness", "10s"],
+                           "--usage-topic", usage, "--usage-freshness", "10s",
+                           "--state-dir", str(tmp_path / "job-state")],
                           tmp_path / "job.log")
 
             def shares_written():

@@ -423,8 +423,8 @@ def two_proxy_shares():
 def test_shares_document_as_the_spec_writes_it():
     doc = shares_document(two_proxy_shares()["proxy-a"], 1795440000.5, 12)
     assert doc == {
-        "format": "kthrottle-quota-shares", "version": 1, "generated_at": 1795440000.5,
-        "cycle": 12, "proxy": "proxy-a", "proxies": ["proxy-a", "proxy-b"], "prior": 0.5,
+        "format": "kthrottle-quota-shares", "version": 2, "generated_at": 1795440000.5,
+        "cycle": 12, "proxy": "proxy-a", "fleet_size": 2, "prior": 0.5,
         "shares": [["producer_byte_rate", "", "app-1", pytest.approx(524288.0), 1048576.0],
                    ["request_rate", "", "app-1", 50.0, 50.0]]}
 
@@ -437,7 +437,7 @@ def test_shares_document_round_trip():
         back = parse_shares_document(form)
         assert back.to_json() == doc
         assert back.proxy == "proxy-a" and back.cycle == 3 and back.generated_at == NOW
-        assert back.proxies == ("proxy-a", "proxy-b") and back.prior == 0.5
+        assert back.fleet_size == 2 and back.prior == 0.5
         assert back.shares[PRODUCER_BYTE_RATE, "", "app-1"] == Share(pytest.approx(Q / 2), Q)
     # the proxy's limits: listed share, scaled if the quota changed; else prior x quota
     assert back.limit(PRODUCER_BYTE_RATE, "", "app-1", Q) == pytest.approx(Q / 2)
@@ -456,8 +456,8 @@ def test_large_shares_document_is_gzipped():
 
 
 def shares_doc(**changes):
-    doc = {"format": "kthrottle-quota-shares", "version": 1, "generated_at": NOW, "cycle": 1,
-           "proxy": "a", "proxies": ["a", "b"], "prior": 0.5,
+    doc = {"format": "kthrottle-quota-shares", "version": 2, "generated_at": NOW, "cycle": 1,
+           "proxy": "a", "fleet_size": 2, "prior": 0.5,
            "shares": [["producer_byte_rate", "", "app-1", 10.0, 20.0]]}
     doc.update(changes)
     return doc
@@ -466,13 +466,14 @@ def shares_doc(**changes):
 @pytest.mark.parametrize("data,message", [
     (b'{"format": "kthrottle-cluster-state", "version": 1}', "not a kthrottle-quota-shares"),
     (b"[]", "not a kthrottle-quota-shares"),
-    (shares_doc(version=2), "version 2; this proxy reads version 1"),
+    (shares_doc(version=1), "version 1; this proxy reads version 2"),
     (shares_doc(generated_at="now"), "generated_at"),
     (shares_doc(cycle=-1), "cycle"),
     (shares_doc(cycle=1.5), "cycle"),
     (shares_doc(proxy=""), "proxy must be"),
-    (shares_doc(proxies="a"), "proxies must be a list"),
-    (shares_doc(proxies=["b"]), "'a' is not among proxies"),
+    (shares_doc(fleet_size="2"), "fleet_size must be an integer"),
+    (shares_doc(fleet_size=0), "fleet_size must be an integer >= 1"),
+    (shares_doc(fleet_size=True), "fleet_size must be an integer"),
     (shares_doc(prior=1.5), "prior must be"),
     (shares_doc(shares={}), "shares must be a list"),
     (shares_doc(shares=[["producer_byte_rate", "", "app-1", 10.0]]), "a share entry is"),

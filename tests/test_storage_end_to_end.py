@@ -69,7 +69,8 @@ def start_cluster(broker, zookeeper, tmp_path, *proxy_args):
                           "--storage-max-age-ms", "60000", *proxy_args])
     proxy.start()
     job = Process(["spark-sync", "--bootstrap-server", broker.bootstrap, "--zookeeper", hosts,
-                   "--master", "local[2]", "--interval", "2s", "--freshness", "8s"],
+                   "--master", "local[2]", "--interval", "2s", "--freshness", "8s",
+                   "--state-dir", str(tmp_path / "job-state")],
                   tmp_path / "job.log")
     zk = KazooClient(hosts=hosts)
     zk.start(timeout=10)

@@ -66,7 +66,9 @@ from .storage import (
 )
 
 SHARES_FORMAT = "kthrottle-quota-shares"
-SHARES_VERSION = 1
+# 2: the fleet's size in place of its member list (1,000 lists of 1,000 ids
+# made 13 MB a cycle, too much for one ZooKeeper transaction)
+SHARES_VERSION = 2
 
 DEFAULT_FLOOR_FRACTION = 0.1
 DEFAULT_HEADROOM = 1.2
@@ -414,7 +416,7 @@ def shares_document(proxy_shares, generated_at, cycle):
     """The JSON-ready document of one proxy's ProxyShares."""
     return {
         "format": SHARES_FORMAT, "version": SHARES_VERSION, "generated_at": generated_at,
-        "cycle": cycle, "proxy": proxy_shares.proxy, "proxies": list(proxy_shares.proxies),
+        "cycle": cycle, "proxy": proxy_shares.proxy, "fleet_size": len(proxy_shares.proxies),
         "prior": proxy_shares.prior, "shares": [list(entry) for entry in proxy_shares.shares],
     }
 
@@ -434,13 +436,13 @@ class SharesDocument:
     """A shares document as a proxy reads it back: validated, with the shares
     in a dict {(key, user, client_id): Share}."""
 
-    __slots__ = ("generated_at", "cycle", "proxy", "proxies", "prior", "shares")
+    __slots__ = ("generated_at", "cycle", "proxy", "fleet_size", "prior", "shares")
 
-    def __init__(self, generated_at, cycle, proxy, proxies, prior, shares):
+    def __init__(self, generated_at, cycle, proxy, fleet_size, prior, shares):
         self.generated_at = generated_at
         self.cycle = cycle
         self.proxy = proxy
-        self.proxies = tuple(proxies)
+        self.fleet_size = fleet_size  # the fleet members with a fresh report
         self.prior = prior
         self.shares = shares
 
@@ -462,10 +464,12 @@ class SharesDocument:
 
     def to_json(self):
         """The document again (JSON-ready dict)."""
-        return shares_document(ProxyShares(
-            self.proxy, self.proxies, self.prior,
+        doc = shares_document(ProxyShares(
+            self.proxy, (), self.prior,
             [sk + tuple(s) for sk, s in sorted(self.shares.items())]),
             self.generated_at, self.cycle)
+        doc["fleet_size"] = self.fleet_size
+        return doc
 
     def __repr__(self):
         return "SharesDocument(proxy=%r, cycle=%r, %d shares, prior=%r)" % (
@@ -484,11 +488,10 @@ def parse_shares_document(data):
     proxy = data.get("proxy")
     if not isinstance(proxy, str) or not proxy:
         raise ValueError("proxy must be a non-empty string, got %r" % (proxy,))
-    proxies = data.get("proxies")
-    if not isinstance(proxies, list) or not all(isinstance(p, str) and p for p in proxies):
-        raise ValueError("proxies must be a list of proxy ids")
-    if proxy not in proxies:
-        raise ValueError("proxy %r is not among proxies" % proxy)
+    fleet_size = data.get("fleet_size")
+    if isinstance(fleet_size, bool) or not isinstance(fleet_size, int) or fleet_size < 1:
+        raise ValueError("fleet_size must be an integer >= 1 (the proxy is one), got %r"
+                         % (fleet_size,))
     prior = data.get("prior")
     if isinstance(prior, bool) or not isinstance(prior, (int, float)) or not 0.0 <= prior <= 1.0:
         raise ValueError("prior must be a fraction within 0-1, got %r" % (prior,))
@@ -510,4 +513,4 @@ def parse_shares_document(data):
         if sk in shares:
             raise ValueError("%s is listed twice" % what)
         shares[sk] = Share(share, quota)
-    return SharesDocument(generated_at, cycle, proxy, proxies, float(prior), shares)
+    return SharesDocument(generated_at, cycle, proxy, fleet_size, float(prior), shares)

@@ -350,7 +350,7 @@ class QuotaManager:
         self.shares = {}  # (key, user tag, client tag) -> share
         self.share_quotas = {}  # (key, user tag, client tag) -> fleet quota the share is of
         self.prior = 1.0
-        self.proxies = ()
+        self.fleet_size = 0  # the fleet members the shares were computed for
 
     def update(self, snapshot):
         """A new configuration: live connections re-resolve on their next
@@ -394,7 +394,7 @@ class QuotaManager:
         if quota is None or self.sharing == CONFIGURED:
             return quota
         if self.sharing == EQUAL:
-            return quota / max(1, len(self.proxies))
+            return quota / max(1, self.fleet_size)
         share = self.shares.get(bucket_key)
         if share is None:
             share = self.prior * quota
@@ -410,25 +410,25 @@ class QuotaManager:
             if limit != bucket.limit:
                 bucket.apply_limit(limit)
 
-    def apply_shares(self, shares, prior, proxies=(), quotas=None):
+    def apply_shares(self, shares, prior, fleet_size=0, quotas=None):
         """Apply this proxy's fleet shares live: ``shares`` is {(key, user
         tag, client tag): share per second}; a bucket not listed (no history
-        in the fleet yet) gets ``prior`` x its quota; ``proxies`` are the
-        fleet members (kept for the ``equal`` fail-safe). ``quotas`` may say
+        in the fleet yet) gets ``prior`` x its quota; ``fleet_size`` is how
+        many proxies the fleet has (kept for the ``equal`` fail-safe). ``quotas`` may say
         {(key, user tag, client tag): the fleet quota each share was
         computed against}. Buckets made later get their share when made."""
         self.shares = dict(shares)
         self.share_quotas = dict(quotas or {})
         self.prior = float(prior)
-        self.proxies = tuple(proxies)
+        self.fleet_size = int(fleet_size)
         self.sharing = SHARES
         self._reapply()
 
-    def apply_equal(self, proxies=None):
-        """Fail-safe ``equal``: every bucket gets quota / len(proxies) (the
-        proxies last seen when None); the shares are kept for later."""
-        if proxies is not None:
-            self.proxies = tuple(proxies)
+    def apply_equal(self, fleet_size=None):
+        """Fail-safe ``equal``: every bucket gets quota / fleet_size (the
+        fleet size last seen when None); the shares are kept for later."""
+        if fleet_size is not None:
+            self.fleet_size = int(fleet_size)
         self.sharing = EQUAL
         self._reapply()
 
@@ -443,7 +443,7 @@ class QuotaManager:
         self.shares = {}
         self.share_quotas = {}
         self.prior = 1.0
-        self.proxies = ()
+        self.fleet_size = 0
         self.sharing = CONFIGURED
         self._reapply()
 

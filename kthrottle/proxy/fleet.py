@@ -122,10 +122,10 @@ class SharesFollower:
     def update(self, document, wall_now):
         previous = self.document
         self.document = document
-        if previous is None or previous.proxies != document.proxies:
+        if previous is None or previous.fleet_size != document.fleet_size:
             log.info("fleet: quota shares of cycle %d for proxy %s: %d bucket(s), prior %.3f, "
-                     "proxies %s", document.cycle, self.proxy_id, len(document.shares),
-                     document.prior, ", ".join(document.proxies))
+                     "%d proxies in the fleet", document.cycle, self.proxy_id,
+                     len(document.shares), document.prior, document.fleet_size)
         else:
             log.debug("fleet: quota shares of cycle %d: %d bucket(s)", document.cycle,
                       len(document.shares))
@@ -148,7 +148,7 @@ class SharesFollower:
                 return (WHOLE, None), "last: the configured quotas until shares are read"
             return (LAST, doc), "last: the shares of cycle %d stay" % doc.cycle
         if self.fail_safe == EQUAL:
-            n = max(1, len(doc.proxies)) if doc is not None else 1
+            n = doc.fleet_size if doc is not None else 1
             return (EQUAL, doc), "equal: each quota / %d proxies" % n
         return (WHOLE, None), "whole: the configured quotas"
 
@@ -163,10 +163,10 @@ class SharesFollower:
             kind, d = what
             m = self.manager
             if kind == LAST:
-                m.apply_shares({sk: s.share for sk, s in d.shares.items()}, d.prior, d.proxies,
+                m.apply_shares({sk: s.share for sk, s in d.shares.items()}, d.prior, d.fleet_size,
                                {sk: s.quota for sk, s in d.shares.items()})
             elif kind == EQUAL:
-                m.apply_equal(d.proxies if d is not None else ())
+                m.apply_equal(d.fleet_size if d is not None else 0)
             else:
                 m.apply_whole()
             self._applied = what
@@ -176,8 +176,8 @@ class SharesFollower:
                 (log.info if self.fail_safe_active is None else log.warning)(
                     "fleet: %s; the fail-safe applies (%s)", reason, said)
             else:
-                log.info("fleet: fresh quota shares (cycle %d, proxies %s): the fail-safe is "
-                         "over", doc.cycle, ", ".join(doc.proxies))
+                log.info("fleet: fresh quota shares (cycle %d, %d proxies): the fail-safe is "
+                         "over", doc.cycle, doc.fleet_size)
             if self.fail_safe_active is not None or active:
                 self.changes += 1
             self.fail_safe_active = active
