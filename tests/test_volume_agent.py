@@ -476,7 +476,8 @@ def test_once_publishes_a_report_keyed_by_the_broker_id(broker, tmp_path):
                      "--log-dir", str(log_dir), "--soft-limit", SOFT, "--hard-limit", HARD,
                      "--topic", topic, "--once")
     assert done.returncode == 0, done.stderr
-    assert "created topic %s (cleanup.policy=compact)" % topic in done.stderr
+    assert ("created topic %s (cleanup.policy=compact,min.cleanable.dirty.ratio=0.1,"
+            "segment.ms=3600000)" % topic) in done.stderr
     assert "published the report of broker 7 to %s-0 at offset 0" % topic in done.stderr
     ((key, value),) = read_reports(broker.bootstrap, topic)
     assert key == b"7"
