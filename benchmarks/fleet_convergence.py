@@ -42,6 +42,16 @@ from quota_clients import BackgroundProducer
 KEY = ("producer_byte_rate", "", "fleet-app")  # the bucket's sharing key
 
 
+def stop_all(run, job, producers, proxies):
+    """The job, then the producers, then the proxies, each by its own PID."""
+    if job is not None:
+        run.procs.stop(job, timeout=30)
+    for p in producers:
+        p.__exit__(None, None, None)
+    for proxy in proxies:
+        run.procs.stop(proxy.proc, timeout=10)
+
+
 def job_state(args, run, name):
     """``--state-dir`` in the run's log directory, for a job of a tree that
     has it (the job's state must not land in the user's own directory)."""
@@ -110,12 +120,7 @@ def run_fleet(n, args, run, broker, zk_hosts, zk):
                 "cycles": None if converged is None else converged / args.interval,
                 "settled": settled, "samples": samples}
     finally:
-        if job is not None:
-            run.procs.stop(job, timeout=30)
-        for p in producers:
-            p.__exit__(None, None, None)
-        for proxy in proxies:
-            run.procs.stop(proxy.proc, timeout=10)
+        stop_all(run, job, producers, proxies)
 
 
 def run_late_join(args, run, broker, zk_hosts, zk):
@@ -181,12 +186,7 @@ def run_late_join(args, run, broker, zk_hosts, zk):
                 raise RuntimeError("a producer failed: %r" % (p.error,))
         return samples
     finally:
-        if job is not None:
-            run.procs.stop(job, timeout=30)
-        for p in producers:
-            p.__exit__(None, None, None)
-        for proxy in proxies:
-            run.procs.stop(proxy.proc, timeout=10)
+        stop_all(run, job, producers, proxies)
 
 
 def late_join_cycles(samples, quota):

@@ -540,6 +540,12 @@ class ReportTopic:
 
 # the ZooKeeper side -----------------------------------------------------------------
 
+def _fits(znode, data):
+    if len(data) > ZNODE_MAX_BYTES:
+        raise CycleError("%s would be %d bytes, past what one znode holds (%d)"
+                         % (znode, len(data), ZNODE_MAX_BYTES))
+
+
 class ZnodeWriter:
     """One kazoo client, kept across cycles (it reconnects by itself), that
     writes the snapshot to one znode."""
@@ -600,9 +606,7 @@ class ZnodeWriter:
         from kazoo.exceptions import KazooException
 
         znode = znode or self.znode
-        if len(data) > ZNODE_MAX_BYTES:
-            raise CycleError("%s would be %d bytes, past what one znode holds (%d)"
-                             % (znode, len(data), ZNODE_MAX_BYTES))
+        _fits(znode, data)
         self.ensure_connected()
         zk = self.zk
         try:
@@ -691,9 +695,7 @@ class ZnodeWriter:
 
         limit = TRANSACTION_MAX_BYTES if limit is None else limit
         for znode, data in writes:
-            if len(data) > ZNODE_MAX_BYTES:
-                raise CycleError("%s would be %d bytes, past what one znode holds (%d)"
-                                 % (znode, len(data), ZNODE_MAX_BYTES))
+            _fits(znode, data)
         self.ensure_connected()
         zk = self.zk
         try:
