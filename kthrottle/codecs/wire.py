@@ -62,13 +62,18 @@ def read_array_length(buf, pos, compact):
     return read_int32(buf, pos)
 
 
-def skip_string(buf, pos, compact):
-    """Skip a (nullable) string or bytes field: compact uvarint N+1, else int16 N."""
+def _string_length(buf, pos, compact):
+    """A (nullable) string's length (-1: null) and where its bytes start:
+    compact uvarint N+1, else int16 N."""
     if compact:
         n, pos = read_uvarint(buf, pos)
-        n -= 1
-    else:
-        n, pos = read_int16(buf, pos)
+        return n - 1, pos
+    return read_int16(buf, pos)
+
+
+def skip_string(buf, pos, compact):
+    """Skip a (nullable) string or bytes field."""
+    n, pos = _string_length(buf, pos, compact)
     if n > 0:
         pos += n
         if pos > len(buf):
@@ -88,11 +93,7 @@ def skip_compact_bytes(buf, pos):
 
 def read_string(buf, pos, compact):
     """Read a (nullable) string; None for null."""
-    if compact:
-        n, data_start = read_uvarint(buf, pos)
-        n -= 1
-    else:
-        n, data_start = read_int16(buf, pos)
+    n, data_start = _string_length(buf, pos, compact)
     if n < 0:
         return None, data_start
     end = data_start + n
