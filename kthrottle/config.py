@@ -18,6 +18,7 @@ from .options import (
     OptionGroup,
     Parsed,
     Text,
+    parse_duration,
     parse_host_port,
 )
 from .security import LISTENER, ZOOKEEPER, ClientSecurityOptions, check_listener
@@ -81,6 +82,17 @@ def parse_connection_overrides(value):
     return overrides
 
 
+QUOTA_SOURCE_KINDS = ("file", "zookeeper", "kafka")
+DEFAULT_QUOTA_REFRESH = 10.0  # seconds
+
+
+def _parse_refresh(value, what):
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise ConfigError("%s: %s" % (what, exc)) from None
+
+
 # the proxy's options, in --help's order -------------------------------------------
 
 BOOTSTRAP = Option("bootstrap-server", HostPorts(), attr="bootstrap_servers", default=[],
@@ -109,6 +121,16 @@ QUOTAS = OptionGroup("quotas (KIP-55 <user, client-id> byte-rate and request-rat
            help="TOML file of quotas, re-read when it changes (see kthrottle quotas --help)"),
     ZOOKEEPER.replace(help="read quotas from ZooKeeper in Kafka's layout (/config/users, "
                       "/config/clients) and follow its change notifications"),
+    Option("quota-source", choices=QUOTA_SOURCE_KINDS, metavar="SOURCE",
+           help="where the quotas are kept: file (--quota-file), zookeeper (--zookeeper) or "
+           "kafka: the cluster itself, read with DescribeClientQuotas (KIP-546) from "
+           "--bootstrap-server with the upstream security settings below, every "
+           "--quota-refresh; AlterClientQuotas sent to the proxy goes on to the cluster "
+           "(default: file with --quota-file, zookeeper with --zookeeper)"),
+    Option("quota-refresh", Parsed(_parse_refresh), default=DEFAULT_QUOTA_REFRESH,
+           metavar="DURATION",
+           help="quota-source kafka: how often the cluster's quotas are read again, e.g. 10s, "
+           "500ms (default 10s); while the cluster cannot be read the last quotas stay in force"),
     Option("cluster-state-znode", default="/kthrottle/cluster-state", metavar="PATH",
            help="where the Spark job's cluster state and quota shares are (default "
            "/kthrottle/cluster-state, under the --zookeeper chroot)"),
@@ -175,7 +197,8 @@ UPSTREAM = ClientSecurityOptions(
     "upstream-", who="the proxy", password_env=UPSTREAM_PASSWORD_ENV,
     title="towards the brokers", protocol_default=None,
     protocol_help=" (with the proxy's own SASL identity below in terminate mode; in "
-    "passthrough mode SASL_PLAINTEXT or SASL_SSL, by default the client side's)")
+    "passthrough mode SASL_PLAINTEXT or SASL_SSL, by default the client side's)",
+    extra_mechanisms=("OAUTHBEARER",))  # its options: the upstream login filter's
 
 # limits of every listener (Kafka's names; None: no limit)
 LIMITS = OptionGroup(
@@ -345,10 +368,13 @@ class ProxyConfig:
                               % self.drain_timeout_ms)
         if self.node_port_base is not None and not 0 < self.node_port_base < 65536:
             raise ConfigError("node-port-base must be a port number")
-        if self.quota_file and self.zookeeper:
-            raise ConfigError("give quota-file or zookeeper, not both")
+        self._validate_quota_source()
         check_listener(self)
         passthrough = self.passthrough
+        if passthrough and self.quota_source == "kafka":
+            raise ConfigError("quota-source kafka: the proxy reads the quotas from the cluster as "
+                              "itself, and in sasl-mode passthrough it has no SASL identity of "
+                              "its own; use sasl-mode terminate with --upstream-sasl-username")
         if self.upstream_security_protocol is None:
             self.upstream_security_protocol = self.security_protocol if passthrough else "PLAINTEXT"
         if passthrough:
@@ -364,12 +390,16 @@ class ProxyConfig:
                                   "sasl-mode terminate; in passthrough mode the client's own "
                                   "SASL exchange authenticates the broker connection")
         elif self.sasl_enabled:
-            if not self.credentials_file and not self.zookeeper:
+            # OAUTHBEARER alone needs no credentials: the JWKS checks the tokens
+            if (not self.credentials_file and not self.zookeeper
+                    and self.sasl_enabled_mechanisms != ["OAUTHBEARER"]):
                 raise ConfigError("security-protocol %s in terminate mode needs credentials: "
                                   "--credentials-file, or --zookeeper for the SCRAM credentials "
                                   "Kafka keeps there" % self.security_protocol)
-        elif self.credentials_file:
-            raise ConfigError("credentials-file is for SASL listeners: give "
+        elif self.credentials_file and not getattr(self, "admin_principals", None):
+            # with --admin-principals a proxy without SASL may manage the users others verify
+            raise ConfigError("credentials-file is for SASL listeners (or, with "
+                              "--admin-principals, for the users this proxy manages): give "
                               "--security-protocol SASL_PLAINTEXT or SASL_SSL")
         self.upstream_security()
         for component in components():
@@ -384,6 +414,35 @@ class ProxyConfig:
         self._validate_fleet(passthrough)
         self.quota_settings()
         return self
+
+    def _validate_quota_source(self):
+        """The quota source named, or inferred as before --quota-source
+        existed: --quota-file gives file, --zookeeper zookeeper."""
+        source = self.quota_source
+        if source is None:
+            if self.quota_file and self.zookeeper:
+                raise ConfigError("give quota-file or zookeeper, not both")
+            source = "file" if self.quota_file else "zookeeper" if self.zookeeper else None
+        elif source not in QUOTA_SOURCE_KINDS:
+            raise ConfigError("quota-source must be one of %s, got %r"
+                              % (", ".join(QUOTA_SOURCE_KINDS), source))
+        elif source == "file" and not self.quota_file:
+            raise ConfigError("quota-source file needs --quota-file PATH")
+        elif source == "zookeeper" and not self.zookeeper:
+            raise ConfigError("quota-source zookeeper needs --zookeeper HOST:PORT[/chroot]")
+        elif source == "zookeeper" and self.quota_file:
+            raise ConfigError("quota-source zookeeper reads the quotas from --zookeeper: "
+                              "--quota-file is not read then; give one of them")
+        elif source == "kafka" and self.quota_file:
+            raise ConfigError("quota-source kafka reads the quotas kept in the cluster "
+                              "(DescribeClientQuotas): --quota-file is not read then; give one "
+                              "of them")
+        elif source == "file" and self.zookeeper:
+            raise ConfigError("give quota-file or zookeeper, not both")
+        if not (isinstance(self.quota_refresh, (int, float)) and self.quota_refresh > 0):
+            raise ConfigError("quota-refresh must be a positive duration, got %r"
+                              % (self.quota_refresh,))
+        self.quota_source = source
 
     def _validate_limits(self):
         if not 0 < self.sasl_server_max_receive_size <= self.max_frame_size:

@@ -24,6 +24,8 @@ from .options import (
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+OAUTHBEARER = "OAUTHBEARER"  # KIP-255/KIP-768: a JWT, checked against a JWKS
+LISTENER_SASL_MECHANISMS = SASL_MECHANISMS + (OAUTHBEARER,)
 DEFAULT_SASL_MECHANISM = "SCRAM-SHA-512"
 TLS_PROTOCOLS = ("SSL", "SASL_SSL")
 
@@ -113,8 +115,12 @@ class ClientSecurityOptions:
 
     def __init__(self, prefix="", *, who, password_env, title, description=None,
                  protocol_default="PLAINTEXT", protocol_help="", ca_help="", key_help="",
-                 mechanism_default=DEFAULT_SASL_MECHANISM):
+                 mechanism_default=DEFAULT_SASL_MECHANISM, extra_mechanisms=()):
         self.prefix = prefix
+        # mechanisms beyond user and password (OAUTHBEARER: the proxy's own
+        # token, whose options its login filter declares)
+        self.extra_mechanisms = tuple(extra_mechanisms)
+        self.mechanisms = SASL_MECHANISMS + self.extra_mechanisms
         self.password_env = password_env
         self.mechanism_default = mechanism_default
         p = prefix
@@ -129,9 +135,10 @@ class ClientSecurityOptions:
                                "for brokers that require mTLS" % who)
         self.ssl_key = Option(p + "ssl-key", metavar="PEM",
                               help="its private key (unencrypted PEM)" + key_help)
-        mechanisms = [m + " (default)" if m == mechanism_default else m for m in SASL_MECHANISMS]
+        mechanisms = [m + " (default)" if m == mechanism_default else m
+                      for m in self.mechanisms]
         self.sasl_mechanism = Option(
-            p + "sasl-mechanism", Choice(SASL_MECHANISMS), default=mechanism_default,
+            p + "sasl-mechanism", Choice(self.mechanisms), default=mechanism_default,
             metavar="M", help=", ".join(mechanisms[:-1]) + " or " + mechanisms[-1])
         self.sasl_username = Option(p + "sasl-username", metavar="USER",
                                     help="%s's SASL user" % who)
@@ -178,9 +185,12 @@ class ClientSecurityOptions:
         mechanism = username = password = None
         if sasl and own_sasl:
             mechanism = get(self.sasl_mechanism) or self.mechanism_default
-            if mechanism not in SASL_MECHANISMS:
+            if mechanism not in self.mechanisms:
                 raise ConfigError("%s must be one of %s, got %r" % (
-                    self.sasl_mechanism.flag, ", ".join(SASL_MECHANISMS), mechanism))
+                    self.sasl_mechanism.flag, ", ".join(self.mechanisms), mechanism))
+            if mechanism in self.extra_mechanisms:  # no user name nor password
+                return KafkaClientSecurity(protocol, get(self.ssl_ca), get(self.ssl_cert),
+                                           get(self.ssl_key), mechanism, None, None, pem)
             username = get(self.sasl_username)
             if not username:
                 raise ConfigError("%s %s needs %s" % (self.protocol.flag, protocol,
@@ -214,7 +224,8 @@ LISTENER = OptionGroup("client security (Kafka's security.protocol and SASL sett
            "which verifies it, and the proxy binds the user name it named once the broker says "
            "yes (the upstream side must then be SASL_PLAINTEXT or SASL_SSL)"),
     Option("sasl-enabled-mechanisms", NAMES, default=list(SASL_MECHANISMS), metavar="LIST",
-           help="comma-separated, of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (default: all three)"),
+           help="comma-separated, of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (default: these "
+           "three) and OAUTHBEARER (see --sasl-oauthbearer-jwks-endpoint-url)"),
     Option("credentials-file", metavar="PATH",
            help="TOML file of salted SCRAM credentials (never passwords; write it with "
            "kthrottle quotas alter --credentials-file ... --add-config "
@@ -266,10 +277,11 @@ def check_listener(config):
     if config.sasl_mode not in SASL_MODES:
         raise ConfigError("sasl-mode must be terminate or passthrough, got %r" % config.sasl_mode)
     if protocol.startswith("SASL_"):
-        unknown = [m for m in config.sasl_enabled_mechanisms if m not in SASL_MECHANISMS]
+        unknown = [m for m in config.sasl_enabled_mechanisms
+                   if m not in LISTENER_SASL_MECHANISMS]
         if unknown or not config.sasl_enabled_mechanisms:
             raise ConfigError("sasl-enabled-mechanisms must be among %s, got %s"
-                              % (", ".join(SASL_MECHANISMS),
+                              % (", ".join(LISTENER_SASL_MECHANISMS),
                                  ", ".join(config.sasl_enabled_mechanisms) or "nothing"))
     if config.failed_authentication_delay_ms < 0:
         raise ConfigError("failed-authentication-delay-ms must not be negative")

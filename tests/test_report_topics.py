@@ -1,7 +1,7 @@
 """The report topics (the volume agent's, a fleet proxy's usage topic) are
-created by KafkaPublisher with 1 partition and an explicit replication factor
-on every CreateTopics version (below v4, Kafka < 2.4, -1 is not allowed),
-against a real Tansu broker; and what the log says about how the factor was
+created by KafkaPublisher (the proxy's AsyncKafkaPublisher alike) with 1
+partition and an explicit replication factor on every CreateTopics version
+(below v4, Kafka < 2.4, -1 is not allowed), against a real Tansu broker; and what the log says about how the factor was
 chosen and about a cluster that does not create the topic as asked.
 
 Tansu (measured here): it answers DescribeConfigs for a BROKER resource with
@@ -9,6 +9,7 @@ no configs at all, so default.replication.factor is never read from it and
 the fallback, min(3, live brokers), is what a publisher uses against it; it
 accepts any topic spec and config, so a refused creation is covered by the
 pure ``refusal_warning`` below."""
+import asyncio
 import logging
 import time
 import uuid
@@ -24,9 +25,13 @@ with warnings.catch_warnings():
     from kafka.protocol.admin import CreateTopicsRequest, DescribeConfigsRequest
     from kafka.protocol.broker_version_data import BrokerVersionData
 
+from kthrottle.embedded import free_port
+from kthrottle.security import KafkaClientSecurity
+from kthrottle.sources.async_kafka import AsyncKafkaPublisher, aiokafka_config
 from kthrottle.sources.kafka_publisher import (
     FALLBACK_REPLICATION_FACTOR,
     KafkaPublisher,
+    PublishError,
     choose_replication_factor,
     client_config,
     refusal_warning,
@@ -85,6 +90,28 @@ def publisher_for(broker, topic, **settings):
     return KafkaPublisher(config, topic, timeout=10.0)
 
 
+def publish_once(kind, broker, topic, key, value):
+    """One record published by a publisher of its own: the blocking one (the
+    volume agent's) or the asyncio one (the proxy's, on its event loop)."""
+    if kind == "blocking":
+        publisher = publisher_for(broker, topic)
+        try:
+            return publisher.publish(key, value)
+        finally:
+            publisher.close()
+
+    async def run():
+        publisher = AsyncKafkaPublisher(
+            aiokafka_config([broker.bootstrap], "kthrottle-test-report-topics",
+                            KafkaClientSecurity(), 10.0), topic, timeout=10.0)
+        try:
+            return await publisher.publish(key, value)
+        finally:
+            await publisher.close()
+
+    return asyncio.run(run())
+
+
 def lines(caplog, level=None):
     return [r.getMessage() for r in caplog.records
             if r.name == LOGGER and (level is None or r.levelno == level)]
@@ -106,18 +133,15 @@ def tansu_reports_no_broker_configs(broker):
     return node
 
 
+@pytest.mark.parametrize("kind", ["blocking", "asyncio"])
 def test_topic_gets_one_partition_and_the_computed_replication_factor(
-        broker, caplog, tansu_reports_no_broker_configs):
+        kind, broker, caplog, tansu_reports_no_broker_configs):
     caplog.set_level(logging.INFO, logger=LOGGER)
     node = tansu_reports_no_broker_configs
     live = len(cluster_of(broker)[0])
     expected = min(FALLBACK_REPLICATION_FACTOR, live)
     topic = topic_name()
-    publisher = publisher_for(broker, topic)
-    try:
-        sent = publisher.publish(b"7", b"report")
-    finally:
-        publisher.close()
+    sent = publish_once(kind, broker, topic, b"7", b"report")
     assert (sent.topic, sent.partition, sent.offset) == (topic, 0, 0)
     assert layout_of(broker, topic) == ([expected], "compact")
     why = "min(%d, %d live broker%s)" % (FALLBACK_REPLICATION_FACTOR, live,
@@ -133,12 +157,36 @@ def test_topic_gets_one_partition_and_the_computed_replication_factor(
 
     # a second publisher finds the topic: nothing to choose, nothing said
     caplog.clear()
-    again = publisher_for(broker, topic)
-    try:
-        assert again.publish(b"7", b"next").offset == 1
-    finally:
-        again.close()
+    assert publish_once(kind, broker, topic, b"7", b"next").offset == 1
     assert lines(caplog) == []
+
+
+def test_the_asyncio_publisher_says_why_a_cluster_out_of_reach_fails_and_connects_afresh(
+        broker):
+    """A publication to an address where nothing listens fails within its
+    timeout with the connection error; the same publisher then reaches a
+    cluster that answers (the address list is the only thing changed)."""
+    port = free_port()
+
+    async def run():
+        config = aiokafka_config([("127.0.0.1", port)], "kthrottle-test", KafkaClientSecurity(),
+                                 3.0)
+        publisher = AsyncKafkaPublisher(config, topic_name(), timeout=3.0, secret="s3cret")
+        try:
+            with pytest.raises(PublishError) as failed:
+                await publisher.publish(b"k", b"v")
+            assert publisher.producer is None and not publisher.topic_ready
+            publisher.config["bootstrap_servers"] = [broker.bootstrap]
+            sent = await publisher.publish(b"k", b"v")
+        finally:
+            await publisher.close()
+        return str(failed.value), sent
+
+    message, sent = asyncio.run(run())
+    assert message.startswith("publication failed (127.0.0.1:%d over PLAINTEXT): no bootstrap "
+                              "server answered (last connection error: " % port), message
+    assert "Connect call failed" in message, message
+    assert sent.offset == 0
 
 
 def test_create_topics_below_v4_still_creates_the_topic(broker, caplog,

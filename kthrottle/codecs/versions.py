@@ -10,7 +10,14 @@ from ._kafka import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, Me
 from . import apis
 from .errors import ProtocolError
 from .rewrite import Node
-from .wire import INT32
+from .wire import (
+    INT16,
+    INT32,
+    read_array_length,
+    read_int16,
+    skip_tagged_fields,
+    write_uvarint,
+)
 
 # The version the proxy asks a broker with: every broker since 0.10 has it,
 # and the ranges it lists are the same at every version.
@@ -57,6 +64,73 @@ def api_versions_answer(correlation_id, version, ranges):
         fields["throttle_time_ms"] = 0
     body = cls(**fields).encode()
     return INT32.pack(len(body) + 4) + INT32.pack(correlation_id) + bytes(body)
+
+
+def with_api_ranges(ranges, answered=None, clamped=None):
+    """Version ranges ((api_key, min, max), ...) as the proxy advertises them:
+    the APIs it answers itself (``answered``: {api_key: (min, max)}) listed
+    with its own range whatever the broker said (or added when the broker
+    lacks them), and the max of the ones it passes on after a look
+    (``clamped``: {api_key: max}) lowered to what it can answer for."""
+    answered = answered or {}
+    clamped = clamped or {}
+    out = []
+    for api_key, low, high in ranges:
+        if api_key in answered:
+            continue
+        limit = clamped.get(api_key)
+        if limit is not None and high > limit:
+            high = limit
+        out.append((api_key, low, high))
+    out.extend((key, low, high) for key, (low, high) in answered.items())
+    return tuple(sorted(out))
+
+
+def splice_api_ranges(frame, version, answered=None, clamped=None):
+    """A framed ApiVersions response from a broker with the ranges
+    ``with_api_ranges`` gives (None: nothing to change). Only the api_keys
+    array is rewritten, an entry's own tagged fields kept; every other byte
+    (throttle time, features) is copied as it came. An error answer is left
+    alone."""
+    if not answered and not clamped:
+        return None
+    answered = answered or {}
+    clamped = clamped or {}
+    pos = 8  # size, correlation id (ApiVersions answers have header v0, KIP-511)
+    error_code, pos = read_int16(frame, pos)
+    if error_code != 0:
+        return None
+    compact = version >= 3
+    start = pos
+    count, pos = read_array_length(frame, pos, compact)
+    if count < 0:
+        raise ProtocolError("malformed ApiVersions response: null api_keys")
+    entries = []
+    changed = False
+    for _ in range(count):
+        api_key, pos = read_int16(frame, pos)
+        low, pos = read_int16(frame, pos)
+        high, pos = read_int16(frame, pos)
+        tags_at = pos
+        if compact:
+            pos = skip_tagged_fields(frame, pos)
+        if api_key in answered:
+            changed = True
+            continue
+        limit = clamped.get(api_key)
+        if limit is not None and high > limit:
+            high, changed = limit, True
+        entries.append(INT16.pack(api_key) + INT16.pack(low) + INT16.pack(high)
+                       + bytes(frame[tags_at:pos]))
+    tail = b"\x00" if compact else b""  # no tagged fields
+    for api_key, (low, high) in sorted(answered.items()):
+        changed = True
+        entries.append(INT16.pack(api_key) + INT16.pack(low) + INT16.pack(high) + tail)
+    if not changed:
+        return None
+    count = write_uvarint(len(entries) + 1) if compact else INT32.pack(len(entries))
+    rest = bytes(frame[4:start]) + count + b"".join(entries) + bytes(frame[pos:])
+    return INT32.pack(len(rest)) + rest
 
 
 # Metadata v1 (every broker since 0.10): an empty topic list asks for the

@@ -123,8 +123,8 @@ class ProxyCollector:
         if self.source is not None:
             yield GaugeMetricFamily(
                 "kthrottle_quota_source_healthy",
-                "1 while the quota source (file or ZooKeeper) is readable and current; "
-                "0 while the last known quotas stay in force",
+                "1 while the quota source (file, ZooKeeper or the cluster) is readable and "
+                "current; 0 while the last known quotas stay in force",
                 value=1 if self.source.healthy else 0)
             yield CounterMetricFamily(
                 "kthrottle_quota_source_rejected",

@@ -24,6 +24,7 @@ from .pipeline import (
     RunJob,
     SendToBroker,
     SendToClient,
+    SessionDeadline,
 )
 
 log = logging.getLogger("kthrottle.proxy")
@@ -96,6 +97,7 @@ class ClientConnection(asyncio.Protocol):
         self._connect_task = None
         self._client_timer = None
         self._hold_timer = None
+        self._session_timer = None  # KIP-368: the session's end
 
     # what the admin endpoint reads
     @property
@@ -281,6 +283,8 @@ class ClientConnection(asyncio.Protocol):
             elif kind is HoldResponses:
                 self.upstream.pause("holding a throttled response")
                 self._hold_timer = self._set_timer(self._hold_timer, action.until)
+            elif kind is SessionDeadline:
+                self._session_timer = self._set_timer(self._session_timer, action.until)
             elif kind is ResumeBroker:
                 self.upstream.resume("holding a throttled response")
             elif kind is NodesSeen:
@@ -348,7 +352,7 @@ class ClientConnection(asyncio.Protocol):
         server.connections.discard(self)
         if self.counted:
             server.limits.release(self.address)
-        for timer in (self._client_timer, self._hold_timer):
+        for timer in (self._client_timer, self._hold_timer, self._session_timer):
             if timer is not None:
                 timer.cancel()
         task = self._connect_task

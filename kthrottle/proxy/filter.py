@@ -69,8 +69,9 @@ class Pending(NamedTuple):
     """Answer later, in the broker's place: ``job`` is run outside the
     pipeline (a key derivation in a worker thread, a question to a broker);
     ``on_done(ctx, result, error)`` then returns the answer frame (b"" for
-    none) or a Refuse. Nothing after the request is read meanwhile. Only
-    before authentication, when no broker answers interleave."""
+    none) or a Refuse. Nothing after the request is read meanwhile; the
+    answer goes out in request order, behind the broker's answers to what
+    came before it (a store write by the admin API, after authentication)."""
 
     job: object
     on_done: object
@@ -258,6 +259,11 @@ class FilterContext:
         principal for its life."""
         self._conn.authenticated(principal, self._filter)
 
+    def set_session_deadline(self, until):
+        """KIP-368: the connection closes at ``until`` (``now``'s clock)
+        unless this is called again before (a re-authentication)."""
+        self._conn.set_session_deadline(until)
+
     def fail_authentication(self, reason, delay_ms):
         """Answers already queued (the failure itself) go out after
         ``delay_ms``, then the connection closes (KIP-306's
@@ -287,7 +293,15 @@ class Services:
         # the current credentials snapshot, for a proxy that verifies clients
         # (sources.credentials; replaced live as the store changes)
         self.credentials = credentials
+        # the quota source and credential source followed (sources), for the
+        # admin API that alters them; None when not configured
+        self.quota_source = None
+        self.credential_source = None
         # set by the server, which owns what they use
         self.advertise = None  # node id -> the (host, port) a client is given
         self.offload = None  # offload(fn, *args): run a key derivation off the loop
         self.api_versions = None  # the broker's ApiVersions ranges (``current``, ``fetch()``)
+        # OAUTHBEARER: the JWKS keys clients' tokens are checked against
+        # (sources.jwks.JwksKeys), and the proxy's own token towards the brokers
+        self.jwks = None
+        self.upstream_token = None

@@ -8,11 +8,11 @@ the quotas set once, in ZooKeeper, for the whole cluster. A member:
   ``--usage-topic``: for every quota bucket used within the interval, its
   configured quota, its measured rate and its demand (``estimate_demand``,
   from the throttle time its clients were given during the interval), and
-  the broker node ids the proxy forwards to. The report is built on the
-  event loop (where the buckets live) and sent by the blocking
-  ``sources.kafka_publisher.KafkaPublisher`` on a thread of its own, with
-  the proxy's upstream security settings; a publication still running when
-  the next report is due makes that report wait for the one after. A
+  the broker node ids the proxy forwards to. The report is built and sent
+  on the event loop (where the buckets live) by
+  ``sources.async_kafka.AsyncKafkaPublisher`` (aiokafka), with the proxy's
+  upstream security settings; a publication still running when the next
+  report is due makes that report wait for the one after. A
   cluster that cannot be reached fails the reports: the error is logged
   once (and once per new reason), and once more when they go through again.
 - follows its shares, ``<cluster-state-znode>/shares/<proxy-id>`` in
@@ -33,8 +33,6 @@ report holds) and ``SharesFollower`` (which limits apply).
 """
 import asyncio
 import logging
-import queue
-import threading
 import time
 
 from ..policy.fleet import BucketUsage, UsageReport, estimate_demand, parse_shares_document
@@ -207,58 +205,46 @@ class SharesWatch(ZnodeWatch):
         return document
 
 
-# publishing on a thread of its own -------------------------------------------------
+# publishing on the event loop ------------------------------------------------------
 
-class _PublisherThread:
-    """Runs the blocking publisher on a daemon thread: ``submit`` hands it a
-    report unless one is still being sent (False then); ``done(ok, result)``
-    is called on the event loop after each."""
+class _Publications:
+    """Runs the publisher's publications as tasks on the event loop, one at
+    a time: ``submit`` starts one unless one is still being sent (False
+    then); ``done(ok, result)`` is called after each."""
 
-    def __init__(self, publisher, loop, done):
+    def __init__(self, publisher, done):
         self.publisher = publisher
-        self.loop = loop
         self.done = done
-        self.busy = False
-        self._queue = queue.Queue()
-        self._thread = threading.Thread(target=self._main, name="kthrottle-usage-publisher",
-                                        daemon=True)
-        self._thread.start()
+        self._task = None
+
+    @property
+    def busy(self):
+        return self._task is not None
 
     def submit(self, key, value):
-        if self.busy:
+        if self._task is not None:
             return False
-        self.busy = True
-        self._queue.put((key, value))
+        self._task = asyncio.get_running_loop().create_task(self._publish(key, value))
         return True
 
-    def _main(self):
-        while True:
-            item = self._queue.get()
-            if item is None:
-                break
-            try:
-                result = (True, self.publisher.publish(*item))
-            except Exception as exc:  # PublishError, and anything unforeseen
-                result = (False, exc)
-            try:
-                self.loop.call_soon_threadsafe(self._finished, result)
-            except RuntimeError:  # the loop is closed: shutting down
-                break
+    async def _publish(self, key, value):
         try:
-            self.publisher.close()
-        except Exception:
-            pass
-
-    def _finished(self, result):
-        self.busy = False
+            result = (True, await self.publisher.publish(key, value))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # PublishError, and anything unforeseen
+            result = (False, exc)
+        self._task = None
         self.done(*result)
 
-    def stop(self, timeout=2.0):
-        """Ask the thread to close the publisher and end; wait a little (a
-        publication in flight may take up to its timeout: the thread is a
-        daemon, it does not hold the process)."""
-        self._queue.put(None)
-        self._thread.join(timeout)
+    async def stop(self):
+        """Cancel a publication in flight and close the publisher."""
+        task, self._task = self._task, None
+        await cancelled(task)
+        try:
+            await self.publisher.close()
+        except Exception:
+            pass
 
 
 def publish_timeout(interval):
@@ -270,26 +256,22 @@ def publish_timeout(interval):
 
 
 def publisher_for(config, timeout=None):
-    """The KafkaPublisher of a proxy's usage reports: the upstream brokers
-    and the proxy's upstream security settings."""
-    from ..sources.kafka_publisher import KafkaPublisher, client_config, describe_connection
+    """The AsyncKafkaPublisher of a proxy's usage reports: the upstream
+    brokers and the proxy's upstream security settings."""
+    from ..sources.async_kafka import AsyncKafkaPublisher, aiokafka_config
+    from ..sources.kafka_publisher import describe_connection
 
     if timeout is None:
         timeout = publish_timeout(config.usage_interval_ms / 1000.0)
-
-    protocol = config.upstream_security_protocol or "PLAINTEXT"
-    sasl = protocol.startswith("SASL_")
-    password = config.upstream_sasl_password() if sasl else None
-    mechanism = config.upstream_sasl_mechanism if sasl else None
-    username = config.upstream_sasl_username if sasl else None
-    kafka_config = client_config(
-        config.bootstrap_servers, "kthrottle-proxy-%s" % config.proxy_id, protocol,
-        config.upstream_ssl_ca, config.upstream_ssl_cert, config.upstream_ssl_key, mechanism,
-        username, password, timeout)
-    return KafkaPublisher(kafka_config, config.usage_topic, timeout,
-                          describe_connection(config.bootstrap_servers, protocol, mechanism,
-                                              username, config.upstream_ssl_cert),
-                          password, logger=log)
+    security = config.upstream_security()
+    client = aiokafka_config(config.bootstrap_servers, "kthrottle-proxy-%s" % config.proxy_id,
+                             security, timeout)
+    return AsyncKafkaPublisher(client, config.usage_topic, timeout,
+                               describe_connection(config.bootstrap_servers,
+                                                   security.security_protocol,
+                                                   security.sasl_mechanism,
+                                                   security.sasl_username, security.ssl_cert),
+                               security.sasl_password, logger=log)
 
 
 # the member ----------------------------------------------------------------------
@@ -318,7 +300,7 @@ class FleetMember:
         self.reports = 0  # acknowledged by the cluster
         self.errors = 0  # publications that failed
         self.skipped = 0  # reports not sent: the previous one was still being sent
-        self._thread = None
+        self._publications = None
         self._task = None
         self._outage = Outage()  # failed publications: logged once per reason, and the end
 
@@ -353,13 +335,13 @@ class FleetMember:
     # usage reports
 
     def start_reports(self, server):
-        from ..sources.kafka_publisher import quiet_kafka_logging
+        from ..sources.async_kafka import quiet_aiokafka_logging
 
         self.server = server
         loop = asyncio.get_running_loop()
-        quiet_kafka_logging(debug=logging.getLogger("kthrottle").getEffectiveLevel()
-                            <= logging.DEBUG)
-        self._thread = _PublisherThread(self._publisher, loop, self._published)
+        quiet_aiokafka_logging(debug=logging.getLogger("kthrottle").getEffectiveLevel()
+                               <= logging.DEBUG)
+        self._publications = _Publications(self._publisher, self._published)
         self.tracker = UsageTracker(self.manager, self.proxy_id, self.interval, loop.time())
         self._task = loop.create_task(self._report_loop())
         log.info("fleet: proxy %s publishes its usage to topic %s every %g s and follows its "
@@ -368,12 +350,13 @@ class FleetMember:
                  self.config.share_max_age_ms / 1000.0)
 
     def report_now(self):
-        """Build the report of the interval ending now and hand it to the
-        publisher thread (on the event loop)."""
+        """Build the report of the interval ending now and start its
+        publication (on the event loop)."""
         loop = asyncio.get_running_loop()
         nodes = self.server.nodes if self.server is not None else {}
         report = self.tracker.report(loop.time(), time.time(), nodes)
-        if not self._thread.submit(self.proxy_id.encode("utf-8"), report.to_json().encode("utf-8")):
+        if not self._publications.submit(self.proxy_id.encode("utf-8"),
+                                         report.to_json().encode("utf-8")):
             self.skipped += 1
             log.debug("fleet: the previous usage report is still being sent; this one is skipped")
             return None
@@ -421,7 +404,9 @@ class FleetMember:
 
     async def stop(self):
         self._task = await cancelled(self._task)
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.stop)
-            self._thread = None
+        if self._publications is not None:
+            await self._publications.stop()
+            self._publications = None
+        elif self._publisher is not None:
+            await self._publisher.close()
         await self.watch.stop()

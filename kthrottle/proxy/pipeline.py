@@ -190,6 +190,16 @@ class RunJob(_Value):
         self.token = token
 
 
+class SessionDeadline(_Value):
+    """KIP-368: call tick() at ``until``; the connection closes then unless
+    the client has re-authenticated (a later SessionDeadline)."""
+
+    __slots__ = ("until",)
+
+    def __init__(self, until):
+        self.until = until
+
+
 class Close(_Value):
     __slots__ = ("reason", "refused")
 
@@ -343,6 +353,7 @@ class Connection:
         self.unanswered = deque(maxlen=UNANSWERED_IDS_KEPT)  # acks=0 correlation ids
         self.muted_until = 0.0  # the client is not read until then (throttled)
         self.hold_until = 0.0  # responses are held until then (old clients)
+        self.session_deadline = None  # KIP-368: closed then unless re-authenticated
         self.requests = 0
         self.bytes_from_client = 0
         self.bytes_from_broker = 0
@@ -585,6 +596,10 @@ class Connection:
         if self.phase is Phase.CLOSED:
             return actions
         due = now + TIMER_SLACK
+        deadline = self.session_deadline
+        if deadline is not None and due >= deadline:
+            return self._close("session expired: the client did not re-authenticate within its "
+                               "session lifetime (KIP-368, connections-max-reauth-ms)")
         if self._held is not None:
             if due >= self.hold_until:
                 held, self._held = self._held, None
@@ -894,6 +909,12 @@ class Connection:
         ``handler`` is (function, context), or None to end them."""
         self.raw_request = handler
         self.requests_in.min_frame_size = MIN_REQUEST_SIZE if handler is None else 0
+
+    def set_session_deadline(self, until):
+        """KIP-368 (FilterContext.set_session_deadline): closed at ``until``
+        unless set again before."""
+        self.session_deadline = until
+        self._actions.append(SessionDeadline(until))
 
     def fail_authentication(self, reason, delay_ms):
         """Answers already queued (the failure itself) go out after

@@ -496,7 +496,17 @@ class ApiVersionsCache:
         except ConnectionError as exc:
             log.warning("no broker answered ApiVersions: %s", exc)
             raise
+        ranges = self.advertised(ranges)
         self._ranges, self._at = ranges, self.server.loop.time()
+        return ranges
+
+    def advertised(self, ranges):
+        """The broker's ranges as the proxy's filters advertise them (the
+        admin API lists what it answers itself, ``api_ranges``)."""
+        for f in self.server.filter_table.filters:
+            api_ranges = getattr(f, "api_ranges", None)
+            if api_ranges is not None:
+                ranges = api_ranges(ranges)
         return ranges
 
 

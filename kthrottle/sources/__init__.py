@@ -84,6 +84,8 @@ class Registered:
 QUOTA_SOURCES = (
     Registered("file", "quota_file", ".file", "FileQuotaSource"),
     Registered("zookeeper", "zookeeper", ".zookeeper", "ZooKeeperQuotaSource"),
+    # never inferred: only when --quota-source kafka names it
+    Registered("kafka", None, ".kafka_quotas", "KafkaQuotaSource"),
 )
 CREDENTIAL_STORES = (
     Registered("file", "credentials_file", ".credentials", "FileCredentialSource"),
@@ -91,13 +93,21 @@ CREDENTIAL_STORES = (
 )
 
 
-def build_source(registry, config):
-    """The source the configuration names (the first registered kind whose
-    option is set, built from that option's value), or None."""
+def build_source(registry, config, name=None):
+    """The source the configuration names: the kind called ``name`` when
+    given, else the first registered kind whose option is set; built from
+    that option's value, or by the class's ``from_config(config)`` when it
+    has one. None if there is none."""
     for kind in registry:
-        value = getattr(config, kind.option, None)
-        if value:
-            return kind.load()(value)
+        if name is None:
+            value = getattr(config, kind.option, None) if kind.option else None
+            if value:
+                return kind.load()(value)
+        elif kind.name == name:
+            cls = kind.load()
+            if hasattr(cls, "from_config"):
+                return cls.from_config(config)
+            return cls(getattr(config, kind.option))
     return None
 
 

@@ -423,6 +423,21 @@ class FileCredentialStore(TomlFileStore):
         write_file_atomically(self.path, credentials_text(Credentials(users)), self.kind)
         return entry
 
+    def alter_users(self, changes):
+        """Alter several users (``changes``: (user, add, delete) each) in one
+        rewrite of the file; returns the bytes written."""
+        users = self.read(missing_ok=True).as_dict()
+        for user, add, delete in changes:
+            _check_user(user)
+            entry = _altered(users.get(user, {}), add, delete)
+            if entry:
+                users[user] = entry
+            else:
+                users.pop(user, None)
+        text = credentials_text(Credentials(users))
+        write_file_atomically(self.path, text, self.kind)
+        return text.encode("utf-8")
+
 
 class FileCredentialSource(FollowedFile):
     """The credentials file followed live, as the quota file is (see
@@ -438,6 +453,18 @@ class FileCredentialSource(FollowedFile):
 
     def summary(self, credentials):
         return "%d users" % len(credentials)
+
+    def alter_users(self, changes):
+        """Blocking (a worker thread): ``changes`` ((user, add, delete) each)
+        in one rewrite -> ({user: error message}, then): ``then()`` on the
+        event loop puts the new credentials in force at once."""
+        from . import QuotaStoreError
+
+        try:
+            data = self.store.alter_users(changes)
+        except (QuotaStoreError, ValueError) as exc:
+            return {user: str(exc) for user, _, _ in changes}, None
+        return {}, lambda: self.written(data)
 
 
 # ZooKeeper -------------------------------------------------------------------
@@ -537,6 +564,15 @@ class ZooKeeperCredentialSource(ZooKeeperFollower):
 
     def summary(self, snapshot):
         return "%d users" % len(snapshot)
+
+    def alter_users(self, changes):
+        """Blocking (a worker thread): each of ``changes`` ((user, add,
+        delete)) written to its user znode as kafka-configs does, then read
+        back at once -> ({user: error message}, None)."""
+        store = ZooKeeperCredentialStore(store=self.store)
+        return self.alter_entities(
+            changes, lambda change: store.alter(*change),
+            path_of=lambda change: entity_path(user=change[0]))
 
     def change_text(self, path, entry):
         return "credentials change for user %r: %s" % (

@@ -1,8 +1,7 @@
 """A blocking kafka-python publisher of keyed records to one compacted topic.
 
 What the volume agent (``kthrottle volume-agent``: per-broker volume usage)
-and the proxy (``--proxy-id``: its usage reports for fleet-wide quotas) both
-publish with. The topic is created on first contact, compacted
+publishes with. The topic is created on first contact, compacted
 (cleanup.policy=compact, with segment.ms and min.cleanable.dirty.ratio set
 so that compaction keeps up: TOPIC_CONFIGS), one partition, and the cluster's
 default.replication.factor (read from the controller with DescribeConfigs,
@@ -16,8 +15,9 @@ kafka-python logged, the password scrubbed), drops the producer, and the
 next publication connects afresh. Each publication is bounded by ``timeout``
 in all: connecting, creating the topic, the acknowledgement.
 
-Blocking: call it from a thread of its own (the proxy does, never on its
-event loop). kafka-python is imported on first use.
+Blocking: for a process of its own (the volume agent); the proxy publishes
+on its event loop with ``async_kafka.AsyncKafkaPublisher``, which shares the
+pure helpers here. kafka-python is imported on first use.
 """
 import logging
 import re
@@ -160,6 +160,17 @@ def refusal_warning(topic, described, configs, first, second, create_command, bo
         tried += "; without %s: %s" % (configs, second[1])
     return ("could not create topic %s with %s (%s): publishing anyway; once what the broker "
             "names is fixed, create it with: %s" % (topic, described, tried, create_command))
+
+
+def create_command(bootstrap, topic, replication_factor, configs, security_protocol):
+    """The kafka-topics command that creates ``topic`` as a publisher would."""
+    command = ("kafka-topics --bootstrap-server %s --create --topic %s --partitions 1 "
+               "--replication-factor %d" % (bootstrap, topic, replication_factor))
+    for kv in sorted(configs.items()):
+        command += " --config %s=%s" % kv
+    if security_protocol != "PLAINTEXT":
+        command += " --command-config CLIENT.properties"
+    return command
 
 
 def describe_connection(bootstrap_servers, security_protocol="PLAINTEXT", sasl_mechanism=None,
@@ -378,14 +389,9 @@ class KafkaPublisher:
     def create_command(self, replication_factor):
         """The kafka-topics command that creates this topic as the publisher
         would."""
-        command = ("kafka-topics --bootstrap-server %s --create --topic %s --partitions 1 "
-                   "--replication-factor %d" % (self._bootstrap(), self.topic,
-                                                replication_factor))
-        for kv in sorted(self.topic_configs.items()):
-            command += " --config %s=%s" % kv
-        if self.config.get("security_protocol", "PLAINTEXT") != "PLAINTEXT":
-            command += " --command-config CLIENT.properties"
-        return command
+        return create_command(self._bootstrap(), self.topic, replication_factor,
+                              self.topic_configs,
+                              self.config.get("security_protocol", "PLAINTEXT"))
 
     def reset(self):
         """Drop the producer (and what it still holds); the next publication

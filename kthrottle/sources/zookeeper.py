@@ -340,6 +340,9 @@ class ZooKeeperFollower:
                 if what == "changes":
                     self._apply_changes(arg)
                     continue
+                if what == "entities":
+                    self._reread(*arg)
+                    continue
                 snapshot = self._resync()
             except Exception as exc:
                 self._failed(exc)
@@ -443,6 +446,49 @@ class ZooKeeperFollower:
             if changed:  # what was read before a failure is in force already
                 self._to_loop(dict(self._snapshot))
 
+    def reread(self, paths, timeout=10.0):
+        """Blocking (a worker thread, not the loop): read these entities now,
+        rather than when their change notifications arrive, and hand the new
+        snapshot to the event loop before returning (an admin API
+        alteration this process has just written)."""
+        done = threading.Event()
+        self._work.put(("entities", (list(paths), done)))
+        done.wait(timeout)
+
+    def _reread(self, paths, done):
+        try:
+            for path in paths:
+                value = self._entity(path, self._snapshot)
+                if value:
+                    self._snapshot[path] = value
+                else:
+                    self._snapshot.pop(path, None)
+            self._to_loop(dict(self._snapshot))
+        finally:
+            done.set()
+
+    def alter_entities(self, changes, alter=None, path_of=lambda change: change[0]):
+        """Blocking (a worker thread): write each of ``changes`` ((entity
+        path, ...) tuples, valid) with ``alter(change)`` (as kafka-configs
+        --zookeeper does: the znode, then a change notification), then read
+        them back at once -> ({change[0]: error message}, None). Each entity
+        is written alone, so one failure leaves the others done."""
+        errors = {}
+        written = []
+        for change in changes:
+            path = path_of(change)
+            try:
+                alter(change)
+                written.append(path)
+            except QuotaStoreError as exc:
+                errors[change[0]] = str(exc)
+            except Exception as exc:  # kazoo: the connection, a permission
+                errors[change[0]] = "cannot write %s/%s in %s: %s" % (
+                    CONFIG_ROOT, path, self.describe, _reason(exc))
+        if written:
+            self.reread(written)
+        return errors, None
+
     def _notified_path(self, znode):
         """The entity a notification names; None for one that is gone, is
         not about what this follows, or is not Kafka's JSON (each passed over)."""
@@ -499,6 +545,11 @@ class ZooKeeperQuotaSource(ZooKeeperFollower, QuotaSource):
 
     def change_text(self, path, quotas):
         return "quota change for %s: %s" % (path, quotas or "no quotas")
+
+    def alter_entities(self, changes):
+        """(path, add, delete) each: see ZooKeeperFollower.alter_entities."""
+        return super().alter_entities(
+            changes, lambda change: self.store.alter(change[0], change[1], change[2]))
 
 
 def _reason(exc):

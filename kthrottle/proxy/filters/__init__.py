@@ -10,6 +10,7 @@ its TOML file. ``forbidden_api_keys.py`` is the smallest example.
 """
 from . import (
     address_rewrite,
+    admin_api,
     forbidden_api_keys,
     quotas,
     sasl_passthrough,
@@ -25,7 +26,11 @@ REGISTERED = (
     upstream_login.UpstreamSaslLogin,
     sasl_terminate.SaslTerminate,
     sasl_passthrough.SaslPassthrough,
+    # an API an operator forbids stays forbidden, even one the proxy answers
     forbidden_api_keys.ForbiddenApiKeys,
+    # after authentication (it needs the principal); it answers in the
+    # broker's place, so before what would count or rewrite the request
+    admin_api.AdminApi,
     version_gate.VersionGate,
     address_rewrite.AddressRewrite,
     # before the quotas: a Produce request held back (PAUSE) is counted

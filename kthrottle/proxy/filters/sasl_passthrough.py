@@ -6,8 +6,9 @@ from functools import partial
 
 from ...codecs import apis
 from ...codecs.frames import response_body_offset
+from ...policy import oauthbearer
 from ..filter import GATHER, NOTHING, REFUSED_AUTHENTICATION, Answer, ForwardRaw, Refuse
-from .sasl import DEFAULT_FAILED_AUTHENTICATION_DELAY_MS, SASL_AUTHENTICATE
+from .sasl import DEFAULT_FAILED_AUTHENTICATION_DELAY_MS, OAUTHBEARER, SASL_AUTHENTICATE
 from .sasl import SASL_HANDSHAKE, UNSUPPORTED_SASL_MECHANISM
 from .sasl import SaslAuthenticateRequest, SaslAuthenticateResponse
 from .sasl import SaslHandshakeRequest, SaslHandshakeResponse
@@ -16,11 +17,23 @@ from .sasl import ClientSasl, auth_bytes, before_authentication, decode
 log = logging.getLogger("kthrottle.auth")
 
 
-def sasl_user(mechanism, token):
+def sasl_user(mechanism, token, sub_claim_name="sub"):
     """The user a client's first SASL token names: PLAIN's authentication
-    id (RFC 4616), or the ``n=`` of SCRAM's client-first message (RFC 5802,
-    with ``=2C`` and ``=3D`` decoded). Raises ValueError when the token is
-    malformed or asks to act as another user, as Kafka refuses it."""
+    id (RFC 4616), the ``n=`` of SCRAM's client-first message (RFC 5802,
+    with ``=2C`` and ``=3D`` decoded), or OAUTHBEARER's JWT claim
+    ``sub_claim_name``, read unverified (the broker verifies the token).
+    Raises ValueError when the token is malformed or asks to act as another
+    user, as Kafka refuses it."""
+    if mechanism == OAUTHBEARER:
+        try:
+            authzid, token, _ = oauthbearer.parse_client_first(token)
+        except oauthbearer.InvalidMessage as exc:
+            raise ValueError(str(exc)) from None
+        user = oauthbearer.unverified_principal(token, sub_claim_name)
+        if authzid and authzid != user:
+            raise ValueError("OAUTHBEARER login whose authorization id differs from its token's "
+                             "principal")
+        return user
     try:
         text = bytes(token).decode("utf-8")
     except UnicodeDecodeError:
@@ -80,7 +93,7 @@ class _Exchange:
 
     @property
     def last_step(self):
-        return 1 if self.mechanism == "PLAIN" else 2
+        return 1 if self.mechanism in ("PLAIN", OAUTHBEARER) else 2
 
 
 class _Relayed:
@@ -111,9 +124,20 @@ class SaslPassthrough(ClientSasl):
     name = "sasl-passthrough"
 
     mode = "passthrough"
+    reads = ClientSasl.reads + ("sasl_oauthbearer_sub_claim_name",)
 
-    def __init__(self, mechanisms, failed_delay_ms=DEFAULT_FAILED_AUTHENTICATION_DELAY_MS):
+    @classmethod
+    def build(cls, config, services):
+        if not config.sasl_enabled or config.sasl_mode != cls.mode:
+            return None
+        return cls(config.sasl_enabled_mechanisms,
+                   failed_delay_ms=config.failed_authentication_delay_ms,
+                   sub_claim_name=config.sasl_oauthbearer_sub_claim_name)
+
+    def __init__(self, mechanisms, failed_delay_ms=DEFAULT_FAILED_AUTHENTICATION_DELAY_MS,
+                 sub_claim_name="sub"):
         super().__init__(mechanisms, failed_delay_ms)
+        self.sub_claim_name = sub_claim_name  # OAUTHBEARER: the claim naming the principal
 
     def new_state(self):
         return _Relayed()
@@ -180,7 +204,7 @@ class SaslPassthrough(ClientSasl):
         exchange.tokens += 1
         if exchange.tokens == 1:
             try:
-                exchange.user = sasl_user(exchange.mechanism, token)
+                exchange.user = sasl_user(exchange.mechanism, token, self.sub_claim_name)
             except ValueError as exc:
                 return Refuse(str(exc), REFUSED_AUTHENTICATION)
             if not ctx.authenticating and exchange.user != ctx.principal:
@@ -207,7 +231,9 @@ class SaslPassthrough(ClientSasl):
             log.info("the broker refused %s authentication of %r: %s", exchange.mechanism,
                      exchange.user, answer.error_message)
             state.failed = True
-        elif step == exchange.last_step:
+        elif step == exchange.last_step and not (exchange.mechanism == OAUTHBEARER
+                                                 and answer.auth_bytes):
+            # (an OAUTHBEARER answer with bytes is the error challenge, RFC 7628)
             self._bind(ctx, exchange)
         return frame
 
@@ -223,7 +249,8 @@ class SaslPassthrough(ClientSasl):
     def _raw_answer(self, exchange, step, ctx, frame):
         # with v0 a broker answers a failure by closing the connection, so an
         # answer to the last step is the success
-        if step == exchange.last_step:
+        if step == exchange.last_step and not (exchange.mechanism == OAUTHBEARER
+                                               and len(frame) > 4):
             ctx.expect_raw(None)
             self._bind(ctx, exchange)
         return frame

@@ -4,9 +4,12 @@ import hashlib
 import hmac
 import logging
 
+from ...options import ConfigError, Option
+from ...policy import oauthbearer
 from ..filter import Filter
 from .sasl import (
     MECHANISMS,
+    OAUTHBEARER,
     SASL_AUTHENTICATE,
     SASL_HANDSHAKE,
     SaslAuthenticateRequest,
@@ -35,13 +38,49 @@ class UpstreamSaslLogin(Filter):
     name = "upstream-sasl"
     KEYS_KEPT = 16  # (salt, iterations) pairs: one per broker-side credential
 
-    def __init__(self, mechanism, username, password):
-        if mechanism not in MECHANISMS:
+    options_title = ("the proxy's own OAUTHBEARER login to the brokers "
+                     "(--upstream-sasl-mechanism OAUTHBEARER; KIP-768's client credentials)")
+    options = (
+        Option("upstream-sasl-oauthbearer-token-endpoint-url", metavar="URL",
+               help="the OAuth 2 token endpoint the proxy gets its token from (client "
+               "credentials grant), refreshed at 80%% of its lifetime"),
+        Option("upstream-sasl-oauthbearer-client-id", metavar="ID",
+               help="the proxy's client id at the token endpoint"),
+        Option("upstream-sasl-oauthbearer-client-secret-file", metavar="PATH",
+               help="file holding its client secret, one line (else the environment variable "
+               "KTHROTTLE_UPSTREAM_CLIENT_SECRET; never a flag)"),
+        Option("upstream-sasl-oauthbearer-scope", metavar="SCOPE",
+               help="the scope asked for (default: none)"),
+    )
+
+    @classmethod
+    def check(cls, config):
+        protocol = config.upstream_security_protocol or "PLAINTEXT"
+        if (not protocol.startswith("SASL_") or config.sasl_mode == "passthrough"
+                or config.upstream_sasl_mechanism != OAUTHBEARER):
+            return
+        if not config.upstream_sasl_oauthbearer_token_endpoint_url:
+            raise ConfigError("upstream-sasl-mechanism OAUTHBEARER needs "
+                              "--upstream-sasl-oauthbearer-token-endpoint-url")
+        if not config.upstream_sasl_oauthbearer_token_endpoint_url.startswith(
+                ("https://", "http://")):
+            raise ConfigError("upstream-sasl-oauthbearer-token-endpoint-url must be an https:// "
+                              "(or http://) URL")
+        if not config.upstream_sasl_oauthbearer_client_id:
+            raise ConfigError("upstream-sasl-mechanism OAUTHBEARER needs "
+                              "--upstream-sasl-oauthbearer-client-id")
+
+    def __init__(self, mechanism, username, password, token=None):
+        if mechanism == OAUTHBEARER:
+            if token is None:
+                raise ValueError("an upstream OAUTHBEARER login needs its token source")
+        elif mechanism not in MECHANISMS:
             raise ValueError("upstream SASL mechanism must be one of %s, got %r"
                              % (", ".join(MECHANISMS), mechanism))
         self.mechanism = mechanism
         self.username = username
         self._password = password
+        self.token = token  # OAUTHBEARER: sources.oauth_token's, ``current``
         self._keys = {}  # (salt, iterations) -> (client key, server key)
 
     reads = ("upstream_security_protocol", "sasl_mode", "upstream_sasl_mechanism",
@@ -54,6 +93,9 @@ class UpstreamSaslLogin(Filter):
         protocol = config.upstream_security_protocol or "PLAINTEXT"
         if not protocol.startswith("SASL_") or config.sasl_mode == "passthrough":
             return None
+        if config.upstream_sasl_mechanism == OAUTHBEARER:
+            return cls(OAUTHBEARER, config.upstream_sasl_oauthbearer_client_id, None,
+                       services.upstream_token)
         return cls(config.upstream_sasl_mechanism, config.upstream_sasl_username,
                    config.upstream_sasl_password())
 
@@ -86,6 +128,15 @@ class UpstreamSaslLogin(Filter):
         if self.mechanism == "PLAIN":
             ctx.state[:] = ()
             self._send_token(ctx, ("\0%s\0%s" % (self.username, self._password)).encode("utf-8"))
+            return
+        if self.mechanism == OAUTHBEARER:
+            token = self.token.current
+            if token is None:
+                ctx.upstream_ready(False, "the proxy has no valid OAUTHBEARER token (from %s) to "
+                                   "log in to the broker with" % self.token.url)
+                return
+            ctx.state[:] = ()
+            self._send_token(ctx, oauthbearer.client_first(token))
             return
         from scramp import ScramClient
 
@@ -126,6 +177,11 @@ class UpstreamSaslLogin(Filter):
         if answer.error_code:
             ctx.upstream_ready(False, "the broker refused the proxy's %s login as %r: %s"
                                % (self.mechanism, self.username, answer.error_message))
+            return
+        if self.mechanism == OAUTHBEARER and answer.auth_bytes:
+            # RFC 7628's error challenge: the broker refused the token
+            ctx.upstream_ready(False, "the broker refused the proxy's OAUTHBEARER token: %s"
+                               % bytes(answer.auth_bytes).decode("utf-8", "replace")[:200])
             return
         state = ctx.state  # empty for PLAIN (one round), else [client, signature]
         if state:

@@ -1,0 +1,472 @@
+"""The proxy's own requests to the cluster, on its event loop (aiokafka).
+
+What the proxy asks the cluster for itself (the quotas kept there with
+``--quota-source kafka``, the usage reports a fleet member publishes) goes
+through aiokafka on the proxy's event loop, never a blocking client on a
+thread. APIs aiokafka has no request class for are sent with kafka-python's
+schema-generated codecs through ``KafkaPythonRequest``.
+
+``AsyncKafkaPublisher`` is the asyncio counterpart of the blocking
+``kafka_publisher.KafkaPublisher`` (which the volume agent, a process of its
+own, keeps): the same topic (compacted, one partition, the cluster's
+default replication factor, TOPIC_CONFIGS), the same log lines, each
+publication bounded by ``timeout`` in all, the password scrubbed from every
+message, and after a failure the next publication connects afresh.
+"""
+import asyncio
+import logging
+import re
+import ssl
+import time
+import warnings
+
+from .kafka_publisher import (
+    DEFAULT_REPLICATION_FACTOR,
+    DEFAULT_TIMEOUT,
+    TOPIC_CONFIGS,
+    PublishError,
+    choose_replication_factor,
+    create_command,
+    describe_connection,
+    refusal_warning,
+)
+
+log = logging.getLogger("kthrottle.publisher")
+
+
+# aiokafka's settings and log ---------------------------------------------------
+
+def aiokafka_config(bootstrap_servers, client_id, security, timeout=DEFAULT_TIMEOUT):
+    """aiokafka's connection and security settings (AIOKafkaClient,
+    AIOKafkaProducer, AIOKafkaAdminClient take them alike).
+    ``bootstrap_servers``: "host:port" strings or (host, port) pairs;
+    ``security``: a security.KafkaClientSecurity. The brokers' certificates
+    are checked, host names too (Kafka's ssl.endpoint.identification.
+    algorithm=https)."""
+    servers = []
+    for s in bootstrap_servers:
+        if not isinstance(s, str):
+            host, port = s
+            s = "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
+        servers.append(s)
+    config = {"bootstrap_servers": servers, "client_id": client_id,
+              "request_timeout_ms": max(1, int(timeout * 1000)), "retry_backoff_ms": 200,
+              "security_protocol": security.security_protocol}
+    if security.tls:
+        try:
+            context = ssl.create_default_context(cafile=security.ssl_ca)
+            if security.ssl_cert:
+                context.load_cert_chain(security.ssl_cert, security.ssl_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError("cannot load the upstream TLS CA or certificate (%s, %s): %s"
+                             % (security.ssl_ca, security.ssl_cert, exc)) from None
+        config["ssl_context"] = context
+    if security.sasl:
+        config.update(sasl_mechanism=security.sasl_mechanism,
+                      sasl_plain_username=security.sasl_username,
+                      sasl_plain_password=security.sasl_password)
+    return config
+
+
+class _LastAioKafkaError(logging.Handler):
+    """Keeps the last connection error aiokafka logged: its bootstrap says
+    only "Unable to bootstrap from [...]" when every address failed, so the
+    caller tells why itself."""
+
+    _AFTER = re.compile(r'^Unable (?:to )?connect to (?:"[^"]*"|node with id \S+): (.*)$')
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.last = None
+
+    def emit(self, record):
+        try:
+            m = self._AFTER.search(record.getMessage())
+        except Exception:
+            return
+        if m:
+            self.last = m.group(1)
+
+    def take(self):
+        last, self.last = self.last, None
+        return last
+
+
+AIOKAFKA_ERRORS = _LastAioKafkaError()
+
+
+def watch_aiokafka_errors():
+    """Have AIOKAFKA_ERRORS keep aiokafka's connection errors (once), from
+    now on; take() what it kept before."""
+    aiokafka_log = logging.getLogger("aiokafka")
+    if AIOKAFKA_ERRORS not in aiokafka_log.handlers:
+        aiokafka_log.addHandler(AIOKAFKA_ERRORS)
+    AIOKAFKA_ERRORS.take()
+
+
+def quiet_aiokafka_logging(debug=False):
+    """aiokafka logs every refused connection at ERROR: keep its WARNING
+    and up in the process's log only when ``debug``; the proxy's own
+    clients say once per outage what went wrong, with aiokafka's last
+    connection error, which AIOKAFKA_ERRORS keeps."""
+    aiokafka_log = logging.getLogger("aiokafka")
+    aiokafka_log.setLevel(logging.WARNING)
+    watch_aiokafka_errors()
+    aiokafka_log.propagate = bool(debug)
+
+
+def error_text(exc, secret=None):
+    """"Name: message" of an exception (the name alone if it says nothing
+    more), ``secret`` scrubbed."""
+    name = type(exc).__name__
+    text = str(exc).strip()
+    text = re.sub(r"^\[Error -?\d+\] ", "", text).rstrip(".")
+    if secret:
+        text = text.replace(secret, "***")
+    if not text or text == name:
+        return name
+    return text if text.startswith(name) else "%s: %s" % (name, text)
+
+
+def connection_error(exc, secret=None):
+    """What went wrong reaching the cluster, in words: aiokafka's "Unable
+    to bootstrap from [...]" said with the last connection error it logged
+    (taken), ``secret`` scrubbed."""
+    from aiokafka.errors import KafkaConnectionError
+
+    cause = AIOKAFKA_ERRORS.take()
+    if isinstance(exc, KafkaConnectionError) and "bootstrap" in str(exc):
+        detail = "no bootstrap server answered"
+    else:
+        detail = error_text(exc, secret)
+    if cause and cause not in detail:
+        detail += " (last connection error: %s)" % cause
+    return detail.replace(secret, "***") if secret else detail
+
+
+# kafka-python's codecs through aiokafka --------------------------------------------
+
+def kafka_python_messages(module, *names):
+    """Classes of kafka-python's ``kafka.protocol.<module>`` (its import
+    warns a few hundred times; silenced here)."""
+    import importlib
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = importlib.import_module("kafka.protocol." + module)
+    return tuple(getattr(mod, name) for name in names)
+
+
+class KafkaPythonRequest:
+    """A request aiokafka's client sends (``AIOKafkaClient.send``) built with
+    kafka-python's codecs: the newest version both the broker (its
+    ApiVersions, as aiokafka negotiated them on the connection) and the
+    codec have. ``fields`` are the request's, by kafka-python's names."""
+
+    def __init__(self, request_class, response_class, **fields):
+        self.request_class = request_class
+        self.response_class = response_class
+        self.fields = fields
+
+    def prepare(self, versions):
+        from aiokafka.errors import IncompatibleBrokerVersion
+
+        cls = self.request_class
+        if cls.API_KEY not in versions:
+            raise IncompatibleBrokerVersion("the broker does not support %s (API key %d)"
+                                            % (cls.name, cls.API_KEY))
+        low, high = versions[cls.API_KEY]
+        version = min(high, cls.max_version)
+        if version < low:
+            raise IncompatibleBrokerVersion("the broker supports %s versions %d-%d only, this "
+                                            "client %d at most" % (cls.name, low, high,
+                                                                   cls.max_version))
+        return _Prepared(cls(version=version, **self.fields), self.response_class, version)
+
+
+class _Prepared:
+    """One KafkaPythonRequest at its version, as aiokafka's connection
+    handles a request: header and body encoded, the response's header and
+    body decoded."""
+
+    def __init__(self, message, response_class, version):
+        self.message = message
+        self.API_KEY = message.API_KEY
+        self.API_VERSION = version
+        self.RESPONSE_TYPE = _Decoder(response_class, version)
+
+    def build_request_header(self, correlation_id, client_id):
+        self.message.with_header(correlation_id=correlation_id, client_id=client_id)
+        return _Header(self.message, self.message.flexible_version_q(self.API_VERSION))
+
+    def encode(self):
+        return bytes(self.message.encode())
+
+    def parse_response_header(self, buffer):
+        return self.RESPONSE_TYPE.parse_header(buffer)
+
+    def __repr__(self):
+        return "%s_v%d" % (self.message.name, self.API_VERSION)
+
+
+class _Header:
+    def __init__(self, message, flexible):
+        self.message, self.flexible = message, flexible
+
+    def encode(self):
+        return bytes(self.message.encode_header(flexible=self.flexible))
+
+
+class _Decoder:
+    def __init__(self, response_class, version):
+        self.response_class, self.version = response_class, version
+
+    def parse_header(self, buffer):
+        return self.response_class.parse_header(buffer, version=self.version)
+
+    def decode(self, buffer):
+        return self.response_class.decode(buffer, version=self.version)
+
+
+# usage reports, published on the event loop ---------------------------------------
+
+class AsyncKafkaPublisher:
+    """Sends records with aiokafka on the running loop; creates the topic
+    (compacted, 1 partition, the cluster's default replication factor) the
+    first time it reaches the cluster. After a failure the producer is
+    dropped and the next publication connects afresh.
+
+    ``config`` is aiokafka's (``aiokafka_config``); ``describe`` says in
+    error messages where and as whom; ``secret`` (the SASL password) is
+    scrubbed from every message; ``logger`` gets the topic creation lines."""
+
+    def __init__(self, config, topic, timeout=DEFAULT_TIMEOUT, describe="", secret=None,
+                 logger=None, topic_configs=None):
+        self.config = dict(config)
+        self.topic = topic
+        self.timeout = timeout
+        self.describe = describe or describe_connection(
+            self.config.get("bootstrap_servers", ()),
+            self.config.get("security_protocol", "PLAINTEXT"))
+        self.secret = secret
+        self.log = logger or log
+        self.topic_configs = dict(TOPIC_CONFIGS if topic_configs is None else topic_configs)
+        self.producer = None
+        self.topic_ready = False
+        self._last_warning = None
+        self._deadline = None  # of the publication under way
+
+    def _scrub(self, text):
+        text = str(text)
+        return text.replace(self.secret, "***") if self.secret else text
+
+    def _error(self, what, exc):
+        return PublishError("%s (%s): %s" % (what, self.describe,
+                                              connection_error(exc, self.secret)))
+
+    async def publish(self, key, value):
+        """Send one record (``key`` and ``value`` bytes); aiokafka's
+        RecordMetadata once acknowledged, else PublishError."""
+        watch_aiokafka_errors()
+        self._deadline = time.monotonic() + self.timeout
+        try:
+            async with asyncio.timeout(self.timeout):
+                if self.producer is None:
+                    self.producer = await self._producer()
+                if not self.topic_ready:
+                    await self._ensure_topic()
+                return await self.producer.send_and_wait(self.topic, value=value, key=key)
+        except PublishError:
+            await self.reset()
+            raise
+        except (asyncio.TimeoutError, TimeoutError) as exc:
+            await self.reset()
+            raise self._error("not published within %gs" % self.timeout, exc) from None
+        except asyncio.CancelledError:
+            await self.reset()
+            raise
+        except Exception as exc:  # aiokafka raises a variety, OSError included
+            await self.reset()
+            raise self._error("publication failed", exc) from None
+
+    async def _producer(self):
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(acks="all", enable_idempotence=False, linger_ms=0,
+                                    **self.config)
+        try:
+            await producer.start()
+        except BaseException:
+            await _closed(producer)
+            raise
+        return producer
+
+    def _warn(self, text, *args):
+        """A WARNING the first time, DEBUG while it repeats: a publication
+        retried every few seconds must not repeat the same lines."""
+        message = self._scrub(text % args)
+        if message == self._last_warning:
+            self.log.debug("%s", message)
+        else:
+            self._last_warning = message
+            self.log.warning("%s", message)
+
+    async def _ensure_topic(self):
+        """Create the topic if it is missing, as the blocking publisher does
+        (kafka_publisher.KafkaPublisher._ensure_topic): 1 partition,
+        compacted, the replication factor ``_replication_factor`` chooses,
+        both explicit (CreateTopics below v4 has no broker default); without
+        the configs if the cluster refuses them; a refusal to create it is
+        logged and the produce decides."""
+        from aiokafka.admin import AIOKafkaAdminClient
+        from kafka import errors as Errors
+
+        admin = AIOKafkaAdminClient(**self.config)
+        try:
+            await admin.start()
+            topic = self.topic
+            if topic in await admin.list_topics():
+                self.topic_ready = True
+                return
+            factor, why = await self._replication_factor(admin)
+            configs = ",".join("%s=%s" % kv for kv in sorted(self.topic_configs.items()))
+            layout = "1 partition, replication factor %d = %s" % (factor, why)
+            described = layout + (", " + configs if configs else "")
+            first = await self._create(admin, factor, self.topic_configs)
+            second = None
+            if first is None:
+                self.log.info("created topic %s%s with %s", topic,
+                              " (%s)" % configs if configs else "", layout)
+            elif not (first[0] is Errors.TopicAlreadyExistsError
+                      or issubclass(first[0], Errors.AuthorizationError)):
+                # the config may be what the cluster refuses: try without it
+                second = await self._create(admin, factor, {}) if configs else first
+            warning = refusal_warning(topic, described, configs, first, second,
+                                      self.create_command(factor), self._bootstrap())
+            if warning:
+                self._warn("%s", warning)
+            self.topic_ready = True
+        finally:
+            await _closed(admin)
+
+    async def _create(self, admin, factor, configs):
+        """CreateTopics for this topic: None once created, else the broker's
+        error as (kafka-python's error class, "Name: message"), the classes
+        ``refusal_warning`` knows. Retriable errors raise: the publication
+        fails and the next one tries again."""
+        from aiokafka.admin import NewTopic
+        from aiokafka.errors import IncompatibleBrokerVersion
+        from kafka import errors as Errors
+
+        remaining = max(100, int(self._remaining() * 1000))
+        try:
+            response = await admin.create_topics(
+                [NewTopic(self.topic, 1, factor, topic_configs=dict(configs))],
+                timeout_ms=remaining)
+        except IncompatibleBrokerVersion as exc:  # no CreateTopics (Kafka < 0.10.1)
+            return Errors.IncompatibleBrokerVersion, self._scrub(error_text(exc))
+        for answer in response.to_object()["topic_errors"]:
+            if answer["topic"] != self.topic:
+                continue
+            error = Errors.for_code(answer["error_code"])
+            message = answer.get("error_message")
+            if error is Errors.NoError:
+                return None
+            message = message or error.description
+            if error.retriable:
+                raise error(message)
+            return error, self._scrub("%s: %s" % (error.__name__, message))
+        return Errors.UnknownError, "UnknownError: no answer for topic %s" % self.topic
+
+    def _remaining(self):
+        """Seconds left of the publication under way."""
+        if self._deadline is None:
+            return self.timeout
+        return max(0.1, self._deadline - time.monotonic())
+
+    async def _replication_factor(self, admin):
+        """(factor, why): the cluster's default.replication.factor, read with
+        DescribeConfigs from the controller, capped to the live brokers;
+        min(3, live brokers) when it cannot be read, saying what was
+        missing."""
+        from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+        from aiokafka.errors import KafkaError
+
+        cluster = await admin.describe_cluster()
+        live = sorted(b["node_id"] for b in cluster.get("brokers", ()))
+        node = cluster.get("controller_id")
+        if node not in live:
+            node = live[0] if live else node
+        default, missing = None, None
+        try:
+            answers = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.BROKER, str(node))])
+        except (asyncio.TimeoutError, TimeoutError):
+            raise
+        except KafkaError as exc:
+            answers = None
+            missing = "broker %s did not answer DescribeConfigs: %s" % (node, error_text(exc))
+            AIOKAFKA_ERRORS.take()  # that connection's loss is told here, not later
+        if answers is not None:
+            value = _config_value(answers, str(node), DEFAULT_REPLICATION_FACTOR)
+            if value is None:
+                missing = ("broker %s answered DescribeConfigs without it (the broker does not "
+                           "report it, or this principal may not describe the cluster's configs)"
+                           % node)
+            elif value.isdigit() and int(value) > 0:
+                default = int(value)
+            else:
+                missing = "broker %s reported %r" % (node, value)
+        factor, why = choose_replication_factor(default, len(live))
+        if missing:
+            self._warn("could not read %s: %s; creating topic %s with replication factor %d = %s",
+                       DEFAULT_REPLICATION_FACTOR, missing, self.topic, factor, why)
+        elif factor < default:
+            self._warn("%s is %d on broker %s but only %d broker%s live: creating topic %s with "
+                       "replication factor %d", DEFAULT_REPLICATION_FACTOR, default, node,
+                       len(live), " is" if len(live) == 1 else "s are", self.topic, factor)
+        return factor, why
+
+    def _bootstrap(self):
+        servers = self.config.get("bootstrap_servers") or ["HOST:PORT"]
+        return servers[0]
+
+    def create_command(self, replication_factor):
+        """The kafka-topics command that creates this topic as the publisher
+        would."""
+        return create_command(self._bootstrap(), self.topic, replication_factor,
+                              self.topic_configs,
+                              self.config.get("security_protocol", "PLAINTEXT"))
+
+    async def reset(self):
+        """Drop the producer (and what it still holds); the next publication
+        reconnects and checks the topic again."""
+        producer, self.producer = self.producer, None
+        self.topic_ready = False
+        if producer is not None:
+            await _closed(producer)
+
+    close = reset
+
+
+def _config_value(answers, resource_name, key):
+    """``key``'s value in DescribeConfigs responses (aiokafka's structs),
+    for the resource named ``resource_name``; None if absent."""
+    for answer in answers:
+        for resource in answer.to_object()["resources"]:
+            if str(resource["resource_name"]) != resource_name or resource["error_code"]:
+                continue
+            for entry in resource["config_entries"]:
+                if entry["config_names"] == key:
+                    return entry["config_value"]
+    return None
+
+
+async def _closed(client):
+    """Close an aiokafka client (a producer: stop it), whatever state it is
+    in; never raises, takes 2 s at most."""
+    close = client.stop if hasattr(client, "stop") else client.close
+    try:
+        await asyncio.wait_for(close(), 2)
+    except Exception:
+        pass

@@ -1,0 +1,301 @@
+"""Quotas kept in the cluster itself (``--quota-source kafka``).
+
+A KRaft cluster keeps client quotas in its metadata log and serves them with
+DescribeClientQuotas (KIP-546); ``kafka-configs.sh --bootstrap-server``,
+Strimzi and the Terraform providers set them with AlterClientQuotas. The
+proxy reads them all (no filter components, strict false: every entity) at
+start and every ``--quota-refresh``, on its event loop with aiokafka (the
+request built with kafka-python's codecs, ``async_kafka.KafkaPythonRequest``)
+and the upstream security settings.
+
+The cluster owns them (``owned_by_cluster``): an AlterClientQuotas sent to
+the proxy goes on to the cluster, and once it has passed ``refresh_soon``
+reads them again at once, so the change is in force on this proxy within a
+round trip, on others at their next refresh.
+
+While the cluster cannot be read, the last quotas stay in force, ``healthy``
+is false and a WARNING says why (once per reason, and once when it can be
+read again). At start with no answer, the proxy starts with no quotas, says
+so, and takes them on as soon as the cluster answers. A cluster that
+answers but refuses (no DescribeClientQuotas, not authorized) is an error at
+start: it would never give quotas.
+"""
+import asyncio
+import logging
+
+from ..policy.entities import DEFAULT, QUOTA_KEYS, REQUEST_RATE, entity_path, parse_quota_value
+from . import QuotaSource, QuotaStoreError, cancelled, entity_count
+from .async_kafka import (
+    AIOKAFKA_ERRORS,
+    KafkaPythonRequest,
+    aiokafka_config,
+    connection_error,
+    error_text,
+    kafka_python_messages,
+    quiet_aiokafka_logging,
+    watch_aiokafka_errors,
+)
+from .kafka_publisher import describe_connection
+from .outage import Outage
+
+log = logging.getLogger("kthrottle.quotas")
+
+DEFAULT_REFRESH = 10.0
+MAX_READ_TIMEOUT = 10.0
+MIN_READ_TIMEOUT = 2.0
+USER, CLIENT_ID = "user", "client-id"  # entity types as Kafka names them on the wire
+
+
+class ClusterRefused(QuotaStoreError):
+    """The cluster answered, and not with the quotas (it lacks the API, or
+    the proxy may not describe them)."""
+
+
+def _entity_text(components):
+    """An entity as kafka-configs --describe words it: "user 'alice',
+    client-id 'app'", "default user"."""
+    parts = []
+    for kind, name in components:
+        parts.append("default %s" % kind if name is None else "%s '%s'" % (kind, name))
+    return ", ".join(parts) or "no entity"
+
+
+def snapshot_from_entries(entries):
+    """DescribeClientQuotas entries -> (snapshot, skipped): the snapshot
+    ``{entity path: {quota key: float}}`` of what kthrottle enforces, and
+    ``{(entity text, key, value): why}`` of each value left out (an entity
+    type or a key kthrottle does not enforce, a value it cannot use).
+
+    ``entries``: (components, values), components [(entity type, name or
+    None for the default)], values [(key, value)]."""
+    snapshot, skipped = {}, {}
+    for components, values in entries:
+        text = _entity_text(components)
+        kinds = dict(components)
+        others = [kind for kind, _ in components if kind not in (USER, CLIENT_ID)]
+        if others or not kinds or len(kinds) != len(components):
+            why = ("kthrottle enforces quotas of users and client-ids, not of %s"
+                   % ", ".join(sorted(set(others))) if others else "not a user or client-id entity")
+            for key, value in values:
+                skipped[(text, key, value)] = why
+            continue
+        user = kinds.get(USER, False)
+        client = kinds.get(CLIENT_ID, False)
+        path = entity_path(None if user is False else (DEFAULT if user is None else user),
+                           None if client is False else (DEFAULT if client is None else client))
+        config = {}
+        for key, value in values:
+            if key not in QUOTA_KEYS:
+                why = "kthrottle does not enforce %s" % key
+                if key == "request_percentage":
+                    why += " (its request quota is %s, in requests per second)" % REQUEST_RATE
+                skipped[(text, key, value)] = why
+                continue
+            try:
+                config[key] = parse_quota_value(key, value)
+            except ValueError as exc:
+                skipped[(text, key, value)] = str(exc)
+        if config:
+            snapshot[path] = config
+    return snapshot, skipped
+
+
+class KafkaQuotaSource(QuotaSource):
+    """The cluster's client quotas, read with DescribeClientQuotas at start
+    and every ``refresh`` seconds (see the module's doc)."""
+
+    owned_by_cluster = True
+    noun = "quotas"
+
+    def __init__(self, bootstrap_servers, security, refresh=DEFAULT_REFRESH, timeout=None,
+                 client_id="kthrottle-quotas"):
+        self.refresh = refresh
+        self.timeout = timeout if timeout is not None else min(
+            MAX_READ_TIMEOUT, max(MIN_READ_TIMEOUT, refresh))
+        self.config = aiokafka_config(bootstrap_servers, client_id, security, self.timeout)
+        self.secret = security.sasl_password
+        self.describe = "the cluster at %s" % describe_connection(
+            bootstrap_servers, security.security_protocol, security.sasl_mechanism,
+            security.sasl_username, security.ssl_cert)
+        self.healthy = False
+        self.rejected = 0
+        self.reads = 0  # DescribeClientQuotas answered
+        self.read_errors = 0  # reads that failed
+        self._client = None
+        self._task = None
+        self._wake = None  # asyncio.Event: refresh_soon
+        self._on_update = None
+        self._applied = None  # the snapshot in force
+        self._skipped = {}  # values left out of the snapshot in force (logged once each)
+        self._outage = Outage()
+
+    @classmethod
+    def from_config(cls, config):
+        """From the proxy's configuration: its upstream cluster and security
+        settings, --quota-refresh."""
+        client_id = "kthrottle-proxy-%s" % config.proxy_id if config.proxy_id else "kthrottle"
+        return cls(config.bootstrap_servers, config.upstream_security(), config.quota_refresh,
+                   client_id=client_id)
+
+    # one read -------------------------------------------------------------------
+
+    async def read(self):
+        """The cluster's quotas: (snapshot, skipped) as
+        ``snapshot_from_entries`` gives them. QuotaStoreError says why they
+        cannot be read (ClusterRefused when the cluster answered no)."""
+        from aiokafka.errors import IncompatibleBrokerVersion, for_code
+
+        watch_aiokafka_errors()
+        request_class, response_class = kafka_python_messages(
+            "admin", "DescribeClientQuotasRequest", "DescribeClientQuotasResponse")
+        try:
+            async with asyncio.timeout(self.timeout):
+                client = await self._connected()
+                node = client.get_random_node()
+                response = await client.send(node, KafkaPythonRequest(
+                    request_class, response_class, components=[], strict=False))
+        except IncompatibleBrokerVersion as exc:
+            await self._drop_client()
+            raise ClusterRefused("%s does not answer DescribeClientQuotas (KIP-546, Kafka 2.6 "
+                                 "and later): %s" % (self.describe, error_text(exc, self.secret)))
+        except (asyncio.TimeoutError, TimeoutError):
+            await self._drop_client()
+            raise QuotaStoreError(self._unreachable(
+                "no answer within %gs" % self.timeout)) from None
+        except asyncio.CancelledError:
+            await self._drop_client()
+            raise
+        except Exception as exc:  # aiokafka raises a variety, OSError included
+            await self._drop_client()
+            raise QuotaStoreError(self._unreachable(connection_error(exc, self.secret))) from None
+        if response.error_code:
+            error = for_code(response.error_code)
+            message = response.error_message or getattr(error, "description", "")
+            raise ClusterRefused("%s refused DescribeClientQuotas: %s%s"
+                                 % (self.describe, error.__name__,
+                                    ": %s" % message if message else ""))
+        entries = [([(e.entity_type, e.entity_name) for e in entry.entity],
+                    [(v.key, v.value) for v in entry.values])
+                   for entry in response.entries or ()]
+        return snapshot_from_entries(entries)
+
+    def _unreachable(self, detail):
+        cause = AIOKAFKA_ERRORS.take()
+        if cause and cause not in detail:
+            detail += " (last connection error: %s)" % cause
+        if self.secret:
+            detail = detail.replace(self.secret, "***")
+        return "cannot read the quotas from %s: %s" % (self.describe, detail)
+
+    async def _connected(self):
+        """aiokafka's client, bootstrapped; made afresh after a failure."""
+        if self._client is None:
+            from aiokafka import AIOKafkaClient
+
+            client = AIOKafkaClient(**self.config)
+            self._client = client
+            await client.bootstrap()
+        return self._client
+
+    async def _drop_client(self):
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                await asyncio.wait_for(client.close(), 2)
+            except Exception:
+                pass
+
+    # following --------------------------------------------------------------------
+
+    async def start(self, on_update):
+        quiet_aiokafka_logging(debug=logging.getLogger("kthrottle").getEffectiveLevel()
+                               <= logging.DEBUG)
+        self._on_update = on_update
+        self._wake = asyncio.Event()
+        try:
+            snapshot, skipped = await self.read()
+        except ClusterRefused:
+            await self._drop_client()
+            raise
+        except QuotaStoreError as exc:
+            self.read_errors += 1
+            self._outage.failed(str(exc))
+            log.warning("%s; the proxy starts with no quotas and takes them on as soon as the "
+                        "cluster answers (tried again every %gs)", exc, self.refresh)
+            on_update({})
+            self._applied = {}
+        else:
+            self._apply(snapshot, skipped, first=True)
+        self._task = asyncio.get_running_loop().create_task(self._follow())
+
+    def refresh_soon(self):
+        """Read the quotas again now rather than at the next refresh (the
+        cluster's were just altered through the proxy). On the event loop."""
+        if self._wake is not None:
+            self._wake.set()
+
+    async def reload(self):
+        """SIGHUP: read the quotas now."""
+        if self._on_update is not None:
+            await self.poll()
+
+    async def _follow(self):
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.refresh)
+            except (asyncio.TimeoutError, TimeoutError):
+                pass
+            try:
+                await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug: said, and the next refresh still happens
+                log.exception("reading the quotas from %s failed", self.describe)
+
+    async def poll(self):
+        """One read; what it gives is applied, or its failure noted."""
+        self._wake.clear()  # an alteration from now on is read again after this
+        try:
+            snapshot, skipped = await self.read()
+        except QuotaStoreError as exc:
+            self.read_errors += 1
+            self.healthy = False
+            reason = str(exc)
+            if self._outage.failed(reason):
+                kept = ("the last known quotas stay in force" if self._applied
+                        else "no quotas are in force until it answers")
+                if self._outage.failures == 1:
+                    log.warning("%s; %s, read again every %gs", reason, kept, self.refresh)
+                else:
+                    log.warning("quotas still not read (%d failed reads so far), now: %s; %s",
+                                self._outage.failures, reason, kept)
+            return
+        self._apply(snapshot, skipped)
+
+    def _apply(self, snapshot, skipped, first=False):
+        self.reads += 1
+        failed = self._outage.recovered()
+        for (entity, key, value), why in skipped.items():
+            if (entity, key, value) not in self._skipped:
+                self.rejected += 1
+                log.warning("quotas from %s: ignoring %s=%s of %s: %s", self.describe, key,
+                            value, entity, why)
+        self._skipped = skipped
+        changed = snapshot != self._applied
+        if changed:
+            self._on_update(snapshot)
+            self._applied = snapshot
+        self.healthy = True
+        summary = "%d entities" % entity_count(snapshot)
+        if first:
+            log.info("quotas from %s: %s, read again every %gs", self.describe, summary,
+                     self.refresh)
+        elif failed:
+            log.info("quotas read from %s again after %d failed read(s): %s", self.describe,
+                     failed, summary)
+        elif changed:
+            log.info("quotas reloaded from %s: %s", self.describe, summary)
+
+    async def stop(self):
+        self._task = await cancelled(self._task)
+        await self._drop_client()
