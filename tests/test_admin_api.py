@@ -423,3 +423,29 @@ def test_zookeeper_quotas_and_users_reach_the_other_proxies(broker, zookeeper, t
     finally:
         for proxy in started:
             proxy.stop()
+
+
+def test_a_plaintext_proxy_manages_the_users_of_a_credentials_file(broker, tmp_path):
+    """--credentials-file with --admin-principals on a proxy without SASL: the
+    users it creates log in through the proxy that verifies with that file."""
+    creds = scram_credentials_file(tmp_path / "credentials.toml", {"admin": "admin-pw"},
+                                   mechanisms=("SCRAM-SHA-256",))
+    manager = ProxyProcess(broker.bootstrap, tmp_path / "manager.log",
+                           ["--credentials-file", str(creds),
+                            "--admin-principals", "User:ANONYMOUS"])
+    verifier = ProxyProcess(broker.bootstrap, tmp_path / "verifier.log",
+                            ["--credentials-file", str(creds), "--security-protocol",
+                             "SASL_PLAINTEXT", "--sasl-enabled-mechanisms", "SCRAM-SHA-512"])
+    started = []
+    try:
+        for proxy in (manager, verifier):
+            started.append(proxy.start())
+        user = "erin-" + uuid.uuid4().hex[:6]
+        with Kafka(manager.bootstrap) as conn:
+            assert alter_scram(conn, upsertions=[(user, 2, "erin-pw", 4096)]) == {
+                user: (0, None)}
+        assert "erin-pw" not in creds.read_text()
+        assert wait_until(lambda: scram_login(verifier.bootstrap, user, "erin-pw"), 15)
+    finally:
+        for proxy in started:
+            proxy.stop()

@@ -530,3 +530,32 @@ def test_the_refused_pairs_remembered_are_bounded():
     assert not credentials.check_plain("nobody", "x")
     assert len(credentials._refused) == Credentials.REFUSED_KEPT
     assert ("u0", b"") not in credentials._refused and ("u1", b"") in credentials._refused
+
+
+def test_the_file_store_changes_only_the_users_it_alters(tmp_path):
+    carol = scram_from_password("SCRAM-SHA-256", "carol-secret")
+    alice_table = '[users.alice]  # the ETL user\n"SCRAM-SHA-256" = "%s"\n' % format_scram(ALICE)
+    bob_table = '[users."CN=bob,O=x y"]\nSCRAM-SHA-512 = "%s"\n' % format_scram(BOB)
+    text = ("# staging users\n\n# alice first\n" + alice_table + "\n# then bob\n" + bob_table
+            + "# end\n")
+    path = tmp_path / "credentials.toml"
+    path.write_text(text)
+    store = FileCredentialStore(path)
+
+    assert store.alter("carol", {"SCRAM-SHA-256": carol}) == {"SCRAM-SHA-256": carol}
+    assert store.alter("alice", {"SCRAM-SHA-512": BOB}) == {"SCRAM-SHA-256": ALICE,
+                                                             "SCRAM-SHA-512": BOB}
+    store.alter("CN=bob,O=x y", delete=["SCRAM-SHA-512"])  # his only one: the table goes
+    after = path.read_text()
+    assert (alice_table + '"SCRAM-SHA-512" = "%s"\n' % format_scram(BOB)) in after
+    assert '\n[users.carol]\n"SCRAM-SHA-256" = "%s"\n' % format_scram(carol) in after
+    assert "CN=bob" not in after
+    comments = ["# staging users", "# alice first", "# then bob", "# end"]
+    assert [line for line in after.splitlines() if line.startswith("#")] == comments
+    assert store.read() == Credentials({"alice": {"SCRAM-SHA-256": ALICE, "SCRAM-SHA-512": BOB},
+                                        "carol": {"SCRAM-SHA-256": carol}})
+
+    before = path.read_text()
+    with pytest.raises(ValueError):
+        store.alter_users([("dave", {"SCRAM-SHA-256": carol}, ()), ("<default>", {}, ())])
+    assert path.read_text() == before  # nothing written

@@ -347,7 +347,9 @@ def oauth(broker, tmp_path_factory):
         "--security-protocol", "SASL_PLAINTEXT", "--sasl-enabled-mechanisms", "OAUTHBEARER",
         "--sasl-oauthbearer-jwks-endpoint-url", jwks.as_uri(),
         "--sasl-oauthbearer-expected-audience", "other," + AUDIENCE,
-        "--sasl-oauthbearer-expected-issuer", ISSUER, "--quota-file", str(quotas)])
+        "--sasl-oauthbearer-expected-issuer", ISSUER, "--quota-file", str(quotas),
+        # the front proxy of the upstream tests reads the quotas as 'proxy'
+        "--admin-principals", "User:proxy"])
     p.admin = free_port()
     p.extra_args += ["--admin-listen", "127.0.0.1:%d" % p.admin]
     p.jwks = jwks
@@ -697,6 +699,31 @@ def test_the_proxy_logs_in_upstream_with_a_client_credentials_token(oauth, broke
         asyncio.run(produce(2))  # the endpoint down: the last token, still valid, logs in
         front.wait_for_log("cannot refresh the token", timeout=10)  # a WARNING, retried
         server.call("POST", "/up")
+        assert "proxy-secret" not in front.log() + oauth.log()
+    finally:
+        front.stop()
+        server.stop()
+
+
+def test_the_proxys_own_cluster_client_logs_in_with_its_token(oauth, tmp_path_factory):
+    """--quota-source kafka behind an OAUTHBEARER login: the proxy's aiokafka
+    client reads the quotas with the token from the token endpoint, as the
+    admin principal 'proxy'."""
+    tmp = tmp_path_factory.mktemp("oauth-quota-source")
+    server = OAuthServer(tmp, oauth.jwks, signing_key=KEY1, lifetime=60).start()
+    secret = tmp / "secret"
+    secret.write_text("proxy-secret\n")
+    front = ProxyProcess(oauth.bootstrap, tmp / "front.log", [
+        "--upstream-security-protocol", "SASL_PLAINTEXT",
+        "--upstream-sasl-mechanism", "OAUTHBEARER",
+        "--upstream-sasl-oauthbearer-token-endpoint-url", server.url("/token"),
+        "--upstream-sasl-oauthbearer-client-id", "proxy",
+        "--upstream-sasl-oauthbearer-client-secret-file", str(secret),
+        "--quota-source", "kafka", "--quota-refresh", "0.5s"])
+    try:
+        front.start()
+        front.wait_for_log("quotas from the cluster at %s over SASL_PLAINTEXT" % oauth.bootstrap)
+        assert "1 entit" in front.log(), front.log()
         assert "proxy-secret" not in front.log() + oauth.log()
     finally:
         front.stop()

@@ -13,9 +13,17 @@
     "quota.producer.default" = 10485760
 
 Names are written as clients send them (the file is for people); entity paths
-sanitize them as Kafka does. No I/O here: text or parsed TOML in, snapshot out.
+sanitize them as Kafka does. No I/O here: text or parsed TOML in, snapshot out;
+``edit_tables`` changes some tables of a file's text and keeps the rest of it
+(comments, blank lines, order) as the operator wrote it.
 """
 import json
+import os
+import tomllib
+
+import tomlkit
+from tomlkit.container import Container
+from tomlkit.items import Comment, Null, SingleKey, Table, Trivia, Whitespace
 
 from .entities import (
     DEFAULT,
@@ -115,6 +123,26 @@ def format_value(value):
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
+def entity_names(path):
+    """An entity path's table in the file, as names: ("users", "alice", ...)."""
+    user, client_id = parse_entity_path(path)
+    names = ()
+    if user is not None:
+        names += ("users", user)
+    if client_id is not None:
+        names += ("clients", client_id)
+    return names
+
+
+def entity_table(path, config):
+    """What ``edit_tables`` takes for an entity: (names, {key: value text})."""
+    return entity_names(path), {k: format_value(config[k]) for k in QUOTA_KEYS if k in config}
+
+
+def table_header(names):
+    return ".".join(_toml_key(name) for name in names)
+
+
 def document_text(snapshot):
     """A snapshot as quota-file text, entities in a stable order."""
     lines = ["# kthrottle quotas (KIP-55 entities); see `kthrottle quotas --help`."]
@@ -133,13 +161,7 @@ def document_text(snapshot):
                 client_id == DEFAULT, client_id or "")
 
     for path in sorted((p for p in snapshot if p != STATIC), key=order):
-        user, client_id = parse_entity_path(path)
-        parts = []
-        if user is not None:
-            parts += ["users", _toml_key(user)]
-        if client_id is not None:
-            parts += ["clients", _toml_key(client_id)]
-        section("[%s]" % ".".join(parts), snapshot[path], QUOTA_KEYS)
+        section("[%s]" % table_header(entity_names(path)), snapshot[path], QUOTA_KEYS)
     static = snapshot.get(STATIC)
     if static:
         names = {key: name for name, key in STATIC_DEFAULT_KEYS.items()}
@@ -160,3 +182,158 @@ def altered(config, add=None, delete=()):
     out = {k: v for k, v in config.items() if k not in delete}
     out.update(add)
     return out
+
+
+# editing a file in place (tomlkit) -------------------------------------------
+#
+# tomlkit keeps every comment and blank line, but files the comment lines above
+# a [header] under the table before it. So a table's header and keys are
+# removed while its comment lines stay where they are, and a new table goes
+# right after its neighbour's last key, before the comments leading the next.
+
+def edit_tables(text, changes, key_text=None):
+    """``text`` (TOML) with each of ``changes`` ((names, {key: value text}))
+    applied: the table at ``names`` gets exactly those keys (an unchanged
+    value is left as written; keys come in the given order when new), a
+    table left without keys loses its header, and so does a parent it
+    leaves empty. Everything else, comments included, stays as it is. A new
+    key is written as ``key_text(name)`` (default: bare where TOML allows)."""
+    key_text = key_text or _toml_key
+    doc = tomlkit.parse(text)
+    for names, entries in changes:
+        table = next((t for t, n, _ in _sections(doc) if n == tuple(names)), None)
+        if table is None:
+            if entries:
+                _add_table(doc, tuple(names), entries, key_text)
+            continue
+        body = table.value.body
+        present = set()
+        for i, (key, item) in enumerate(body[:_head_end(body)]):
+            if key is None:
+                continue
+            if key.key not in entries:
+                body[i] = (None, Null())
+                continue
+            present.add(key.key)
+            value = tomlkit.value(entries[key.key])
+            if value.unwrap() != item.unwrap():
+                for field in ("indent", "comment_ws", "comment", "trail"):
+                    setattr(value.trivia, field, getattr(item.trivia, field))
+                body[i] = (key, value)
+        added = [_key_value(k, v, key_text) for k, v in entries.items() if k not in present]
+        if added:
+            end = _end_line(body)
+            body[end:end] = added
+        if not entries:
+            _drop(doc, table)
+    return doc.as_string()
+
+
+def _end_line(body):
+    """Where a key goes after the table's last one (ending its line if it
+    was the file's last)."""
+    end = _kv_end(body)
+    if end and "\n" not in body[end - 1][1].trivia.trail:
+        body[end - 1][1].trivia.trail += "\n"
+    return end
+
+
+def _key_value(name, text, key_text):
+    return SingleKey(name, original=key_text(name)), tomlkit.value(text)
+
+
+def _sections(doc):
+    """The tables that have a [header], in file order: (table, names,
+    ancestors from the outermost)."""
+    out = []
+
+    def walk(body, ancestors):
+        for _, item in body:
+            if isinstance(item, Table):
+                if item.display_name is not None:
+                    out.append((item, _header_names(item.display_name), ancestors))
+                walk(item.value.body, ancestors + [item])
+
+    walk(doc.body, [])
+    return out
+
+
+def _header_names(header):
+    names, doc = [], tomllib.loads("[%s]" % header)
+    while len(doc) == 1:
+        (name, doc), = doc.items()
+        names.append(name)
+    return tuple(names)
+
+
+def _head_end(body):
+    """Where the tables inside a table's body start."""
+    return next((i for i, (_, item) in enumerate(body) if isinstance(item, Table)), len(body))
+
+
+def _kv_end(body):
+    """Just after the table's last key/value."""
+    return max((i + 1 for i, (key, _) in enumerate(body[:_head_end(body)]) if key is not None),
+               default=0)
+
+
+def _body_of(doc, ancestors):
+    return ancestors[-1].value.body if ancestors else doc.body
+
+
+def _drop(doc, table):
+    """Remove a table's header (its keys are gone): its comment lines move to
+    the end of the table before it, its tables stay; then a parent left
+    empty goes too."""
+    sections = _sections(doc)
+    i = next(i for i, (t, _, _) in enumerate(sections) if t is table)
+    ancestors = sections[i][2]
+    body = table.value.body
+    head = _head_end(body)
+    kept = [(None, item) for _, item in body[:head] if isinstance(item, (Comment, Whitespace))]
+    del body[:head]
+    container = _body_of(doc, ancestors)
+    at = next(j for j, (_, item) in enumerate(container) if item is table)
+    if any(isinstance(item, Table) for _, item in body):  # they stay, under no header
+        container[at] = (container[at][0], Table(table.value, Trivia(), False, True))
+    else:
+        container[at] = (None, Null())
+    before = sections[i - 1][0].value.body if i else doc.body
+    at = _head_end(before)
+    if (at and kept and isinstance(kept[0][1], Whitespace)
+            and isinstance(before[at - 1][1], Whitespace)):
+        kept = kept[1:]  # one blank line between tables is enough
+    before[at:at] = kept
+    for depth in range(len(ancestors) - 1, -1, -1):
+        parent = ancestors[depth]
+        pbody = parent.value.body
+        if any(isinstance(item, Table) for _, item in pbody):
+            return
+        if parent.display_name is not None:
+            if _kv_end(pbody) == 0:
+                _drop(doc, parent)
+            return
+        container = _body_of(doc, ancestors[:depth])
+        at = next(j for j, (_, item) in enumerate(container) if item is parent)
+        container[at] = (None, Null())
+
+
+def _add_table(doc, names, entries, key_text):
+    """A new table, right after the last table sharing the most leading names
+    with it (a user's client after the user's tables, a user after the other
+    users), or at the end."""
+    anchor, shared = None, -1
+    for table, tnames, _ in _sections(doc):
+        common = len(os.path.commonprefix([tnames, names]))
+        if common >= shared:
+            anchor, shared = table, common
+    new = Table(Container(), Trivia(indent="\n"), False, False, display_name=table_header(names))
+    new.value.body.extend(_key_value(k, v, key_text) for k, v in entries.items())
+    key = SingleKey(names[-1])
+    if anchor is None:
+        doc.body.append((key, new))
+        return
+    body = anchor.value.body
+    end = _end_line(body)
+    new.value.body.extend(body[end:_head_end(body)])  # the comments leading the next table
+    body[end:_head_end(body)] = [(key, new)]

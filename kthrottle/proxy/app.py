@@ -53,7 +53,20 @@ async def _serve(config, on_ready, stack):
     followed = []  # what SIGHUP re-reads at once (files; ZooKeeper sends its changes)
     _on_sighup(stack, followed)
     services = Services()
-    source = build_source(QUOTA_SOURCES, config, config.quota_source)
+    if (config.upstream_security_protocol or "").startswith("SASL_") and not config.passthrough \
+            and config.upstream_sasl_mechanism == "OAUTHBEARER":
+        from ..sources.oauth_token import ClientCredentialsToken
+
+        # first: the proxy's own clients (quotas kept in the cluster, usage
+        # reports) log in with it too
+        services.upstream_token = ClientCredentialsToken.from_config(config)
+        await _started(stack, services.upstream_token, services.upstream_token.start)
+    try:
+        source = build_source(QUOTA_SOURCES, config, config.quota_source,
+                              **({"token": services.upstream_token}
+                                 if config.quota_source == "kafka" else {}))
+    except ValueError as exc:  # the upstream TLS files
+        raise SystemExit("kthrottle: error: %s" % exc) from None
     if source is not None:
         services.quotas = QuotaManager(None, config.quota_settings())
         # quotas are in force before the first client is accepted
@@ -61,42 +74,29 @@ async def _serve(config, on_ready, stack):
         if hasattr(source, "reload"):
             followed.append(source)
     services.quota_source = source
-    if config.sasl_enabled and config.sasl_mode == "terminate":
+    terminate = config.sasl_enabled and config.sasl_mode == "terminate"
+    # the store the terminating filter verifies clients with, or the users the
+    # admin API manages for other proxies (none with OAUTHBEARER alone)
+    credentials = (build_source(CREDENTIAL_STORES, config)
+                   if terminate or config.admin_principals else None)
+    if credentials is not None or terminate:
         from ..sources.credentials import Credentials
 
-        credentials = build_source(CREDENTIAL_STORES, config)
         current = [Credentials({})]
-        if credentials is not None:  # none with OAUTHBEARER alone
+        if credentials is not None:
             await _started(stack, credentials, credentials.start,
                            lambda snapshot: current.__setitem__(0, snapshot))
             if hasattr(credentials, "reload"):
                 followed.append(credentials)
         services.credentials = lambda: current[0]
         services.credential_source = credentials
-        if "OAUTHBEARER" in config.sasl_enabled_mechanisms:
-            from ..sources.jwks import JwksKeys
+    if terminate and "OAUTHBEARER" in config.sasl_enabled_mechanisms:
+        from ..sources.jwks import JwksKeys
 
-            services.jwks = JwksKeys(config.sasl_oauthbearer_jwks_endpoint_url,
-                                     config.sasl_oauthbearer_jwks_endpoint_refresh_ms)
-            await _started(stack, services.jwks, services.jwks.start)
-            followed.append(services.jwks)
-    if (config.upstream_security_protocol or "").startswith("SASL_") and not config.passthrough \
-            and config.upstream_sasl_mechanism == "OAUTHBEARER":
-        from ..sources.oauth_token import ClientCredentialsToken
-
-        services.upstream_token = ClientCredentialsToken.from_config(config)
-        await _started(stack, services.upstream_token, services.upstream_token.start)
-    if services.credentials is None and config.admin_principals:
-        # no SASL here, yet the admin API manages the users other proxies verify
-        credentials = build_source(CREDENTIAL_STORES, config)
-        if credentials is not None:
-            users = [None]
-            await _started(stack, credentials, credentials.start,
-                           lambda snapshot: users.__setitem__(0, snapshot))
-            services.credentials = lambda: users[0]
-            services.credential_source = credentials
-            if hasattr(credentials, "reload"):
-                followed.append(credentials)
+        services.jwks = JwksKeys(config.sasl_oauthbearer_jwks_endpoint_url,
+                                 config.sasl_oauthbearer_jwks_endpoint_refresh_ms)
+        await _started(stack, services.jwks, services.jwks.start)
+        followed.append(services.jwks)
     try:
         server = ProxyServer(config, services)
     except ValueError as exc:  # the TLS files
@@ -117,7 +117,7 @@ async def _serve(config, on_ready, stack):
     if config.fleet_enabled:
         from .fleet import FleetMember
 
-        fleet = FleetMember(config, manager)
+        fleet = FleetMember(config, manager, token=services.upstream_token)
         # the shares are in force before the first client is accepted
         await _started(stack, fleet, fleet.start)
     stack.push_async_callback(server.close)

@@ -255,9 +255,10 @@ def publish_timeout(interval):
     return min(PUBLISH_TIMEOUT, max(MIN_PUBLISH_TIMEOUT, 2 * interval))
 
 
-def publisher_for(config, timeout=None):
+def publisher_for(config, timeout=None, token=None):
     """The AsyncKafkaPublisher of a proxy's usage reports: the upstream
-    brokers and the proxy's upstream security settings."""
+    brokers and the proxy's upstream security settings (``token``: its
+    OAUTHBEARER token, if it logs in with one)."""
     from ..sources.async_kafka import AsyncKafkaPublisher, aiokafka_config
     from ..sources.kafka_publisher import describe_connection
 
@@ -265,7 +266,7 @@ def publisher_for(config, timeout=None):
         timeout = publish_timeout(config.usage_interval_ms / 1000.0)
     security = config.upstream_security()
     client = aiokafka_config(config.bootstrap_servers, "kthrottle-proxy-%s" % config.proxy_id,
-                             security, timeout)
+                             security, timeout, token)
     return AsyncKafkaPublisher(client, config.usage_topic, timeout,
                                describe_connection(config.bootstrap_servers,
                                                    security.security_protocol,
@@ -281,7 +282,7 @@ class FleetMember:
     shares are in force before the first client), ``start_reports(server)``
     once the proxy runs, ``tick`` every second, ``stop``."""
 
-    def __init__(self, config, manager, publisher=None, watch=None):
+    def __init__(self, config, manager, publisher=None, watch=None, token=None):
         from ..sources.cluster_state import shares_znode
 
         self.config = config
@@ -294,7 +295,8 @@ class FleetMember:
         self.watch = watch if watch is not None else SharesWatch(config.zookeeper, self.znode,
                                                                  config.proxy_id)
         # made now: the password file is read before anything is started
-        self._publisher = publisher if publisher is not None else publisher_for(config)
+        self._publisher = (publisher if publisher is not None
+                           else publisher_for(config, token=token))
         self.tracker = None
         self.server = None
         self.reports = 0  # acknowledged by the cluster

@@ -93,11 +93,11 @@ CREDENTIAL_STORES = (
 )
 
 
-def build_source(registry, config, name=None):
+def build_source(registry, config, name=None, **extra):
     """The source the configuration names: the kind called ``name`` when
     given, else the first registered kind whose option is set; built from
-    that option's value, or by the class's ``from_config(config)`` when it
-    has one. None if there is none."""
+    that option's value, or by the class's ``from_config(config, **extra)``
+    when it has one. None if there is none."""
     for kind in registry:
         if name is None:
             value = getattr(config, kind.option, None) if kind.option else None
@@ -106,7 +106,7 @@ def build_source(registry, config, name=None):
         elif kind.name == name:
             cls = kind.load()
             if hasattr(cls, "from_config"):
-                return cls.from_config(config)
+                return cls.from_config(config, **extra)
             return cls(getattr(config, kind.option))
     return None
 

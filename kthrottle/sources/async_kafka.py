@@ -36,13 +36,15 @@ log = logging.getLogger("kthrottle.publisher")
 
 # aiokafka's settings and log ---------------------------------------------------
 
-def aiokafka_config(bootstrap_servers, client_id, security, timeout=DEFAULT_TIMEOUT):
+def aiokafka_config(bootstrap_servers, client_id, security, timeout=DEFAULT_TIMEOUT, token=None):
     """aiokafka's connection and security settings (AIOKafkaClient,
     AIOKafkaProducer, AIOKafkaAdminClient take them alike).
     ``bootstrap_servers``: "host:port" strings or (host, port) pairs;
     ``security``: a security.KafkaClientSecurity. The brokers' certificates
     are checked, host names too (Kafka's ssl.endpoint.identification.
-    algorithm=https)."""
+    algorithm=https). ``token``: for an OAUTHBEARER login, what keeps the
+    proxy's own token (``current``: the token, None while there is none;
+    sources.oauth_token)."""
     servers = []
     for s in bootstrap_servers:
         if not isinstance(s, str):
@@ -61,11 +63,30 @@ def aiokafka_config(bootstrap_servers, client_id, security, timeout=DEFAULT_TIME
             raise ValueError("cannot load the upstream TLS CA or certificate (%s, %s): %s"
                              % (security.ssl_ca, security.ssl_cert, exc)) from None
         config["ssl_context"] = context
-    if security.sasl:
+    if security.sasl and security.sasl_mechanism == "OAUTHBEARER":
+        if token is None:
+            raise ValueError("an OAUTHBEARER login needs the proxy's token "
+                             "(--upstream-sasl-oauthbearer-token-endpoint-url)")
+        config.update(sasl_mechanism="OAUTHBEARER", sasl_oauth_token_provider=_Token(token))
+    elif security.sasl:
         config.update(sasl_mechanism=security.sasl_mechanism,
                       sasl_plain_username=security.sasl_username,
                       sasl_plain_password=security.sasl_password)
     return config
+
+
+def _Token(token):
+    """aiokafka's token provider over the proxy's own token."""
+    from aiokafka.abc import AbstractTokenProvider
+
+    class Provider(AbstractTokenProvider):
+        async def token(self):
+            current = token.current
+            if current is None:
+                raise ConnectionError("no OAUTHBEARER token from %s yet" % token.url)
+            return current
+
+    return Provider()
 
 
 class _LastAioKafkaError(logging.Handler):

@@ -22,6 +22,7 @@ the proxy.
 import base64
 import binascii
 import hmac
+import json
 import logging
 import os
 from collections import OrderedDict
@@ -30,7 +31,7 @@ from typing import NamedTuple
 
 from ..policy.entities import DEFAULT, entity_path, parse_entity_path
 from ..policy.quota_file import _toml_key
-from .file import FollowedFile, TomlFileStore, write_file_atomically
+from .file import FollowedFile, TomlFileStore
 from .zookeeper import (
     CONFIG_ROOT,
     ZooKeeperFollower,
@@ -404,6 +405,7 @@ class FileCredentialStore(TomlFileStore):
     section = "credentials"
     document_error = CredentialFileError
     empty = Credentials
+    start_text = credentials_text(Credentials())
 
     @staticmethod
     def from_document(doc):
@@ -411,32 +413,30 @@ class FileCredentialStore(TomlFileStore):
 
     def alter(self, user, add=None, delete=()):
         """Set ``add`` ({mechanism: ScramCredential}) and remove ``delete``
-        for ``user``; the file is rewritten atomically (a new one is 0600).
-        Returns the user's credentials now."""
-        _check_user(user)
-        users = self.read(missing_ok=True).as_dict()
-        entry = _altered(users.get(user, {}), add, delete)
-        if entry:
-            users[user] = entry
-        else:
-            users.pop(user, None)
-        write_file_atomically(self.path, credentials_text(Credentials(users)), self.kind)
-        return entry
+        for ``user``; only the user's table changes, the file keeps its
+        comments and layout (a new file is 0600). Returns the user's
+        credentials now."""
+        written = self.alter_users([(user, add, delete)])
+        return self.parse(written, empty_ok=True).as_dict().get(user, {})
 
     def alter_users(self, changes):
         """Alter several users (``changes``: (user, add, delete) each) in one
-        rewrite of the file; returns the bytes written."""
-        users = self.read(missing_ok=True).as_dict()
-        for user, add, delete in changes:
-            _check_user(user)
-            entry = _altered(users.get(user, {}), add, delete)
-            if entry:
-                users[user] = entry
-            else:
-                users.pop(user, None)
-        text = credentials_text(Credentials(users))
-        write_file_atomically(self.path, text, self.kind)
-        return text.encode("utf-8")
+        edit of the file; returns the bytes written."""
+        def update(credentials):
+            users = credentials.as_dict()
+            for user, add, delete in changes:
+                _check_user(user)
+                entry = _altered(users.get(user, {}), add, delete)
+                if entry:
+                    users[user] = entry
+                else:
+                    users.pop(user, None)
+            tables = [(("users", user), {m: json.dumps(format_scram(users[user][m]))
+                                         for m in MECHANISMS if m in users.get(user, {})})
+                      for user in dict.fromkeys(user for user, _, _ in changes)]
+            return Credentials(users), tables
+
+        return self.edit(update, key_text=json.dumps)
 
 
 class FileCredentialSource(FollowedFile):
@@ -456,8 +456,8 @@ class FileCredentialSource(FollowedFile):
 
     def alter_users(self, changes):
         """Blocking (a worker thread): ``changes`` ((user, add, delete) each)
-        in one rewrite -> ({user: error message}, then): ``then()`` on the
-        event loop puts the new credentials in force at once."""
+        in one edit of the file -> ({user: error message}, then): ``then()``
+        on the event loop puts the new credentials in force at once."""
         from . import QuotaStoreError
 
         try:

@@ -6,7 +6,16 @@ import os
 import tempfile
 import tomllib
 
-from ..policy.quota_file import QuotaFileError, altered, document_text, snapshot_from_document
+from tomlkit.exceptions import TOMLKitError
+
+from ..policy.quota_file import (
+    QuotaFileError,
+    altered,
+    document_text,
+    edit_tables,
+    entity_table,
+    snapshot_from_document,
+)
 from . import QuotaSource, QuotaStore, QuotaStoreError, cancelled, entity_count, log
 
 
@@ -67,7 +76,7 @@ class TomlFileStore:
     ``from_document`` reads the parsed TOML (raising ``document_error``),
     ``empty()`` is the value of no file."""
 
-    kind = section = None
+    kind = section = start_text = None
     document_error = ValueError
 
     def __init__(self, path):
@@ -85,12 +94,39 @@ class TomlFileStore:
             raise QuotaStoreError("%s %s: %s" % (self.kind, self.path, exc)) from None
 
     def read(self, missing_ok=False):
-        """The value; with ``missing_ok`` (for ``alter``, which writes a
-        whole new file) a missing or empty file reads as ``empty()``."""
+        """The value; with ``missing_ok`` (for ``alter``, which starts a
+        missing or empty file afresh) a missing or empty file reads as
+        ``empty()``."""
         data = self.read_bytes(missing_ok)
         if data is None:
             return self.empty()
         return self.parse(data, empty_ok=missing_ok)
+
+    def edit(self, update, key_text=None):
+        """Change the file in place: ``update(value)`` -> (the new value,
+        its changed tables as ``edit_tables`` takes them), or ValueError
+        with nothing written. Only those tables change; comments, blank
+        lines and the order of the rest stay. A missing or empty file starts
+        as ``start_text``. ``key_text`` as ``edit_tables`` takes it. Written
+        atomically; returns the bytes written."""
+        data = self.read_bytes(missing_ok=True)
+        value = self.empty() if data is None else self.parse(data, empty_ok=True)
+        value, tables = update(value)
+        text = data.decode("utf-8") if data is not None and data.strip() else self.start_text
+        try:
+            text = edit_tables(text, tables, key_text)
+            if not text.strip():  # an empty file would be taken for a write in progress
+                text = self.start_text
+            written = text.encode("utf-8")
+            same = self.parse(written, empty_ok=True) == value
+        except (TOMLKitError, ValueError, QuotaStoreError):
+            same = False
+        if not same:  # a layout edit_tables does not know (an inline table, dotted keys)
+            raise QuotaStoreError(
+                "%s %s: cannot change it in place; write each entity as a [table] "
+                "of its own, as `kthrottle quotas alter` writes them" % (self.kind, self.path))
+        write_file_atomically(self.path, text, self.kind)
+        return written
 
     def close(self):
         pass
@@ -105,35 +141,35 @@ class FileQuotaStore(TomlFileStore, QuotaStore):
     def from_document(doc):
         return snapshot_from_document(doc)
 
+    start_text = document_text({})
+
     @staticmethod
     def empty():
         return {}
 
     def alter(self, path, add=None, delete=()):
-        """The file is rewritten atomically (comments are not kept); a
-        missing or empty file is started afresh."""
-        snapshot = self.read(missing_ok=True)
-        config = altered(snapshot.get(path, {}), add, delete)
-        if config:
-            snapshot[path] = config
-        else:
-            snapshot.pop(path, None)
-        write_file_atomically(self.path, document_text(snapshot), self.kind)
-        return config
+        """Only the entity's table changes: the file keeps its comments and
+        layout (see ``edit``); a missing or empty file is started afresh.
+        Returns the entity's quotas now."""
+        written = self.alter_many([(path, add, delete)])
+        return self.parse(written, empty_ok=True).get(path, {})
 
     def alter_many(self, changes):
         """Alter several entities (``changes``: (path, add, delete) each, valid)
-        in one rewrite of the file; returns the bytes written."""
-        snapshot = self.read(missing_ok=True)
+        in one edit of the file; returns the bytes written."""
+        return self.edit(lambda old: self._altered(old, changes))
+
+    @staticmethod
+    def _altered(snapshot, changes):
+        snapshot = dict(snapshot)
         for path, add, delete in changes:
             config = altered(snapshot.get(path, {}), add, delete)
             if config:
                 snapshot[path] = config
             else:
                 snapshot.pop(path, None)
-        text = document_text(snapshot)
-        write_file_atomically(self.path, text, self.kind)
-        return text.encode("utf-8")
+        paths = dict.fromkeys(path for path, _, _ in changes)
+        return snapshot, [entity_table(path, snapshot.get(path, {})) for path in paths]
 
 
 class FollowedFile:
@@ -271,8 +307,9 @@ class FileQuotaSource(FollowedFile, QuotaSource):
 
     def alter_entities(self, changes):
         """Blocking (a worker thread): write ``changes`` ((path, add, delete)
-        each, valid) in one rewrite -> ({path: error message}, then): ``then()``
-        on the event loop puts the new quotas in force at once."""
+        each, valid) in one edit of the file -> ({path: error message},
+        then): ``then()`` on the event loop puts the new quotas in force at
+        once."""
         try:
             data = self.store.alter_many(changes)
         except QuotaStoreError as exc:

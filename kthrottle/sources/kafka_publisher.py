@@ -178,7 +178,9 @@ def describe_connection(bootstrap_servers, security_protocol="PLAINTEXT", sasl_m
     """One line for the log: where and as whom, never the password."""
     servers = [s if isinstance(s, str) else "%s:%d" % tuple(s) for s in bootstrap_servers]
     text = "%s over %s" % (",".join(servers), security_protocol)
-    if security_protocol.startswith("SASL_"):
+    if security_protocol.startswith("SASL_") and sasl_username is None:
+        text += " with %s" % sasl_mechanism  # OAUTHBEARER: the token names who
+    elif security_protocol.startswith("SASL_"):
         text += " as %r with %s" % (sasl_username, sasl_mechanism)
     if ssl_cert:
         text += " with client certificate %s" % ssl_cert

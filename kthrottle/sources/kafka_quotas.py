@@ -108,11 +108,11 @@ class KafkaQuotaSource(QuotaSource):
     noun = "quotas"
 
     def __init__(self, bootstrap_servers, security, refresh=DEFAULT_REFRESH, timeout=None,
-                 client_id="kthrottle-quotas"):
+                 client_id="kthrottle-quotas", token=None):
         self.refresh = refresh
         self.timeout = timeout if timeout is not None else min(
             MAX_READ_TIMEOUT, max(MIN_READ_TIMEOUT, refresh))
-        self.config = aiokafka_config(bootstrap_servers, client_id, security, self.timeout)
+        self.config = aiokafka_config(bootstrap_servers, client_id, security, self.timeout, token)
         self.secret = security.sasl_password
         self.describe = "the cluster at %s" % describe_connection(
             bootstrap_servers, security.security_protocol, security.sasl_mechanism,
@@ -130,12 +130,13 @@ class KafkaQuotaSource(QuotaSource):
         self._outage = Outage()
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls, config, token=None):
         """From the proxy's configuration: its upstream cluster and security
-        settings, --quota-refresh."""
+        settings, --quota-refresh; ``token``: its OAUTHBEARER token, if it
+        logs in with one."""
         client_id = "kthrottle-proxy-%s" % config.proxy_id if config.proxy_id else "kthrottle"
         return cls(config.bootstrap_servers, config.upstream_security(), config.quota_refresh,
-                   client_id=client_id)
+                   client_id=client_id, token=token)
 
     # one read -------------------------------------------------------------------
 
