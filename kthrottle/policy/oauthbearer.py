@@ -9,7 +9,19 @@ token is refused.
 """
 import json
 
-import jwt
+
+class _Jwt:
+    """PyJWT, imported when a token is first looked at (a proxy without
+    OAUTHBEARER does not carry it)."""
+
+    def __getattr__(self, name):
+        import jwt as module
+
+        globals()["jwt"] = module
+        return getattr(module, name)
+
+
+jwt = _Jwt()
 
 # Kafka's error challenge for a refused token (RFC 7628 section 3.2.2)
 INVALID_TOKEN = json.dumps({"status": "invalid_token"}, separators=(",", ":")).encode("ascii")
@@ -25,7 +37,13 @@ _ALGORITHMS = {
     "OKP": ["EdDSA"],
 }
 
-_JWT = jwt.PyJWT()  # its time checks take the time as an argument
+_JWT = []  # a PyJWT, whose time checks take the time as an argument
+
+
+def _pyjwt():
+    if not _JWT:
+        _JWT.append(jwt.PyJWT())
+    return _JWT[0]
 
 
 class InvalidToken(Exception):
@@ -150,10 +168,11 @@ def validate(token, key, now, settings, algorithms=None):
         claims = jwt.decode(token, key.key, algorithms=algorithms or [key.algorithm_name],
                             audience=audience, issuer=settings.expected_issuer, options=options)
         skew = settings.clock_skew_seconds
-        _JWT._validate_iat(claims, now, skew)
+        checks = _pyjwt()
+        checks._validate_iat(claims, now, skew)
         if "nbf" in claims:
-            _JWT._validate_nbf(claims, now, skew)
-        _JWT._validate_exp(claims, now, skew)
+            checks._validate_nbf(claims, now, skew)
+        checks._validate_exp(claims, now, skew)
     except jwt.ExpiredSignatureError:
         raise InvalidToken("the token has expired (exp %s, now %d, clock skew %ss)"
                            % (claims.get("exp"), now, settings.clock_skew_seconds)) from None

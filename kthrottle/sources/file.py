@@ -6,13 +6,10 @@ import os
 import tempfile
 import tomllib
 
-from tomlkit.exceptions import TOMLKitError
-
 from ..policy.quota_file import (
     QuotaFileError,
     altered,
     document_text,
-    edit_tables,
     entity_table,
     snapshot_from_document,
 )
@@ -109,6 +106,10 @@ class TomlFileStore:
         lines and the order of the rest stay. A missing or empty file starts
         as ``start_text``. ``key_text`` as ``edit_tables`` takes it. Written
         atomically; returns the bytes written."""
+        from tomlkit.exceptions import TOMLKitError
+
+        from ..policy.toml_edit import edit_tables
+
         data = self.read_bytes(missing_ok=True)
         value = self.empty() if data is None else self.parse(data, empty_ok=True)
         value, tables = update(value)
