@@ -23,12 +23,8 @@ import warnings
 from .kafka_publisher import (
     DEFAULT_REPLICATION_FACTOR,
     DEFAULT_TIMEOUT,
-    TOPIC_CONFIGS,
+    PublisherBase,
     PublishError,
-    choose_replication_factor,
-    create_command,
-    describe_connection,
-    refusal_warning,
 )
 
 log = logging.getLogger("kthrottle.publisher")
@@ -251,35 +247,18 @@ class _Decoder:
 
 # usage reports, published on the event loop ---------------------------------------
 
-class AsyncKafkaPublisher:
+class AsyncKafkaPublisher(PublisherBase):
     """Sends records with aiokafka on the running loop; creates the topic
     (compacted, 1 partition, the cluster's default replication factor) the
     first time it reaches the cluster. After a failure the producer is
     dropped and the next publication connects afresh.
 
     ``config`` is aiokafka's (``aiokafka_config``); ``describe`` says in
-    error messages where and as whom; ``secret`` (the SASL password) is
-    scrubbed from every message; ``logger`` gets the topic creation lines."""
+    error messages where and as whom (``PublisherBase``)."""
 
-    def __init__(self, config, topic, timeout=DEFAULT_TIMEOUT, describe="", secret=None,
-                 logger=None, topic_configs=None):
-        self.config = dict(config)
-        self.topic = topic
-        self.timeout = timeout
-        self.describe = describe or describe_connection(
-            self.config.get("bootstrap_servers", ()),
-            self.config.get("security_protocol", "PLAINTEXT"))
-        self.secret = secret
-        self.log = logger or log
-        self.topic_configs = dict(TOPIC_CONFIGS if topic_configs is None else topic_configs)
-        self.producer = None
-        self.topic_ready = False
-        self._last_warning = None
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self._deadline = None  # of the publication under way
-
-    def _scrub(self, text):
-        text = str(text)
-        return text.replace(self.secret, "***") if self.secret else text
 
     def _error(self, what, exc):
         return PublishError("%s (%s): %s" % (what, self.describe,
@@ -322,16 +301,6 @@ class AsyncKafkaPublisher:
             raise
         return producer
 
-    def _warn(self, text, *args):
-        """A WARNING the first time, DEBUG while it repeats: a publication
-        retried every few seconds must not repeat the same lines."""
-        message = self._scrub(text % args)
-        if message == self._last_warning:
-            self.log.debug("%s", message)
-        else:
-            self._last_warning = message
-            self.log.warning("%s", message)
-
     async def _ensure_topic(self):
         """Create the topic if it is missing, as the blocking publisher does
         (kafka_publisher.KafkaPublisher._ensure_topic): 1 partition,
@@ -340,7 +309,6 @@ class AsyncKafkaPublisher:
         the configs if the cluster refuses them; a refusal to create it is
         logged and the produce decides."""
         from aiokafka.admin import AIOKafkaAdminClient
-        from kafka import errors as Errors
 
         admin = AIOKafkaAdminClient(**self.config)
         try:
@@ -350,23 +318,11 @@ class AsyncKafkaPublisher:
                 self.topic_ready = True
                 return
             factor, why = await self._replication_factor(admin)
-            configs = ",".join("%s=%s" % kv for kv in sorted(self.topic_configs.items()))
-            layout = "1 partition, replication factor %d = %s" % (factor, why)
-            described = layout + (", " + configs if configs else "")
             first = await self._create(admin, factor, self.topic_configs)
             second = None
-            if first is None:
-                self.log.info("created topic %s%s with %s", topic,
-                              " (%s)" % configs if configs else "", layout)
-            elif not (first[0] is Errors.TopicAlreadyExistsError
-                      or issubclass(first[0], Errors.AuthorizationError)):
-                # the config may be what the cluster refuses: try without it
-                second = await self._create(admin, factor, {}) if configs else first
-            warning = refusal_warning(topic, described, configs, first, second,
-                                      self.create_command(factor), self._bootstrap())
-            if warning:
-                self._warn("%s", warning)
-            self.topic_ready = True
+            if self._retry_without_configs(first):
+                second = await self._create(admin, factor, {}) if self.topic_configs else first
+            self._topic_settled(factor, why, first, second)
         finally:
             await _closed(admin)
 
@@ -389,14 +345,7 @@ class AsyncKafkaPublisher:
         for answer in response.to_object()["topic_errors"]:
             if answer["topic"] != self.topic:
                 continue
-            error = Errors.for_code(answer["error_code"])
-            message = answer.get("error_message")
-            if error is Errors.NoError:
-                return None
-            message = message or error.description
-            if error.retriable:
-                raise error(message)
-            return error, self._scrub("%s: %s" % (error.__name__, message))
+            return self._created(answer["error_code"], answer.get("error_message"))
         return Errors.UnknownError, "UnknownError: no answer for topic %s" % self.topic
 
     def _remaining(self):
@@ -418,7 +367,7 @@ class AsyncKafkaPublisher:
         node = cluster.get("controller_id")
         if node not in live:
             node = live[0] if live else node
-        default, missing = None, None
+        value, missing = None, None
         try:
             answers = await admin.describe_configs(
                 [ConfigResource(ConfigResourceType.BROKER, str(node))])
@@ -430,34 +379,7 @@ class AsyncKafkaPublisher:
             AIOKAFKA_ERRORS.take()  # that connection's loss is told here, not later
         if answers is not None:
             value = _config_value(answers, str(node), DEFAULT_REPLICATION_FACTOR)
-            if value is None:
-                missing = ("broker %s answered DescribeConfigs without it (the broker does not "
-                           "report it, or this principal may not describe the cluster's configs)"
-                           % node)
-            elif value.isdigit() and int(value) > 0:
-                default = int(value)
-            else:
-                missing = "broker %s reported %r" % (node, value)
-        factor, why = choose_replication_factor(default, len(live))
-        if missing:
-            self._warn("could not read %s: %s; creating topic %s with replication factor %d = %s",
-                       DEFAULT_REPLICATION_FACTOR, missing, self.topic, factor, why)
-        elif factor < default:
-            self._warn("%s is %d on broker %s but only %d broker%s live: creating topic %s with "
-                       "replication factor %d", DEFAULT_REPLICATION_FACTOR, default, node,
-                       len(live), " is" if len(live) == 1 else "s are", self.topic, factor)
-        return factor, why
-
-    def _bootstrap(self):
-        servers = self.config.get("bootstrap_servers") or ["HOST:PORT"]
-        return servers[0]
-
-    def create_command(self, replication_factor):
-        """The kafka-topics command that creates this topic as the publisher
-        would."""
-        return create_command(self._bootstrap(), self.topic, replication_factor,
-                              self.topic_configs,
-                              self.config.get("security_protocol", "PLAINTEXT"))
+        return self._chosen_factor(node, live, value, missing)
 
     async def reset(self):
         """Drop the producer (and what it still holds); the next publication

@@ -17,7 +17,7 @@ import ssl
 import time
 from urllib.parse import unquote, urlparse
 
-from . import QuotaStoreError
+from . import QuotaStoreError, cancelled
 
 log = logging.getLogger("kthrottle.auth")
 
@@ -131,13 +131,7 @@ class JwksKeys:
         self._task = asyncio.get_running_loop().create_task(self._follow())
 
     async def stop(self):
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        self._task = await cancelled(self._task)
         if self._session is not None:
             await self._session.close()
             self._session = None

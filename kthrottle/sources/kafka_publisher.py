@@ -187,15 +187,16 @@ def describe_connection(bootstrap_servers, security_protocol="PLAINTEXT", sasl_m
     return text
 
 
-class KafkaPublisher:
-    """Sends records with kafka-python; creates the topic (compacted, 1
-    partition, the cluster's default replication factor) the first time it
-    reaches the cluster. After a failure the producer is dropped and the
-    next publication connects afresh.
+class PublisherBase:
+    """What both publishers share (this module's blocking one, and
+    ``async_kafka.AsyncKafkaPublisher`` on the proxy's loop): the settings,
+    scrubbing the password, the warnings said once, and the decisions about
+    the topic (its layout, the replication factor, a refusal); the calls to
+    the cluster are each one's own.
 
-    ``config`` is kafka-python's (``client_config``); ``describe`` says in
-    error messages where and as whom; ``secret`` (the SASL password) is
-    scrubbed from every message; ``logger`` gets the topic creation lines."""
+    ``config`` is the client library's; ``describe`` says in error messages
+    where and as whom; ``secret`` (the SASL password) is scrubbed from every
+    message; ``logger`` gets the topic creation lines."""
 
     def __init__(self, config, topic, timeout=DEFAULT_TIMEOUT, describe="", secret=None,
                  logger=None, topic_configs=None):
@@ -203,8 +204,8 @@ class KafkaPublisher:
         self.topic = topic
         self.timeout = timeout
         self.describe = describe or describe_connection(
-            self.config.get("bootstrap_servers", ()), self.config.get("security_protocol",
-                                                                      "PLAINTEXT"))
+            self.config.get("bootstrap_servers", ()),
+            self.config.get("security_protocol", "PLAINTEXT"))
         self.secret = secret
         self.log = logger or log
         self.topic_configs = dict(TOPIC_CONFIGS if topic_configs is None else topic_configs)
@@ -215,6 +216,102 @@ class KafkaPublisher:
     def _scrub(self, text):
         text = str(text)
         return text.replace(self.secret, "***") if self.secret else text
+
+    def _warn(self, text, *args):
+        """A WARNING the first time, DEBUG while it repeats: a publication
+        retried every few seconds must not repeat the same lines."""
+        message = self._scrub(text % args)
+        if message == self._last_warning:
+            self.log.debug("%s", message)
+        else:
+            self._last_warning = message
+            self.log.warning("%s", message)
+
+    def _bootstrap(self):
+        servers = self.config.get("bootstrap_servers") or ["HOST:PORT"]
+        return servers[0]
+
+    def create_command(self, replication_factor):
+        """The kafka-topics command that creates this topic as the publisher
+        would."""
+        return create_command(self._bootstrap(), self.topic, replication_factor,
+                              self.topic_configs,
+                              self.config.get("security_protocol", "PLAINTEXT"))
+
+    def _topic_configs_text(self):
+        return ",".join("%s=%s" % kv for kv in sorted(self.topic_configs.items()))
+
+    @staticmethod
+    def _retry_without_configs(first):
+        """After a refused creation: whether the configs may be what the
+        cluster refuses (not an existing topic, not an authorization error)."""
+        from kafka import errors as Errors
+
+        return first is not None and not (first[0] is Errors.TopicAlreadyExistsError
+                                          or issubclass(first[0], Errors.AuthorizationError))
+
+    def _topic_settled(self, factor, why, first, second):
+        """Say how the topic's creation went (``first`` and ``second``: the
+        creations' errors, None once created); the topic is taken as ready
+        either way: the produce decides."""
+        configs = self._topic_configs_text()
+        layout = "1 partition, replication factor %d = %s" % (factor, why)
+        if first is None:
+            self.log.info("created topic %s%s with %s", self.topic,
+                          " (%s)" % configs if configs else "", layout)
+        warning = refusal_warning(self.topic, layout + (", " + configs if configs else ""),
+                                  configs, first, second, self.create_command(factor),
+                                  self._bootstrap())
+        if warning:
+            self._warn("%s", warning)
+        self.topic_ready = True
+
+    def _created(self, error_code, message):
+        """A CreateTopics answer for this topic: None once created, else the
+        broker's error as (kafka-python's class, "Name: message"). Retriable
+        errors raise: the publication fails and the next one tries again."""
+        from kafka import errors as Errors
+
+        error = Errors.for_code(error_code)
+        if error is Errors.NoError:
+            return None
+        message = message or error.description
+        if error.retriable:
+            raise error(message)
+        return error, self._scrub("%s: %s" % (error.__name__, message))
+
+    def _chosen_factor(self, node, live, value, missing):
+        """(factor, why) from the default.replication.factor ``value`` broker
+        ``node`` reported (None: ``missing`` says why it was not read), capped
+        to the ``live`` brokers; a WARNING when it was not read or is capped."""
+        default = None
+        if value is None and missing is None:
+            missing = ("broker %s answered DescribeConfigs without it (the broker does not "
+                       "report it, or this principal may not describe the cluster's configs)"
+                       % node)
+        elif value is not None and value.isdigit() and int(value) > 0:
+            default = int(value)
+        elif value is not None:
+            missing = "broker %s reported %r" % (node, value)
+        factor, why = choose_replication_factor(default, len(live))
+        if missing:
+            self._warn("could not read %s: %s; creating topic %s with replication factor %d = %s",
+                       DEFAULT_REPLICATION_FACTOR, missing, self.topic, factor, why)
+        elif factor < default:
+            self._warn("%s is %d on broker %s but only %d broker%s live: creating topic %s with "
+                       "replication factor %d", DEFAULT_REPLICATION_FACTOR, default, node,
+                       len(live), " is" if len(live) == 1 else "s are", self.topic, factor)
+        return factor, why
+
+
+class KafkaPublisher(PublisherBase):
+    """Sends records with kafka-python; creates the topic (compacted, 1
+    partition, the cluster's default replication factor) the first time it
+    reaches the cluster. After a failure the producer is dropped and the
+    next publication connects afresh.
+
+    ``config`` is kafka-python's (``client_config``); ``describe`` says in
+    error messages where and as whom (``PublisherBase``)."""
 
     def _error(self, what, exc):
         name = type(exc).__name__
@@ -263,16 +360,6 @@ class KafkaPublisher:
                       delivery_timeout_ms=int(self.timeout * 1000), retry_backoff_ms=200)
         return KafkaProducer(**config)
 
-    def _warn(self, text, *args):
-        """A WARNING the first time, DEBUG while it repeats: a publication
-        retried every few seconds must not repeat the same lines."""
-        message = self._scrub(text % args)
-        if message == self._last_warning:
-            self.log.debug("%s", message)
-        else:
-            self._last_warning = message
-            self.log.warning("%s", message)
-
     def _ensure_topic(self, deadline):
         """Create the topic if it is missing: 1 partition, compacted, the
         replication factor that ``_replication_factor`` chooses. Both are
@@ -282,7 +369,6 @@ class KafkaPublisher:
         else the broker names) is logged with the broker's error and the
         spec tried, and the produce decides."""
         from kafka import KafkaAdminClient
-        from kafka import errors as Errors
 
         config = dict(self.config)
         config["bootstrap_timeout_ms"] = self._remaining_ms(deadline)
@@ -294,23 +380,11 @@ class KafkaPublisher:
                 return
             factor, why = self._replication_factor(admin)
             spec = {"num_partitions": 1, "replication_factor": factor}
-            configs = ",".join("%s=%s" % kv for kv in sorted(self.topic_configs.items()))
-            layout = "1 partition, replication factor %d = %s" % (factor, why)
-            described = layout + (", " + configs if configs else "")
             first = self._create(admin, dict(spec, configs=dict(self.topic_configs)), deadline)
             second = None
-            if first is None:
-                self.log.info("created topic %s%s with %s", topic,
-                              " (%s)" % configs if configs else "", layout)
-            elif not (first[0] is Errors.TopicAlreadyExistsError
-                      or issubclass(first[0], Errors.AuthorizationError)):
-                # the config may be what the cluster refuses: try without it
-                second = self._create(admin, spec, deadline) if configs else first
-            warning = refusal_warning(topic, described, configs, first, second,
-                                      self.create_command(factor), self._bootstrap())
-            if warning:
-                self._warn("%s", warning)
-            self.topic_ready = True
+            if self._retry_without_configs(first):
+                second = self._create(admin, spec, deadline) if self.topic_configs else first
+            self._topic_settled(factor, why, first, second)
         finally:
             try:
                 admin.close()
@@ -331,13 +405,7 @@ class KafkaPublisher:
             return type(exc), self._scrub(_error_text(exc))
         for answer in result.get("topics", ()):
             if answer.get("name") == self.topic:
-                error = Errors.for_code(answer.get("error_code", -1))
-                if error is Errors.NoError:
-                    return None
-                message = answer.get("error_message") or error.description
-                if error.retriable:
-                    raise error(message)
-                return error, self._scrub("%s: %s" % (error.__name__, message))
+                return self._created(answer.get("error_code", -1), answer.get("error_message"))
         return Errors.UnknownError, "UnknownError: no answer for topic %s" % self.topic
 
     def _replication_factor(self, admin):
@@ -353,7 +421,7 @@ class KafkaPublisher:
         node = cluster.get("controller_id")
         if node not in live:
             node = live[0] if live else node
-        default, missing = None, None
+        value, missing = None, None
         try:
             answer = admin.describe_configs(
                 [ConfigResource(ConfigResourceType.BROKER, str(node))], config_filter="all")
@@ -366,34 +434,7 @@ class KafkaPublisher:
         if answer is not None:
             entry = answer.get("broker", {}).get(str(node), {}).get(DEFAULT_REPLICATION_FACTOR)
             value = entry.get("value") if entry else None
-            if value is None:
-                missing = ("broker %s answered DescribeConfigs without it (the broker does not "
-                           "report it, or this principal may not describe the cluster's configs)"
-                           % node)
-            elif value.isdigit() and int(value) > 0:
-                default = int(value)
-            else:
-                missing = "broker %s reported %r" % (node, value)
-        factor, why = choose_replication_factor(default, len(live))
-        if missing:
-            self._warn("could not read %s: %s; creating topic %s with replication factor %d = %s",
-                       DEFAULT_REPLICATION_FACTOR, missing, self.topic, factor, why)
-        elif factor < default:
-            self._warn("%s is %d on broker %s but only %d broker%s live: creating topic %s with "
-                       "replication factor %d", DEFAULT_REPLICATION_FACTOR, default, node,
-                       len(live), " is" if len(live) == 1 else "s are", self.topic, factor)
-        return factor, why
-
-    def _bootstrap(self):
-        servers = self.config.get("bootstrap_servers") or ["HOST:PORT"]
-        return servers[0]
-
-    def create_command(self, replication_factor):
-        """The kafka-topics command that creates this topic as the publisher
-        would."""
-        return create_command(self._bootstrap(), self.topic, replication_factor,
-                              self.topic_configs,
-                              self.config.get("security_protocol", "PLAINTEXT"))
+        return self._chosen_factor(node, live, value, missing)
 
     def reset(self):
         """Drop the producer (and what it still holds); the next publication

@@ -15,6 +15,8 @@ import ssl
 import time
 from urllib.parse import quote
 
+from . import cancelled
+
 log = logging.getLogger("kthrottle.auth")
 
 REFRESH_WINDOW_FACTOR = 0.8  # Kafka's sasl.login.refresh.window.factor
@@ -74,13 +76,7 @@ class ClientCredentialsToken:
         self._task = asyncio.get_running_loop().create_task(self._follow())
 
     async def stop(self):
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        self._task = await cancelled(self._task)
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -52,11 +52,12 @@ class ClientSasl(Filter):
             return None
         return cls(config.sasl_enabled_mechanisms,
                    failed_delay_ms=config.failed_authentication_delay_ms,
-                   **cls.services_used(services))
+                   **cls.arguments(config, services))
 
-    @staticmethod
-    def services_used(services):
-        """What of the proxy's services the subclass takes (keywords)."""
+    @classmethod
+    def arguments(cls, config, services):
+        """What else the subclass is made with, from its options and the
+        proxy's services (keywords)."""
         return {}
 
     def __init__(self, mechanisms, failed_delay_ms):

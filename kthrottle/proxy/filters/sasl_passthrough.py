@@ -127,12 +127,8 @@ class SaslPassthrough(ClientSasl):
     reads = ClientSasl.reads + ("sasl_oauthbearer_sub_claim_name",)
 
     @classmethod
-    def build(cls, config, services):
-        if not config.sasl_enabled or config.sasl_mode != cls.mode:
-            return None
-        return cls(config.sasl_enabled_mechanisms,
-                   failed_delay_ms=config.failed_authentication_delay_ms,
-                   sub_claim_name=config.sasl_oauthbearer_sub_claim_name)
+    def arguments(cls, config, services):
+        return {"sub_claim_name": config.sasl_oauthbearer_sub_claim_name}
 
     def __init__(self, mechanisms, failed_delay_ms=DEFAULT_FAILED_AUTHENTICATION_DELAY_MS,
                  sub_claim_name="sub"):

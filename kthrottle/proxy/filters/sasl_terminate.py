@@ -129,14 +129,11 @@ class SaslTerminate(ClientSasl):
     )
 
     @classmethod
-    def build(cls, config, services):
-        if not config.sasl_enabled or config.sasl_mode != cls.mode:
-            return None
-        return cls(config.sasl_enabled_mechanisms,
-                   failed_delay_ms=config.failed_authentication_delay_ms,
-                   reauth_ms=config.connections_max_reauth_ms,
-                   token_settings=token_settings(config), jwks=services.jwks,
-                   **cls.services_used(services))
+    def arguments(cls, config, services):
+        return {"reauth_ms": config.connections_max_reauth_ms,
+                "token_settings": token_settings(config), "jwks": services.jwks,
+                "credentials": services.credentials, "offload": services.offload,
+                "api_versions": services.api_versions}
 
     @classmethod
     def check(cls, config):
@@ -157,11 +154,6 @@ class SaslTerminate(ClientSasl):
         if not url.startswith(("https://", "file://")):
             raise ConfigError("sasl-oauthbearer-jwks-endpoint-url must be an https:// or "
                               "file:// URL, got %r" % url)
-
-    @staticmethod
-    def services_used(services):
-        return {"credentials": services.credentials, "offload": services.offload,
-                "api_versions": services.api_versions}
 
     def __init__(self, mechanisms, credentials,
                  failed_delay_ms=DEFAULT_FAILED_AUTHENTICATION_DELAY_MS, offload=_inline,
