@@ -657,6 +657,19 @@ def test_passthrough_binds_the_principal_the_broker_accepted(passthrough, oauth,
 
 # the proxy's own OAUTHBEARER login to the brokers ----------------------------
 
+def oauth_front(oauth, tmp, server, *extra):
+    """A kthrottle in front of ``oauth`` that logs in to it as 'proxy' with a
+    client credentials token from ``server``."""
+    secret = tmp / "secret"
+    secret.write_text("proxy-secret\n")
+    return ProxyProcess(oauth.bootstrap, tmp / "front.log", [
+        "--upstream-security-protocol", "SASL_PLAINTEXT",
+        "--upstream-sasl-mechanism", "OAUTHBEARER",
+        "--upstream-sasl-oauthbearer-token-endpoint-url", server.url("/token"),
+        "--upstream-sasl-oauthbearer-client-id", "proxy",
+        "--upstream-sasl-oauthbearer-client-secret-file", str(secret), *extra])
+
+
 def test_the_proxy_logs_in_upstream_with_a_client_credentials_token(oauth, broker,
                                                                       tmp_path_factory):
     """A second kthrottle whose login to the OAUTHBEARER kthrottle (the
@@ -666,15 +679,7 @@ def test_the_proxy_logs_in_upstream_with_a_client_credentials_token(oauth, broke
 
     tmp = tmp_path_factory.mktemp("oauth-upstream")
     server = OAuthServer(tmp, oauth.jwks, signing_key=KEY1, lifetime=4).start()
-    secret = tmp / "secret"
-    secret.write_text("proxy-secret\n")
-    front = ProxyProcess(oauth.bootstrap, tmp / "front.log", [
-        "--upstream-security-protocol", "SASL_PLAINTEXT",
-        "--upstream-sasl-mechanism", "OAUTHBEARER",
-        "--upstream-sasl-oauthbearer-token-endpoint-url", server.url("/token"),
-        "--upstream-sasl-oauthbearer-client-id", "proxy",
-        "--upstream-sasl-oauthbearer-client-secret-file", str(secret),
-        "--upstream-sasl-oauthbearer-scope", "kafka"])
+    front = oauth_front(oauth, tmp, server, "--upstream-sasl-oauthbearer-scope", "kafka")
     try:
         front.start()
         topic = _topic(broker, "upstream")
@@ -711,15 +716,7 @@ def test_the_proxys_own_cluster_client_logs_in_with_its_token(oauth, tmp_path_fa
     admin principal 'proxy'."""
     tmp = tmp_path_factory.mktemp("oauth-quota-source")
     server = OAuthServer(tmp, oauth.jwks, signing_key=KEY1, lifetime=60).start()
-    secret = tmp / "secret"
-    secret.write_text("proxy-secret\n")
-    front = ProxyProcess(oauth.bootstrap, tmp / "front.log", [
-        "--upstream-security-protocol", "SASL_PLAINTEXT",
-        "--upstream-sasl-mechanism", "OAUTHBEARER",
-        "--upstream-sasl-oauthbearer-token-endpoint-url", server.url("/token"),
-        "--upstream-sasl-oauthbearer-client-id", "proxy",
-        "--upstream-sasl-oauthbearer-client-secret-file", str(secret),
-        "--quota-source", "kafka", "--quota-refresh", "0.5s"])
+    front = oauth_front(oauth, tmp, server, "--quota-source", "kafka", "--quota-refresh", "0.5s")
     try:
         front.start()
         front.wait_for_log("quotas from the cluster at %s over SASL_PLAINTEXT" % oauth.bootstrap)
