@@ -465,6 +465,8 @@ def test_bad_tokens_are_refused_with_the_reason_in_the_log(oauth, case, reason):
     assert _refused(oauth, token)
     oauth.wait_for_log("OAUTHBEARER token refused: " + reason)
     assert "client authenticated as 'eve'" not in oauth.log()
+    # a bearer token is a secret: neither it nor its signature is ever logged
+    assert token not in oauth.log() and token.rsplit(".", 1)[1] not in oauth.log()
 
 
 def test_kafkas_failure_exchange_on_the_wire(oauth):

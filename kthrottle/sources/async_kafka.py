@@ -23,6 +23,7 @@ import warnings
 from .kafka_publisher import (
     DEFAULT_REPLICATION_FACTOR,
     DEFAULT_TIMEOUT,
+    LastConnectionError,
     PublisherBase,
     PublishError,
 )
@@ -85,28 +86,11 @@ def _Token(token):
     return Provider()
 
 
-class _LastAioKafkaError(logging.Handler):
-    """Keeps the last connection error aiokafka logged: its bootstrap says
-    only "Unable to bootstrap from [...]" when every address failed, so the
-    caller tells why itself."""
+class _LastAioKafkaError(LastConnectionError):
+    """aiokafka's: its bootstrap says only "Unable to bootstrap from [...]"
+    when every address failed."""
 
     _AFTER = re.compile(r'^Unable (?:to )?connect to (?:"[^"]*"|node with id \S+): (.*)$')
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.last = None
-
-    def emit(self, record):
-        try:
-            m = self._AFTER.search(record.getMessage())
-        except Exception:
-            return
-        if m:
-            self.last = m.group(1)
-
-    def take(self):
-        last, self.last = self.last, None
-        return last
 
 
 AIOKAFKA_ERRORS = _LastAioKafkaError()

@@ -42,12 +42,13 @@ class PublishError(Exception):
     pass
 
 
-class _LastKafkaError(logging.Handler):
-    """Keeps the last connection error kafka-python logged: it retries a
-    refused connection or a failed authentication until its timeout, then
-    says only "Unable to bootstrap", so the publisher tells why itself."""
+class LastConnectionError(logging.Handler):
+    """Keeps the last connection error a Kafka client library logged (the
+    part of a WARNING that ``_AFTER`` matches, as ``cause`` words it): the
+    libraries retry until their timeout, then say only that they could not
+    bootstrap, so the caller tells why itself."""
 
-    _AFTER = re.compile(r"(?:Connection lost|failed): (.*?)(?: \(backoff [0-9.]+ secs\))?$")
+    _AFTER = None
 
     def __init__(self):
         super().__init__(logging.WARNING)
@@ -58,13 +59,33 @@ class _LastKafkaError(logging.Handler):
             m = self._AFTER.search(record.getMessage())
         except Exception:
             return
-        if m and "KafkaTimeoutError" not in m.group(1):  # the timeout itself: no news
-            # kafka-python repeats the class name: "X: X: details"
-            self.last = re.sub(r"(\w+Error): \1: ", r"\1: ", m.group(1))
+        if m:
+            cause = self.cause(m.group(1))
+            if cause is not None:
+                self.last = cause
+
+    @staticmethod
+    def cause(text):
+        """The error as told (None: nothing worth telling)."""
+        return text
 
     def take(self):
         last, self.last = self.last, None
         return last
+
+
+class _LastKafkaError(LastConnectionError):
+    """kafka-python's: a refused connection or a failed authentication is
+    retried until the timeout, then "Unable to bootstrap"."""
+
+    _AFTER = re.compile(r"(?:Connection lost|failed): (.*?)(?: \(backoff [0-9.]+ secs\))?$")
+
+    @staticmethod
+    def cause(text):
+        if "KafkaTimeoutError" in text:  # the timeout itself: no news
+            return None
+        # kafka-python repeats the class name: "X: X: details"
+        return re.sub(r"(\w+Error): \1: ", r"\1: ", text)
 
 
 KAFKA_ERRORS = _LastKafkaError()
