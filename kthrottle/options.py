@@ -197,7 +197,18 @@ class Parsed(Kind):
         return self.parse(value, what)
 
 
+class Switch(Kind):
+    """On or off: a flag without a value (``--NAME`` turns it on), a TOML
+    boolean."""
+
+    def toml(self, value, what):
+        if not isinstance(value, bool):
+            raise ConfigError("%s must be true or false, got %r" % (what, value))
+        return value
+
+
 TEXT, INTEGER, NUMBER, NAMES, HOST_PORT = Text(), Integer(), Number(), Names(), HostPort()
+SWITCH = Switch()
 
 
 # options and groups ----------------------------------------------------------------
@@ -236,6 +247,10 @@ class Option:
     def add_to(self, container, help=None):
         """Add the flag to a parser, an argument group or a mutually
         exclusive group."""
+        if isinstance(self.kind, Switch):  # absent: None, so that a file's value holds
+            container.add_argument(self.flag, dest=self.attr, action="store_const", const=True,
+                                   help=self.help if help is None else help)
+            return
         container.add_argument(
             self.flag, dest=self.attr, type=self.kind.arg_type(self.flag),
             action="append" if self.repeat else None, required=self.required,

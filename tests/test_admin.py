@@ -276,17 +276,19 @@ def test_tls_files_that_cannot_be_loaded_are_refused(pki, tmp_path):
 
 # -- methods, paths, bounds ---------------------------------------------------
 
-def test_get_and_head_only_and_two_paths():
+def test_get_and_head_only_and_the_known_paths():
     with running() as server:
         port = server.address[1]
         for method in ("POST", "PUT", "DELETE", "OPTIONS"):
-            for path in ("/metrics", "/quotas", "/elsewhere"):
+            for path in ("/metrics", "/quotas", "/healthz", "/readyz", "/elsewhere"):
                 status, headers, _ = request(port, path, method=method,
                                              data=b"x" if method in ("POST", "PUT") else None)
                 assert status == 405, (method, path)
                 assert headers["Allow"] == "GET, HEAD"
         status, _, body = request(port, "/elsewhere")
-        assert status == 404 and body == b"try /metrics or /quotas\n"
+        assert status == 404 and body.startswith(b"try /")
+        for path in (b"/metrics", b"/quotas", b"/healthz", b"/readyz"):
+            assert path in body
         assert request(port, "/metrics?name=x")[0] == 200
         status, headers, body = request(port, "/metrics", method="HEAD")
         assert status == 200 and body == b"" and int(headers["Content-Length"]) > 0

@@ -10,7 +10,7 @@ import pytest
 
 import zookeeper as zk_server
 from conftest import ProxyProcess
-from kthrottle.embedded import free_port
+from kthrottle.embedded import free_port, wait_for_port
 from kthrottle.policy.fleet import (
     ProxyShares,
     encode_shares_document,
@@ -105,7 +105,9 @@ def fleet(broker, zookeeper, tmp_path):
         p.admin = free_port()
         p.extra_args += ["--admin-listen", "127.0.0.1:%d" % p.admin]
         started.append(p)
-        return p.start()
+        p.start()
+        wait_for_port("127.0.0.1", p.admin, proc=p.proc)  # bound just after the listeners
+        return p
 
     yield start, zk, usage_topic, topic
     for p in started:

@@ -733,6 +733,18 @@ def test_a_spark_error_becomes_one_line():
     text = "Traceback (most recent call last):\n  File \"x\"\nValueError: bad thing\n\tat org"
     assert job.one_line(RuntimeError(text)) == "ValueError: bad thing"
     assert job.one_line(TimeoutError()) == "TimeoutError"
+    # Py4J's error: the Java one on its second line (a Python worker that could not start)
+    text = ("An error occurred while calling o56.load.\n: java.io.IOException: Cannot run "
+            "program \"./environment/bin/python\": error=2, No such file or directory\n"
+            "\tat java.base/java.lang.ProcessBuilder.start(ProcessBuilder.java:1143)\n")
+    assert job.one_line(RuntimeError(text)) == (
+        "IOException: Cannot run program \"./environment/bin/python\": error=2, No such file "
+        "or directory")
+    text = ("An error occurred while calling o48.collectToPython.\n: org.apache.spark."
+            "SparkException: Python worker exited unexpectedly (crashed). Consider setting "
+            "'spark.python.worker.faulthandler.enabled'\n\tat org.apache.spark.api.python\n")
+    assert job.one_line(RuntimeError(text)) == (
+        "SparkException: Python worker exited unexpectedly (crashed)" + job.WORKER_CRASHED)
 
 
 # the command, as users run it ---------------------------------------------------------
@@ -795,6 +807,32 @@ def test_the_command_once_writes_the_snapshot_under_the_chroot(broker, zookeeper
     assert state.cluster == State(THROTTLE, 0.5) and (data, 1) in state.partitions
     assert json.loads(_znode(zookeeper, "/kafka/cli"))["cycle"] == 1
     assert children and _gone(children), "the JVM or a Python worker outlived the command"
+
+
+@needs_zookeeper
+def test_spark_submit_runs_the_job_on_the_master_it_was_given(broker, zookeeper, tmp_path):
+    """Under spark-submit its --master, --name and --conf stand: the job's own
+    default master (local[2]) is not forced on it."""
+    reports = _name("submit")
+    broker.create_topic(reports, partitions=1)
+    _publish(broker.bootstrap, reports, [("111", _report(750), 0)])
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SPARK_LOCAL_IP="127.0.0.1")
+    env.pop("PYSPARK_PYTHON", None)
+    done = subprocess.run([
+        os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit"),
+        "--master", "local[1]", "--name", "sync-under-submit",
+        "--conf", "spark.pyspark.driver.python=%s" % sys.executable,
+        "--conf", "spark.driver.bindAddress=127.0.0.1", "--conf", "spark.driver.host=127.0.0.1",
+        str(ROOT / "kthrottle" / "spark_sync" / "submit.py"),
+        "--bootstrap-server", broker.bootstrap, "--zookeeper", zookeeper.hosts + "/submit",
+        "--topic", reports, "--once", "--state-dir", str(tmp_path / "state")],
+        capture_output=True, text=True, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+        timeout=180)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "Spark session started (master local[1])" in out
+    assert "Submitted application: sync-under-submit" in out
+    assert ClusterState.from_json(_znode(zookeeper, "/submit")).cluster == State(THROTTLE, 0.5)
 
 
 @needs_zookeeper

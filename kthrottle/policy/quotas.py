@@ -18,6 +18,7 @@ So a <default> quota still gives every user or client a bucket of its own.
 Each quota key resolves on its own (a user may have a produce quota at one
 level and a fetch quota at another), as each of Kafka's quota managers does.
 """
+from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -29,7 +30,7 @@ from .entities import (
     REQUEST_RATE,
     sanitize,
 )
-from .rate import SampledRate, TokenBucket, throttle_seconds, to_ms
+from .rate import SampledRate, TokenBucket, released_total, throttle_seconds, to_ms
 
 WINDOW = "window"
 TOKEN_BUCKET = "token-bucket"
@@ -162,7 +163,8 @@ class Bucket:
     do, never per request."""
 
     __slots__ = ("key", "user_tag", "client_tag", "quota", "limit", "entity", "settings",
-                 "rate", "tokens", "cap", "last_used", "throttle_ms_total", "throttled")
+                 "rate", "tokens", "cap", "last_used", "throttle_ms_total", "throttled",
+                 "total", "held")
 
     def __init__(self, key, resolution, settings, limit=None):
         self.key = key
@@ -183,6 +185,10 @@ class Bucket:
         self.last_used = None
         self.throttle_ms_total = 0
         self.throttled = 0
+        self.total = 0  # everything recorded: bytes, or requests (a counter)
+        # throttled requests of the last window or so, (recorded at, released
+        # at, value): for the rate let through (released); made when needed
+        self.held = None
         self.set_limit(resolution, limit)
 
     def set_limit(self, resolution, limit=None):
@@ -206,6 +212,7 @@ class Bucket:
     def record(self, value, now):
         """Count ``value`` and return the throttle time in ms it earns."""
         self.last_used = now
+        self.total += value
         self.rate.record(value, now)
         if self.limit is None:
             return 0
@@ -224,10 +231,35 @@ class Bucket:
         if ms:
             self.throttled += 1
             self.throttle_ms_total += ms
+            self._hold(value, now, ms)
         return ms
 
+    def _hold(self, value, now, ms):
+        """A throttled request: let through over the ``ms`` it earned."""
+        held = self.held
+        if held is None:
+            held = self.held = deque(maxlen=MAX_HELD)
+        else:
+            _forget_released(held, now, self.settings)
+        held.append((now, now + ms / 1000.0, value))
+
     def measure(self, now):
+        """Kafka's windowed rate: each request counted when it arrives."""
         return self.rate.measure(now)
+
+    def released(self, now):
+        """The rate let through over the window measure() reads: a
+        throttled request counts as let through evenly over its delay, as
+        its client is held back for it, so the request that earned a
+        throttle is not all counted at once (measure() counts it whole on
+        arrival, as Kafka does: a 1 MB batch against a 200 KB/s quota reads
+        up to 1.5x the quota there)."""
+        total, w = self.rate.scan(now)
+        held = self.held
+        if held:
+            _forget_released(held, now, self.settings)
+            total = released_total(total, w, now, held)
+        return max(0.0, total / w)
 
     def max_in_window(self):
         """The most one fetch may ask for: Kafka's cap, quota x (samples - 1)
@@ -239,6 +271,21 @@ class Bucket:
         if settings.mode == TOKEN_BUCKET:
             return self.limit * settings.burst_seconds
         return self.limit * (settings.samples - 1) * settings.window
+
+
+# Throttled requests a bucket remembers for its released rate: a throttled
+# client is held back for its delay, so this many in one window are many
+# clients sharing the bucket; past it the oldest are forgotten (the rate then
+# reads a little high).
+MAX_HELD = 4096
+
+
+def _forget_released(held, now, settings):
+    """Throttled requests let through before any window the rate can read
+    (samples x window back) no longer count."""
+    horizon = now - settings.samples * settings.window
+    while held and held[0][1] <= horizon:
+        held.popleft()
 
 
 class ClientQuotas:

@@ -80,6 +80,39 @@ class SampledRate:
         return total / w
 
 
+def unreleased(held, t, recorded_by_then):
+    """What of ``held`` (throttled requests as (recorded at, released at,
+    value)) is not let through yet at ``t``: each is let through evenly over
+    its delay. ``recorded_by_then(t0, t)`` says whether one recorded at t0
+    counts as recorded at ``t``."""
+    total = 0.0
+    for t0, t1, value in held:
+        if t < t1 and recorded_by_then(t0, t):
+            total += value if t <= t0 else value * (t1 - t) / (t1 - t0)
+    return total
+
+
+def released_total(total, w, now, held):
+    """Kafka's windowed total (``total`` recorded over the ``w`` seconds to
+    ``now``, as SampledRate.scan gives it) as it was let through: what the
+    window's throttled requests have still to be let through at ``now`` is
+    taken out, what earlier ones were let through within the window is put
+    in (flow: in, less the growth of what is held back)."""
+    if not held:
+        return total
+    start = now - w
+    return (total + unreleased(held, start, _before)
+            - unreleased(held, now, _by))
+
+
+def _before(t0, t):
+    return t0 < t  # a request at the window's start is in the window's total
+
+
+def _by(t0, t):
+    return t0 <= t
+
+
 def throttle_seconds(rate, limit, window_seconds):
     """X = (O - T) / T x W, 0 when within the limit."""
     if rate <= limit:

@@ -1,20 +1,25 @@
-"""The admin endpoint: /metrics (Prometheus text) and /quotas (JSON).
+"""The admin endpoint: /metrics (Prometheus text), /quotas (JSON), /healthz
+and /readyz (probes).
 
 Metrics are collected when scraped, from the quota buckets themselves, so the
-request path pays nothing for them. Names follow Kafka's per-(user, client-id)
-quota metrics (byte-rate, throttle-time, request-rate) with Prometheus
-spelling; labels are Kafka's metric tags, so a user-level quota shows as
-client_id="" (all that user's clients share it), as in Kafka.
+request path pays nothing for them but a counter increment on the bucket.
+Names follow Kafka's per-(user, client-id) quota metrics (byte-rate,
+throttle-time, request-rate) with Prometheus spelling; labels are Kafka's
+metric tags, so a user-level quota shows as client_id="" (all that user's
+clients share it), as in Kafka. ``METRICS`` lists every family the proxy can
+export; the collector makes its families from it.
 
 Served with aiohttp on the proxy's own event loop. Exposure:
 
 - It binds to 127.0.0.1 unless --admin-listen names a host.
-- /quotas names every connected principal and client-id. It can require a
-  bearer token (RFC 6750, ``Authorization: Bearer <token>``; 401 without it)
-  and/or a client certificate signed by --admin-ssl-ca (403 without one).
-  Exposed beyond loopback with neither, a WARNING is logged at start.
-- /metrics stays open, so that Prometheus scrapes it without credentials.
-  Its labels are Kafka's metric tags, so they too name users and client-ids
+- /quotas names every connected principal and client-id, and every configured
+  quota entity. It can require a bearer token (RFC 6750, ``Authorization:
+  Bearer <token>``; 401 without it) and/or a client certificate signed by
+  --admin-ssl-ca (403 without one). Exposed beyond loopback with neither, a
+  WARNING is logged at start.
+- /metrics, /healthz and /readyz stay open, so that Prometheus, load
+  balancers and Kubernetes probes read them without credentials. The metrics'
+  labels are Kafka's metric tags, so they too name users and client-ids
   (never connections, peers or rates per connection): where those names are
   sensitive, keep the endpoint on loopback or behind a firewall.
 - Requests are bounded (header count and sizes, time to send a request and
@@ -26,13 +31,21 @@ import ipaddress
 import json
 import logging
 import ssl
+import time
+from typing import NamedTuple
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE
+from .health import READY_WITHIN_SECONDS
 
 log = logging.getLogger("kthrottle.admin")
 
@@ -42,7 +55,7 @@ _KIND = {PRODUCER_BYTE_RATE: "produce", CONSUMER_BYTE_RATE: "fetch", REQUEST_RAT
 # for sizes (LimitRequestLine and LimitRequestFieldSize 8190 bytes, which are
 # also aiohttp's); its LimitRequestFields is 100 for a general web server.
 # Prometheus, curl and browsers send fewer than 20 headers, and this endpoint
-# serves two fixed paths, so 32 is plenty: at most 32 x 8 KiB of headers per
+# serves a few fixed paths, so 32 is plenty: at most 32 x 8 KiB of headers per
 # request. Beyond a bound the answer is 400 and the connection is closed.
 MAX_LINE_SIZE = 8190
 MAX_FIELD_SIZE = 8190
@@ -56,88 +69,386 @@ SEND_TIMEOUT = 30.0
 # A request body (none is expected) is drained for at most this long before
 # the connection is closed, so that the client still reads the answer.
 LINGER_TIME = 2.0
+# Quota entities (user, client-id pairs) given series by default: each has up
+# to a dozen series per quota key, so 1000 is some 30,000 series at most, as
+# much as one Prometheus target should carry. --metrics-max-entities.
+DEFAULT_MAX_ENTITIES = 1000
 
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _METHODS = ("GET", "HEAD")
 
 
-class ProxyCollector:
-    """Reads the proxy's state at scrape time (on the event loop thread)."""
+# -- what /metrics can carry ------------------------------------------------------
 
-    def __init__(self, server, source=None, cluster_state=None, fleet=None):
+class Metric(NamedTuple):
+    """One metric family: its name as exposed (a counter's with ``_total``),
+    type, help text and labels; ``group`` says when it is there."""
+
+    name: str
+    type: str  # "gauge" or "counter"
+    help: str
+    labels: tuple = ()
+    group: str = "The proxy (always)"
+
+
+_BUCKET = ("user", "client_id")
+Q = ("Quota buckets (with quotas: one series per bucket in use; entities beyond "
+     "--metrics-max-entities are counted, not shown)")
+SASL = "SASL listeners (SASL_PLAINTEXT, SASL_SSL)"
+TLS = "TLS listeners (SSL, SASL_SSL)"
+SOURCES = "Quota sources"
+CREDENTIALS = "Credential stores (--credentials-file, or ZooKeeper)"
+ZK = "ZooKeeper sessions (quotas, credentials, cluster state or shares followed there)"
+STORAGE = "Storage-aware throttling (--zookeeper, --storage-scope not off)"
+FLEET = "Fleet members (--proxy-id)"
+PROCESS = "The process (prometheus_client's process and platform collectors)"
+
+
+def _rate_help(what, counted="request"):
+    return ("Measured %s per quota bucket: Kafka's windowed rate (quota.window.num samples of "
+            "quota.window.size.seconds, the time padded to at least num - 1 of them), each %s "
+            "counted whole when it arrives, the one that earned a throttle included"
+            % (what, counted))
+
+
+def _released_help(what):
+    return ("%s let through per quota bucket over the same window as the measured rate: a "
+            "throttled request counts as released over the delay it earned, as its client "
+            "is held back" % what)
+
+
+METRICS = [
+    # the quota buckets (labels: Kafka's metric tags)
+    Metric("kthrottle_produce_byte_rate", "gauge", _rate_help("produce bytes/s"), _BUCKET, Q),
+    Metric("kthrottle_fetch_byte_rate", "gauge", _rate_help("fetch bytes/s", "response"),
+           _BUCKET, Q),
+    Metric("kthrottle_request_rate", "gauge", _rate_help("requests/s"), _BUCKET, Q),
+    Metric("kthrottle_produce_released_byte_rate", "gauge", _released_help("Produce bytes/s"),
+           _BUCKET, Q),
+    Metric("kthrottle_fetch_released_byte_rate", "gauge", _released_help("Fetch bytes/s"),
+           _BUCKET, Q),
+    Metric("kthrottle_released_request_rate", "gauge", _released_help("Requests/s"), _BUCKET, Q),
+    Metric("kthrottle_produce_quota", "gauge", "Configured produce quota of the bucket, bytes/s "
+           "(producer_byte_rate), and the entity that set it", _BUCKET + ("entity",), Q),
+    Metric("kthrottle_fetch_quota", "gauge", "Configured fetch quota of the bucket, bytes/s "
+           "(consumer_byte_rate), and the entity that set it", _BUCKET + ("entity",), Q),
+    Metric("kthrottle_request_quota", "gauge", "Configured request quota of the bucket, "
+           "requests/s (request_rate), and the entity that set it", _BUCKET + ("entity",), Q),
+    Metric("kthrottle_produce_bytes_total", "counter", "Bytes of Produce requests counted "
+           "against the bucket's produce quota (whole request frames)", _BUCKET, Q),
+    Metric("kthrottle_fetch_bytes_total", "counter", "Bytes of Fetch responses counted against "
+           "the bucket's fetch quota (whole response frames)", _BUCKET, Q),
+    Metric("kthrottle_requests_total", "counter", "Requests counted against the bucket's "
+           "request quota (all but the exempt ones, KIP-124)", _BUCKET, Q),
+    Metric("kthrottle_throttle_seconds_total", "counter", "Throttle time given by the bucket "
+           "(key: the quota that set it, producer_byte_rate, consumer_byte_rate or "
+           "request_rate)", _BUCKET + ("key",), Q),
+    Metric("kthrottle_produce_throttle_time_ms_total", "counter", "Throttle time given to "
+           "produce in this bucket, ms (kthrottle_throttle_seconds_total in seconds)", _BUCKET, Q),
+    Metric("kthrottle_fetch_throttle_time_ms_total", "counter", "Throttle time given to fetch "
+           "in this bucket, ms (kthrottle_throttle_seconds_total in seconds)", _BUCKET, Q),
+    Metric("kthrottle_request_throttle_time_ms_total", "counter", "Throttle time given to "
+           "request in this bucket, ms (kthrottle_throttle_seconds_total in seconds)", _BUCKET, Q),
+    Metric("kthrottle_produce_throttled_responses_total", "counter",
+           "Responses throttled for produce in this bucket", _BUCKET, Q),
+    Metric("kthrottle_fetch_throttled_responses_total", "counter",
+           "Responses throttled for fetch in this bucket", _BUCKET, Q),
+    Metric("kthrottle_request_throttled_responses_total", "counter",
+           "Responses throttled for request in this bucket", _BUCKET, Q),
+    Metric("kthrottle_metrics_omitted_entities", "gauge", "Quota entities (user, client-id) "
+           "in use but given no series, over --metrics-max-entities", (), Q),
+    # the proxy
+    Metric("kthrottle_ready", "gauge", "1 while /readyz answers 200: a bootstrap broker "
+           "answered within the last %g s and every configured source is healthy"
+           % READY_WITHIN_SECONDS),
+    Metric("kthrottle_broker_answer_age_seconds", "gauge", "Seconds since a bootstrap broker "
+           "last answered the proxy's own ApiVersions (asked every few seconds; absent until "
+           "one has)"),
+    Metric("kthrottle_broker_reachable", "gauge", "1 while a broker behind the listener "
+           "answers; 0 while the listener refuses connections because none does",
+           ("listener",)),
+    Metric("kthrottle_connections", "gauge", "Open client connections"),
+    Metric("kthrottle_connections_refused_total", "counter", "Client connections the listeners "
+           "refused or closed, by reason", ("reason",)),
+    Metric("kthrottle_tls_handshakes_total", "counter", "TLS handshakes with clients, by "
+           "result (completed, failed)", ("result",), TLS),
+    Metric("kthrottle_successful_authentication_total", "counter", "SASL authentications "
+           "that succeeded, by mechanism (Kafka's successful-authentication-total)",
+           ("mechanism",), SASL),
+    Metric("kthrottle_failed_authentication_total", "counter", "SASL authentications that "
+           "failed, by mechanism (\"none\": before one was agreed; Kafka's "
+           "failed-authentication-total)", ("mechanism",), SASL),
+    # the sources
+    Metric("kthrottle_quota_source_healthy", "gauge", "1 while the quota source (file, "
+           "ZooKeeper or the cluster) is readable and current; 0 while the last known quotas "
+           "stay in force", (), SOURCES),
+    Metric("kthrottle_quota_source_rejected_total", "counter", "quota entries or file "
+           "versions rejected since start", (), SOURCES),
+    Metric("kthrottle_credentials_source_healthy", "gauge", "1 while the credentials store "
+           "(file or ZooKeeper) is readable and current; 0 while the last known credentials "
+           "stay in force", (), CREDENTIALS),
+    Metric("kthrottle_zookeeper_connected", "gauge", "1 while the ZooKeeper session that "
+           "follows this source is connected; 0 while what was last read stays in force",
+           ("source",), ZK),
+    Metric("kthrottle_zookeeper_disconnects_total", "counter", "Times the ZooKeeper connection "
+           "following this source was lost (suspended or expired)", ("source",), ZK),
+    # storage-aware throttling
+    Metric("kthrottle_storage_state", "gauge", "What producers meet: 0 OPEN, 1 THROTTLE, "
+           "2 PAUSE (scope cluster: the state in force; scope broker/volume: the snapshot's, "
+           "3 UNKNOWN)", ("scope", "broker", "volume"), STORAGE),
+    Metric("kthrottle_storage_factor", "gauge", "Share of their produce rate producers keep "
+           "(1: OPEN)", ("scope", "broker", "volume"), STORAGE),
+    Metric("kthrottle_storage_fail_safe", "gauge", "1 while the fail-safe applies (no fresh "
+           "cluster state, or brokers without a fresh volume report)", (), STORAGE),
+    Metric("kthrottle_cluster_state_age_seconds", "gauge", "Age of the cluster-state snapshot "
+           "in force", (), STORAGE),
+    Metric("kthrottle_storage_deferred_requests_total", "counter", "Produce requests held back "
+           "(PAUSE), counted at each check", (), STORAGE),
+    Metric("kthrottle_storage_throttled_requests_total", "counter", "Produce requests "
+           "throttled for storage (THROTTLE)", (), STORAGE),
+    Metric("kthrottle_cluster_state_rejected_total", "counter", "cluster-state snapshots "
+           "refused (malformed) since start", (), STORAGE),
+    # fleet-wide quotas
+    Metric("kthrottle_fleet_quota", "gauge", "Configured (fleet-wide) quota of the bucket",
+           ("key",) + _BUCKET, FLEET),
+    Metric("kthrottle_fleet_share", "gauge", "Limit applied to the bucket on this proxy: its "
+           "share of the fleet quota (or what the fail-safe gives it)", ("key",) + _BUCKET,
+           FLEET),
+    Metric("kthrottle_fleet_shares_age_seconds", "gauge", "Age of the last good quota shares "
+           "read from ZooKeeper", (), FLEET),
+    Metric("kthrottle_fleet_fail_safe", "gauge", "1 while the fail-safe applies (the quota "
+           "shares are older than --share-max-age-ms, or none were read yet)", (), FLEET),
+    Metric("kthrottle_usage_reports_total", "counter", "Usage reports the cluster "
+           "acknowledged", (), FLEET),
+    Metric("kthrottle_usage_report_errors_total", "counter", "Usage reports that could not be "
+           "published", (), FLEET),
+    Metric("kthrottle_fleet_shares_rejected_total", "counter", "Quota shares documents refused "
+           "(malformed, or for another proxy)", (), FLEET),
+    # the process (as prometheus_client names and describes them)
+    Metric("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", (),
+           PROCESS),
+    Metric("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", (),
+           PROCESS),
+    Metric("process_start_time_seconds", "gauge",
+           "Start time of the process since unix epoch in seconds.", (), PROCESS),
+    Metric("process_cpu_seconds_total", "counter",
+           "Total user and system CPU time spent in seconds.", (), PROCESS),
+    Metric("process_open_fds", "gauge", "Number of open file descriptors.", (), PROCESS),
+    Metric("process_max_fds", "gauge", "Maximum number of open file descriptors.", (), PROCESS),
+    Metric("python_info", "gauge", "Python platform information",
+           ("implementation", "major", "minor", "patchlevel", "version"), PROCESS),
+]
+_BY_NAME = {m.name: m for m in METRICS}
+assert len(_BY_NAME) == len(METRICS)
+
+
+def family(name, value=None):
+    """The empty family for METRICS entry ``name`` (with ``value``: its one
+    sample, for a family without labels)."""
+    m = _BY_NAME[name]
+    if m.type == "counter":
+        return CounterMetricFamily(name[:-len("_total")], m.help, value=value,
+                                   labels=None if value is not None else list(m.labels))
+    return GaugeMetricFamily(name, m.help, value=value,
+                             labels=None if value is not None else list(m.labels))
+
+
+def metrics_reference():
+    """The README's "Metrics reference", made from METRICS."""
+    lines = []
+    groups = []
+    for m in METRICS:
+        if m.group not in groups:
+            groups.append(m.group)
+    for group in groups:
+        lines += ["", "%s:" % group, "", "| metric | type | labels | meaning |",
+                  "|---|---|---|---|"]
+        for m in METRICS:
+            if m.group == group:
+                lines.append("| `%s` | %s | %s | %s |" % (
+                    m.name, m.type, ", ".join("`%s`" % label for label in m.labels) or "",
+                    m.help.replace("|", "\\|")))
+    return "\n".join(lines[1:]) + "\n"
+
+
+# -- the collector ----------------------------------------------------------------
+
+_RATE = {k: "kthrottle_request_rate" if k == REQUEST_RATE else "kthrottle_%s_byte_rate" % kind
+         for k, kind in _KIND.items()}
+_RELEASED = {k: "kthrottle_released_request_rate" if k == REQUEST_RATE
+             else "kthrottle_%s_released_byte_rate" % kind for k, kind in _KIND.items()}
+_COUNTED = {PRODUCER_BYTE_RATE: "kthrottle_produce_bytes_total",
+            CONSUMER_BYTE_RATE: "kthrottle_fetch_bytes_total",
+            REQUEST_RATE: "kthrottle_requests_total"}
+
+
+class ProxyCollector:
+    """Reads the proxy's state at scrape time (on the event loop thread).
+
+    ``source``, ``credentials``, ``cluster_state`` and ``fleet`` are what the
+    proxy follows (None: not configured); ``contact`` the health.BrokerContact
+    asking a bootstrap broker now and then; at most ``max_entities`` quota
+    entities get series."""
+
+    def __init__(self, server, source=None, cluster_state=None, fleet=None, *, credentials=None,
+                 contact=None, max_entities=DEFAULT_MAX_ENTITIES):
         self.server = server
         self.source = source
         self.cluster_state = cluster_state
         self.fleet = fleet
+        self.credentials = credentials
+        self.contact = contact
+        self.max_entities = max_entities
 
     def collect(self):
         server = self.server
-        labels = ["user", "client_id"]
-        rate = {k: GaugeMetricFamily(
-            "kthrottle_request_rate" if k == REQUEST_RATE else "kthrottle_%s_byte_rate" % _KIND[k],
-            "Measured %s rate per quota bucket (Kafka's sampled rate)"
-            % ("request" if k == REQUEST_RATE else _KIND[k] + " byte"), labels=labels)
-            for k in _KIND}
-        quota = {k: GaugeMetricFamily(
-            "kthrottle_%s_quota" % _KIND[k],
-            "Configured %s quota of the bucket (%s)" % (_KIND[k], k), labels=labels + ["entity"])
-            for k in _KIND}
-        throttle = {k: CounterMetricFamily(
-            "kthrottle_%s_throttle_time_ms" % _KIND[k],
-            "Throttle time given to %s in this bucket" % _KIND[k], labels=labels)
-            for k in _KIND}
-        throttled = {k: CounterMetricFamily(
-            "kthrottle_%s_throttled_responses" % _KIND[k],
-            "Responses throttled for %s in this bucket" % _KIND[k], labels=labels)
-            for k in _KIND}
         manager = server.quotas
-        if manager is not None:
-            now = server.loop.time()
-            for (key, user, client), bucket in manager.buckets.items():
-                if bucket.last_used is None:
-                    continue
-                tags = [user, client]
-                rate[key].add_metric(tags, bucket.measure(now))
-                if bucket.quota is not None:
-                    quota[key].add_metric(tags + [bucket.entity or ""], bucket.quota)
-                throttle[key].add_metric(tags, bucket.throttle_ms_total)
-                throttled[key].add_metric(tags, bucket.throttled)
-        for family in (rate, quota, throttle, throttled):
-            yield from family.values()
-        yield GaugeMetricFamily("kthrottle_connections", "Open client connections",
-                                value=len(server.connections))
-        refused = CounterMetricFamily(
-            "kthrottle_connections_refused",
-            "Client connections the listeners refused or closed, by reason", labels=["reason"])
-        for reason, count in sorted(getattr(server, "refused", {}).items()):
-            refused.add_metric([str(reason)], count)
-        yield refused
-        reachable = GaugeMetricFamily(
-            "kthrottle_broker_reachable",
-            "1 while a broker behind the listener answers; 0 while the listener refuses "
-            "connections because none does", labels=["listener"])
+        now = server.loop.time()
+        shown, omitted = self._shown_buckets(manager)
+        yield from _bucket_metrics(shown, omitted, now)
+        yield family("kthrottle_ready", 0 if self.not_ready(now) else 1)
+        age = self.contact.age(now) if self.contact is not None else None
+        if age is not None:
+            yield family("kthrottle_broker_answer_age_seconds", age)
+        reachable = family("kthrottle_broker_reachable")
         for listener in list(getattr(server, "listeners", {}).values()):
             if hasattr(listener, "reachable"):
                 reachable.add_metric([listener.name], 1 if listener.reachable else 0)
         yield reachable
+        yield family("kthrottle_connections", len(server.connections))
+        refused = family("kthrottle_connections_refused_total")
+        for reason, count in sorted(getattr(server, "refused", {}).items()):
+            refused.add_metric([str(reason)], count)
+        yield refused
+        handshakes = getattr(server, "tls_handshakes", None)
+        if handshakes is not None and getattr(server, "ssl_context", None) is not None:
+            tls = family("kthrottle_tls_handshakes_total")
+            for result in ("completed", "failed"):
+                tls.add_metric([result], handshakes.get(result, 0))
+            yield tls
+        yield from _sasl_metrics(getattr(server, "filters", {}).values())
         if self.source is not None:
-            yield GaugeMetricFamily(
-                "kthrottle_quota_source_healthy",
-                "1 while the quota source (file, ZooKeeper or the cluster) is readable and "
-                "current; 0 while the last known quotas stay in force",
-                value=1 if self.source.healthy else 0)
-            yield CounterMetricFamily(
-                "kthrottle_quota_source_rejected",
-                "quota entries or file versions rejected since start",
-                value=self.source.rejected)
+            yield family("kthrottle_quota_source_healthy", 1 if self.source.healthy else 0)
+            yield family("kthrottle_quota_source_rejected_total", self.source.rejected)
+        if self.credentials is not None:
+            yield family("kthrottle_credentials_source_healthy",
+                         1 if self.credentials.healthy else 0)
         yield from _zookeeper_metrics((
-            ("quotas", self.source), ("cluster_state", self.cluster_state),
+            ("quotas", self.source), ("credentials", self.credentials),
+            ("cluster_state", self.cluster_state),
             ("quota_shares", getattr(self.fleet, "watch", None))))
         storage = getattr(server, "storage", None)
         if storage is not None:
             yield from _storage_metrics(storage, self.cluster_state)
         if self.fleet is not None:
-            yield from _fleet_metrics(self.fleet, manager)
+            yield from _fleet_metrics(self.fleet, shown)
+
+    def _shown_buckets(self, manager):
+        """The buckets in use that get series: those of the first
+        ``max_entities`` (user, client-id) entities met (the oldest buckets:
+        a series, once shown, stays while its bucket lives), and how many
+        entities are left out."""
+        if manager is None:
+            return [], 0
+        shown = []
+        entities = set()
+        omitted = set()
+        limit = self.max_entities
+        for bucket_key, bucket in list(manager.buckets.items()):
+            if bucket.last_used is None:
+                continue
+            entity = bucket_key[1:]
+            if entity not in entities:
+                if len(entities) >= limit:
+                    omitted.add(entity)
+                    continue
+                entities.add(entity)
+            shown.append((bucket_key, bucket))
+        return shown, len(omitted)
+
+    def not_ready(self, now=None):
+        """Why /readyz answers 503: one line per reason; none when ready."""
+        server = self.server
+        if now is None:
+            now = server.loop.time()
+        reasons = []
+        contact = self.contact
+        if contact is not None:
+            age = contact.age(now)
+            if age is None:
+                reasons.append("no bootstrap broker has answered yet%s"
+                               % (" (%s)" % contact.error if contact.error else ""))
+            elif age > READY_WITHIN_SECONDS:
+                reasons.append("no bootstrap broker has answered for %.0f s%s"
+                               % (age, " (%s)" % contact.error if contact.error else ""))
+        source = self.source
+        if source is not None and not source.healthy:
+            reasons.append("quota source: %s is not readable or not current; the last known "
+                           "quotas stay in force" % source.describe)
+        credentials = self.credentials
+        if credentials is not None and not credentials.healthy:
+            reasons.append("credentials: %s is not readable or not current; the last known "
+                           "credentials stay in force" % credentials.describe)
+        storage = getattr(server, "storage", None)
+        if storage is not None:
+            cluster_state = self.cluster_state
+            if cluster_state is not None and not cluster_state.healthy:
+                reasons.append("cluster state: the ZooKeeper session following it is not "
+                               "connected")
+            if storage.reason is not None:
+                reasons.append("cluster state: %s; the storage fail-safe applies"
+                               % (storage.reason,))
+        fleet = self.fleet
+        if fleet is not None and fleet.fail_safe_active:
+            reasons.append("fleet shares: %s; the share fail-safe applies"
+                           % (fleet.follower.reason or "no fresh quota shares",))
+        return reasons
+
+
+def _bucket_metrics(shown, omitted, now):
+    rate = {k: family(name) for k, name in _RATE.items()}
+    released = {k: family(name) for k, name in _RELEASED.items()}
+    quota = {k: family("kthrottle_%s_quota" % kind) for k, kind in _KIND.items()}
+    counted = {k: family(name) for k, name in _COUNTED.items()}
+    throttle = family("kthrottle_throttle_seconds_total")
+    throttle_ms = {k: family("kthrottle_%s_throttle_time_ms_total" % kind)
+                   for k, kind in _KIND.items()}
+    throttled = {k: family("kthrottle_%s_throttled_responses_total" % kind)
+                 for k, kind in _KIND.items()}
+    for (key, user, client), bucket in shown:
+        tags = [user, client]
+        rate[key].add_metric(tags, bucket.measure(now))
+        released[key].add_metric(tags, bucket.released(now))
+        if bucket.quota is not None:
+            quota[key].add_metric(tags + [bucket.entity or ""], bucket.quota)
+        counted[key].add_metric(tags, bucket.total)
+        throttle.add_metric(tags + [key], bucket.throttle_ms_total / 1000.0)
+        throttle_ms[key].add_metric(tags, bucket.throttle_ms_total)
+        throttled[key].add_metric(tags, bucket.throttled)
+    for families in (rate, released, quota, counted):
+        yield from families.values()
+    yield throttle
+    yield from throttle_ms.values()
+    yield from throttled.values()
+    yield family("kthrottle_metrics_omitted_entities", omitted)
+
+
+def _sasl_metrics(filters):
+    """Logins by mechanism, from the SASL filter of the listeners (the
+    terminating or the passthrough one; the filters count them)."""
+    counting = [f for f in filters if hasattr(f, "failed_logins")]
+    if not counting:
+        return
+    successful = family("kthrottle_successful_authentication_total")
+    failed = family("kthrottle_failed_authentication_total")
+    for f in counting:
+        mechanisms = list(f.mechanisms) + sorted(set(f.failed_logins) - set(f.mechanisms))
+        for mechanism in mechanisms:
+            if mechanism in f.mechanisms:
+                successful.add_metric([mechanism], f.successful_logins.get(mechanism, 0))
+            failed.add_metric([mechanism], f.failed_logins.get(mechanism, 0))
+    yield successful
+    yield failed
 
 
 def _zookeeper_metrics(followers):
@@ -147,12 +458,8 @@ def _zookeeper_metrics(followers):
     followers = [(name, f) for name, f in followers if hasattr(f, "disconnects")]
     if not followers:
         return
-    connected = GaugeMetricFamily(
-        "kthrottle_zookeeper_connected", "1 while the ZooKeeper session that follows this "
-        "source is connected; 0 while what was last read stays in force", labels=["source"])
-    disconnects = CounterMetricFamily(
-        "kthrottle_zookeeper_disconnects", "Times the ZooKeeper connection following this "
-        "source was lost (suspended or expired)", labels=["source"])
+    connected = family("kthrottle_zookeeper_connected")
+    disconnects = family("kthrottle_zookeeper_disconnects_total")
     for name, follower in followers:
         connected.add_metric([name], 1 if follower.connected else 0)
         disconnects.add_metric([name], follower.disconnects)
@@ -160,55 +467,32 @@ def _zookeeper_metrics(followers):
     yield disconnects
 
 
-def _fleet_metrics(fleet, manager):
-    import time
-
-    labels = ["key", "user", "client_id"]
-    quota = GaugeMetricFamily(
-        "kthrottle_fleet_quota", "Configured (fleet-wide) quota of the bucket", labels=labels)
-    share = GaugeMetricFamily(
-        "kthrottle_fleet_share", "Limit applied to the bucket on this proxy: its share of the "
-        "fleet quota (or what the fail-safe gives it)", labels=labels)
-    if manager is not None:
-        for (key, user, client), bucket in manager.buckets.items():
-            if bucket.last_used is None or bucket.quota is None:
-                continue
-            quota.add_metric([key, user, client], bucket.quota)
-            share.add_metric([key, user, client], bucket.limit)
+def _fleet_metrics(fleet, shown):
+    quota = family("kthrottle_fleet_quota")
+    share = family("kthrottle_fleet_share")
+    for (key, user, client), bucket in shown:
+        if bucket.quota is None:
+            continue
+        quota.add_metric([key, user, client], bucket.quota)
+        share.add_metric([key, user, client], bucket.limit)
     yield quota
     yield share
     age = fleet.shares_age(time.time())
     if age is not None:
-        yield GaugeMetricFamily("kthrottle_fleet_shares_age_seconds",
-                                "Age of the last good quota shares read from ZooKeeper",
-                                value=age)
-    yield GaugeMetricFamily(
-        "kthrottle_fleet_fail_safe", "1 while the fail-safe applies (the quota shares are "
-        "older than --share-max-age-ms, or none were read yet)",
-        value=1 if fleet.fail_safe_active else 0)
-    yield CounterMetricFamily("kthrottle_usage_reports", "Usage reports the cluster acknowledged",
-                              value=fleet.reports)
-    yield CounterMetricFamily("kthrottle_usage_report_errors",
-                              "Usage reports that could not be published", value=fleet.errors)
-    yield CounterMetricFamily("kthrottle_fleet_shares_rejected",
-                              "Quota shares documents refused (malformed, or for another proxy)",
-                              value=fleet.rejected)
+        yield family("kthrottle_fleet_shares_age_seconds", age)
+    yield family("kthrottle_fleet_fail_safe", 1 if fleet.fail_safe_active else 0)
+    yield family("kthrottle_usage_reports_total", fleet.reports)
+    yield family("kthrottle_usage_report_errors_total", fleet.errors)
+    yield family("kthrottle_fleet_shares_rejected_total", fleet.rejected)
 
 
 _STATE_VALUE = {"OPEN": 0, "THROTTLE": 1, "PAUSE": 2, "UNKNOWN": 3}
 
 
 def _storage_metrics(storage, source):
-    import time
-
     current = storage.current
-    state = GaugeMetricFamily(
-        "kthrottle_storage_state", "What producers meet: 0 OPEN, 1 THROTTLE, 2 PAUSE (scope "
-        "cluster: the state in force; scope broker/volume: the snapshot's, 3 UNKNOWN)",
-        labels=["scope", "broker", "volume"])
-    factor = GaugeMetricFamily(
-        "kthrottle_storage_factor", "Share of their produce rate producers keep (1: OPEN)",
-        labels=["scope", "broker", "volume"])
+    state = family("kthrottle_storage_state")
+    factor = family("kthrottle_storage_factor")
     state.add_metric(["cluster", "", ""], _STATE_VALUE[current.state])
     factor.add_metric(["cluster", "", ""], current.factor)
     snapshot = storage.policy.state
@@ -226,28 +510,28 @@ def _storage_metrics(storage, source):
                     factor.add_metric(tags, float(volume.get("factor", 1.0)))
     yield state
     yield factor
-    yield GaugeMetricFamily(
-        "kthrottle_storage_fail_safe", "1 while the fail-safe applies (no fresh cluster state, "
-        "or brokers without a fresh volume report)", value=1 if storage.reason else 0)
+    yield family("kthrottle_storage_fail_safe", 1 if storage.reason else 0)
     if snapshot is not None:
-        yield GaugeMetricFamily("kthrottle_cluster_state_age_seconds",
-                                "Age of the cluster-state snapshot in force",
-                                value=max(0.0, time.time() - snapshot.generated_at))
-    yield CounterMetricFamily("kthrottle_storage_deferred_requests",
-                              "Produce requests held back (PAUSE), counted at each check",
-                              value=storage.deferred)
-    yield CounterMetricFamily("kthrottle_storage_throttled_requests",
-                              "Produce requests throttled for storage (THROTTLE)",
-                              value=storage.throttled)
+        yield family("kthrottle_cluster_state_age_seconds",
+                     max(0.0, time.time() - snapshot.generated_at))
+    yield family("kthrottle_storage_deferred_requests_total", storage.deferred)
+    yield family("kthrottle_storage_throttled_requests_total", storage.throttled)
     if source is not None:
-        yield CounterMetricFamily("kthrottle_cluster_state_rejected",
-                                  "cluster-state snapshots refused (malformed) since start",
-                                  value=source.rejected)
+        yield family("kthrottle_cluster_state_rejected_total", source.rejected)
 
 
-def quotas_report(server):
-    """Each live connection: principal, client-ids, resolved entities, rates."""
+def quotas_report(server, source=None):
+    """The configured quota entities and their values (the snapshot in
+    force), and each live connection: principal, client-ids, resolved
+    entities, rates."""
     now = server.loop.time()
+    manager = server.quotas
+    entities = None
+    if manager is not None:
+        snapshot = manager.config.snapshot
+        # "static": the file's static defaults (Kafka's quota.*.default)
+        entities = [{"entity": path, "quotas": dict(snapshot[path])}
+                    for path in sorted(snapshot, key=lambda p: (p == "static", p))]
     connections = []
     for conn in sorted(server.connections, key=lambda c: c.conn_id):
         clients = []
@@ -265,6 +549,7 @@ def quotas_report(server):
                     "entity": bucket.entity,
                     "shared_by": {"user": bucket.user_tag, "client_id": bucket.client_tag},
                     "rate": round(bucket.measure(now), 3),
+                    "released_rate": round(bucket.released(now), 3),
                 }
             clients.append(entry)
         connections.append({
@@ -276,7 +561,10 @@ def quotas_report(server):
             "clients": clients,
             "throttled_for_ms": max(0, round((conn.muted_until - now) * 1000)),
         })
-    return {"connections": connections}
+    report = {"quota_source": None, "entities": entities, "connections": connections}
+    if source is not None:
+        report["quota_source"] = {"describe": source.describe, "healthy": bool(source.healthy)}
+    return report
 
 
 def admin_tls_context(cert, key, ca=None):
@@ -324,20 +612,33 @@ def _loopback_only(addresses):
 
 
 class AdminServer:
-    """/metrics and /quotas over HTTP(S), on the proxy's event loop.
+    """/metrics, /quotas, /healthz and /readyz over HTTP(S), on the proxy's
+    event loop.
 
     ``token`` (from --admin-token-file) and ``ssl_ca`` (client certificates)
-    protect /quotas only; /metrics stays open for Prometheus (see the module
-    docstring for what its labels show). Raises ValueError when the TLS files
+    protect /quotas only; /metrics and the probes stay open (see the module
+    docstring for what the metrics' labels show). ``source``,
+    ``credentials``, ``cluster_state``, ``fleet`` and ``contact`` are what
+    /readyz looks at (ProxyCollector). Raises ValueError when the TLS files
     cannot be loaded."""
 
     def __init__(self, server, host, port, source=None, cluster_state=None, fleet=None, *,
+                 credentials=None, contact=None, max_entities=DEFAULT_MAX_ENTITIES,
                  token=None, ssl_cert=None, ssl_key=None, ssl_ca=None):
         self.proxy = server
         self.host = host
         self.port = port
+        self.source = source
+        self.cluster_state = cluster_state
+        self.fleet = fleet
+        self.collector = ProxyCollector(server, source, cluster_state, fleet,
+                                        credentials=credentials, contact=contact,
+                                        max_entities=max_entities)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ProxyCollector(server, source, cluster_state, fleet))
+        self.registry.register(self.collector)
+        # the process's own series: CPU, memory, descriptors (Linux /proc), Python
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         if token is not None and not token:
             raise ValueError("the admin bearer token is empty")
         self._token = token.encode() if token else None
@@ -348,6 +649,7 @@ class AdminServer:
         self._client_certs = bool(ssl_ca)
         self.send_timeout = SEND_TIMEOUT
         self._runner = None
+        self._paths = ()
 
     @property
     def address(self):
@@ -361,6 +663,15 @@ class AdminServer:
         app = web.Application(middlewares=[guard])
         app.router.add_get("/metrics", self._metrics)  # and HEAD
         app.router.add_get("/quotas", self._quotas)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        # more routes (the status page) are added here, before the app starts
+        from . import status
+
+        status.add_routes(app, self)  # /, /status.json; its sampler runs with the app
+        # what a 404 suggests: the pages, not the files they load
+        self._paths = sorted({r.canonical for r in app.router.resources()
+                              if "." not in r.canonical})
         runner = web.AppRunner(
             app, access_log=None, logger=_RequestLog(log, {}), shutdown_timeout=1.0,
             max_line_size=MAX_LINE_SIZE, max_field_size=MAX_FIELD_SIZE, max_headers=MAX_HEADERS,
@@ -376,7 +687,7 @@ class AdminServer:
         self._runner = runner
         protected = [what for what, on in (("bearer token", self._token),
                                            ("client certificate", self._client_certs)) if on]
-        log.info("admin endpoint on %s://%s:%d (/metrics; /quotas: %s)",
+        log.info("admin endpoint on %s://%s:%d (/metrics, /healthz, /readyz; /quotas: %s)",
                  "https" if self._ssl else "http", *self.address,
                  " and ".join(protected) or "open")
         if not protected and not _loopback_only(runner.addresses):
@@ -417,7 +728,10 @@ class AdminServer:
             try:
                 response = await handler(request)
             except web.HTTPNotFound:
-                response = _text(404, "try /metrics or /quotas\n")
+                paths = self._paths
+                response = _text(404, "try %s\n" % (
+                    " or ".join((", ".join(paths[:-1]), paths[-1])) if len(paths) > 1
+                    else "".join(paths)))
         response.headers["Server"] = "kthrottle"
         # Sent here, under a deadline, rather than by aiohttp afterwards: a
         # client that stops reading a large answer must not hold it forever.
@@ -435,29 +749,45 @@ class AdminServer:
         return web.Response(body=generate_latest(self.registry),
                             headers={"Content-Type": _METRICS_TYPE})
 
+    async def _healthz(self, request):
+        # the process serves (this loop runs); nothing else is looked at
+        return _text(200, "ok\n", **{"Cache-Control": "no-store"})
+
+    async def _readyz(self, request):
+        """200 while ready; 503 and why (a line per reason; JSON if asked)."""
+        reasons = self.collector.not_ready()
+        status = 503 if reasons else 200
+        if "application/json" in request.headers.get("Accept", ""):
+            body = json.dumps({"ready": not reasons, "reasons": reasons}).encode() + b"\n"
+            return web.Response(status=status, body=body, content_type="application/json",
+                                headers={"Cache-Control": "no-store"})
+        return _text(status, "".join(r + "\n" for r in reasons) or "ready\n",
+                     **{"Cache-Control": "no-store"})
+
     async def _quotas(self, request):
         denied = self._deny(request)
         if denied is not None:
             return denied
-        body = json.dumps(quotas_report(self.proxy), indent=2).encode() + b"\n"
+        body = json.dumps(quotas_report(self.proxy, self.source), indent=2).encode() + b"\n"
         # principals and client-ids: not for shared caches (RFC 9111 section 5.2.2.5)
         return web.Response(body=body, content_type="application/json",
                             headers={"Cache-Control": "no-store"})
 
     def _deny(self, request):
-        """The answer refusing /quotas to this request, or None."""
+        """The answer refusing /quotas (or the status page's data) to this
+        request, or None."""
         if self._client_certs:
             ssl_object = (request.transport.get_extra_info("ssl_object")
                           if request.transport is not None else None)
             # CERT_OPTIONAL: a certificate that is there was verified against the CA
             if ssl_object is None or not ssl_object.getpeercert():
-                return _text(403, "/quotas requires a client certificate signed by the "
-                             "admin endpoint's CA\n")
+                return _text(403, "%s requires a client certificate signed by the "
+                             "admin endpoint's CA\n" % request.path)
         if self._token is not None:
             scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
             challenge = 'Bearer realm="kthrottle"'
             if scheme.lower() != "bearer":  # auth schemes are case-insensitive (RFC 9110 11.1)
-                return _text(401, "/quotas requires a bearer token\n",
+                return _text(401, "%s requires a bearer token\n" % request.path,
                              **{"WWW-Authenticate": challenge})
             try:
                 given = credentials.strip().encode("utf-8", "surrogateescape")

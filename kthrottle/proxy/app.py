@@ -4,7 +4,6 @@ membership), started in order, and stopped in reverse however the run ends."""
 import asyncio
 import logging
 import signal
-import sys
 import time
 
 from ..config import ConfigError
@@ -48,6 +47,7 @@ async def _serve(config, on_ready, stack):
     from ..sources import CREDENTIAL_STORES, QUOTA_SOURCES, build_source
     from .admin import AdminServer
     from .filter import Services
+    from .health import BrokerContact
     from .server import ProxyServer
 
     followed = []  # what SIGHUP re-reads at once (files; ZooKeeper sends its changes)
@@ -128,12 +128,19 @@ async def _serve(config, on_ready, stack):
     try:
         try:
             await server.start()
-        except ValueError as exc:  # max-connections-per-ip-overrides naming an unknown host
+        except ValueError as exc:  # an unknown host in max-connections-per-ip-overrides, a node with no port
             raise SystemExit("kthrottle: error: %s" % exc) from None
+        # the proxy's own ApiVersions now and then: no broker answering is said
+        # at once, and /readyz knows it on an idle proxy
+        contact = BrokerContact(server)
+        contact.start()
+        stack.push_async_callback(contact.stop)
         if config.admin_listen:
             try:  # the token file and the TLS files: start errors of their own
                 admin = AdminServer(server, *config.admin_listen, source=source,
                                     cluster_state=cluster_state, fleet=fleet,
+                                    credentials=services.credential_source, contact=contact,
+                                    max_entities=config.metrics_max_entities,
                                     token=config.admin_token(), ssl_cert=config.admin_ssl_cert,
                                     ssl_key=config.admin_ssl_key, ssl_ca=config.admin_ssl_ca)
             except (ConfigError, ValueError) as exc:
@@ -218,36 +225,3 @@ async def _reload(followed):
             await files.reload()
         except Exception:  # a bug: said, and the next file is still re-read
             log.exception("SIGHUP: re-reading %s failed", files.describe)
-
-
-def run_local(config):
-    from ..embedded import TansuBroker
-
-    broker = TansuBroker()
-    try:
-        broker.start()
-    except Exception as exc:
-        print("kthrottle: error: cannot start the local Tansu broker: %s" % exc, file=sys.stderr)
-        return 1
-    config.bootstrap_servers = [(broker.host, broker.port)]
-
-    def ready(server):
-        host, port = server.bootstrap_address
-        print(
-            "kthrottle local: Tansu broker (pid %d) on %s, proxy on %s:%d\n"
-            "Point clients at bootstrap.servers=%s:%d   (Ctrl-C stops both)"
-            % (broker.proc.pid, broker.bootstrap, host, port, host, port),
-            flush=True,
-        )
-        if config.quota_file or config.zookeeper:
-            print("Quotas from %s" % (config.quota_file or "ZooKeeper " + config.zookeeper),
-                  flush=True)
-        if config.admin_listen:
-            print("Metrics on http://%s:%d/metrics, live connections on /quotas"
-                  % config.admin_listen, flush=True)
-
-    try:
-        run_loop(lambda: serve(config, ready))
-    finally:
-        broker.stop()
-    return 0

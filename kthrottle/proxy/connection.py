@@ -10,7 +10,8 @@ import asyncio
 import logging
 import socket
 
-from .limits import HANDSHAKE_TIMEOUT, TLS_HANDSHAKE
+from .health import REFUSED_BROKER_UNREACHABLE
+from .limits import HANDSHAKE_TIMEOUT, TLS_HANDSHAKE, UNKNOWN_NODE
 from .pipeline import (
     Close,
     Connection,
@@ -115,12 +116,15 @@ class ClientConnection(asyncio.Protocol):
     # client side -------------------------------------------------------
 
     def connection_made(self, transport):
-        self.client.transport = transport
-        no_delay(transport)
-        transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
         peer = transport.get_extra_info("peername")
         self.peer = "%s:%s" % peer[:2] if peer else "?"
         self.address = peer[0] if peer else "?"
+        self._accepted(transport)
+
+    def _accepted(self, transport):
+        self.client.transport = transport
+        no_delay(transport)
+        transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
         self.accepted_at = self.loop.time()
         self.client.pause("connecting")
         # uvloop starts reading right after connection_made, whatever was
@@ -225,6 +229,10 @@ class ClientConnection(asyncio.Protocol):
             listener.unreachable(errors)  # logged there, once for the whole outage
         if not self.closed:
             self.pipeline.close("no broker reachable")  # its only action: Close
+            if listener is None:  # a node reached by TLS server name: no listener of its own
+                self._closed("no broker reachable for %s (%s)" % (
+                    self.listener_name, "; ".join(errors)), REFUSED_BROKER_UNREACHABLE)
+                return
             self._closed("no broker reachable (%s)" % "; ".join(errors), quiet=True)
 
     def _connect_done(self, task):
@@ -371,6 +379,47 @@ class ClientConnection(asyncio.Protocol):
             self.conn_id, reason, self.peer, self.upstream_addr, p.requests,
             p.bytes_from_client, p.bytes_from_broker,
         )
+
+
+class RoutedConnection(ClientConnection):
+    """A client connection accepted by the proxy's own acceptor on a
+    listener with the PROXY protocol or SNI routing: its address may have
+    come from a PROXY protocol header (set before the transport is made),
+    and its broker from the TLS server name it asked for."""
+
+    def connection_made(self, transport):
+        if self.address is None:  # no PROXY protocol header: the socket's peer
+            peer = transport.get_extra_info("peername")
+            self.peer = "%s:%s" % peer[:2] if peer else "?"
+            self.address = peer[0] if peer else "?"
+        sni = self.server.sni
+        if sni is not None:
+            refusal = self._route_by_server_name(sni, transport)
+            if refusal is not None:
+                self.client.transport = transport
+                self.accepted_at = self.loop.time()
+                self.refuse(UNKNOWN_NODE, refusal)
+                return
+        self._accepted(transport)
+
+    def _route_by_server_name(self, sni, transport):
+        """A server name the pattern matches goes to that node's broker; any
+        other (or none) to the bootstrap brokers. Returns why the client is
+        refused: its name names a node id the cluster has not named."""
+        ssl_object = transport.get_extra_info("ssl_object")
+        name = getattr(ssl_object, "kthrottle_server_name", None)
+        node_id = sni.node_id(name)
+        if node_id is None:
+            return None
+        address = self.server.nodes.get(node_id)
+        if address is None:
+            known = sorted(self.server.nodes)
+            return ("TLS server name %s names node %d, which the cluster has not named (%s)"
+                    % (name, node_id, "nodes known: %s" % ", ".join(map(str, known))
+                       if known else "no node known yet"))
+        self.listener_name = "node %d" % node_id
+        self.upstream_addresses = [address]
+        return None
 
 
 class UpstreamConnection(asyncio.Protocol):

@@ -14,12 +14,27 @@ What reveals a broker is down: a client connection for which no broker
 address answered (``unreachable``), or a broker connection lost under a
 client (``check``: one probe, at once). Each change is logged once, at
 WARNING, with how many client connections were turned away.
+
+An idle proxy learns nothing from its clients, so ``BrokerContact`` asks a
+bootstrap broker for its ApiVersions every few seconds (what /readyz and
+kthrottle_broker_answer_age_seconds read), and says at WARNING, at start and
+then once a minute while it lasts, that none answers.
 """
 import asyncio
 import logging
 import socket
 
 log = logging.getLogger("kthrottle.proxy")
+
+# /readyz: ready while a bootstrap broker answered within this many seconds
+READY_WITHIN_SECONDS = 10.0
+# How often the proxy asks a bootstrap broker itself: a few times within
+# READY_WITHIN_SECONDS, so that one lost answer does not make it unready. One
+# ApiVersions (a few hundred bytes; brokers answer it before authentication,
+# KIP-511) every few seconds costs a broker nothing.
+CONTACT_INTERVAL_SECONDS = 3.0
+# While no bootstrap broker answers, a WARNING this often (and one at once)
+STILL_DOWN_LOG_SECONDS = 60.0
 
 LISTEN_BACKLOG = 1024
 # Probes while the brokers are down: every 25 ms. A client retries a refused
@@ -233,3 +248,123 @@ class Listener(asyncio.AbstractServer):
     async def serve_forever(self):
         while not self._closed:
             await asyncio.sleep(3600)
+
+
+class BrokerContact:
+    """The proxy's own contact with the bootstrap brokers: an ApiVersions
+    request (over the upstream TLS settings) every CONTACT_INTERVAL_SECONDS,
+    to the address that answered last first. ``age(now)`` is how long ago
+    one answered (None: never). No answer is logged at WARNING at once and
+    every STILL_DOWN_LOG_SECONDS while it lasts, an answer again at INFO."""
+
+    def __init__(self, server, interval=CONTACT_INTERVAL_SECONDS,
+                 still_down_every=STILL_DOWN_LOG_SECONDS):
+        self.server = server
+        self.interval = interval
+        self.still_down_every = still_down_every
+        self.answered_at = None  # loop time of the last answer
+        self.answered_by = None  # "host:port" that gave it
+        self.error = None  # why the last contact failed (None: it did not)
+        self.down_since = None  # loop time of the first failed contact in a row
+        self._warned_at = None
+        self._first = 0  # index of the bootstrap address that answered last
+        self._task = None
+
+    def start(self):
+        self._task = self.server.loop.create_task(self._run())
+
+    async def stop(self):
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def age(self, now):
+        return None if self.answered_at is None else max(0.0, now - self.answered_at)
+
+    async def _run(self):
+        while True:
+            try:
+                await self.contact()
+            except Exception:  # a bug: said, and the contact goes on
+                log.exception("asking a bootstrap broker failed")
+            await asyncio.sleep(self.interval)
+
+    async def contact(self):
+        """Ask the bootstrap brokers once; True when one answered."""
+        addresses = list(self.server.config.bootstrap_servers)
+        first = self._first % len(addresses) if addresses else 0
+        errors = []
+        for i in list(range(first, len(addresses))) + list(range(first)):
+            host, port = addresses[i]
+            try:
+                await self._ask(host, port)
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError,
+                    ValueError) as exc:
+                errors.append("%s:%s %s" % (host, port, _why(exc)))
+                continue
+            self._first = i
+            self._answered("%s:%s" % (host, port))
+            return True
+        self._failed("; ".join(errors) or "no bootstrap broker address")
+        return False
+
+    async def _ask(self, host, port):
+        from ..codecs import ProtocolError
+        from ..codecs.frames import MIN_RESPONSE_SIZE
+        from ..codecs.versions import api_versions_request, parse_api_versions
+        from ..codecs.wire import INT32
+
+        server = self.server
+        timeout = min(server.config.upstream_connect_timeout_ms / 1000.0, READY_WITHIN_SECONDS)
+        tls = getattr(server, "upstream_ssl_context", None)
+        writer = None
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection(
+                    host, port, ssl=tls, server_hostname=host if tls else None)
+                writer.write(api_versions_request(1))
+                size = INT32.unpack(await reader.readexactly(4))[0]
+                if not MIN_RESPONSE_SIZE <= size <= 1 << 20:
+                    raise ProtocolError("an ApiVersions answer of %d bytes" % size)
+                parse_api_versions(INT32.pack(size) + await reader.readexactly(size))
+        except ProtocolError as exc:
+            raise ValueError(str(exc)) from None
+        finally:
+            if writer is not None:
+                writer.close()
+
+    def _answered(self, by):
+        loop = self.server.loop
+        if self.down_since is not None:
+            log.info("a bootstrap broker answers again (%s) after %.0f s without one", by,
+                     loop.time() - self.down_since)
+        elif self.answered_at is None:
+            log.debug("bootstrap broker %s answers", by)
+        self.answered_at = loop.time()
+        self.answered_by = by
+        self.error = self.down_since = self._warned_at = None
+
+    def _failed(self, why):
+        now = self.server.loop.time()
+        self.error = why
+        if self.down_since is None:
+            self.down_since = now
+            log.warning(
+                "no bootstrap broker answers (%s): clients cannot be served, and /readyz "
+                "answers 503, until one does; asking again every %g s", why, self.interval)
+            self._warned_at = now
+        elif now - self._warned_at >= self.still_down_every:
+            log.warning("still no bootstrap broker answers after %.0f s (%s)",
+                        now - self.down_since, why)
+            self._warned_at = now
+
+
+def _why(exc):
+    if isinstance(exc, asyncio.TimeoutError):
+        return "did not answer in time"
+    if isinstance(exc, asyncio.IncompleteReadError):
+        return "closed the connection before answering"
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc) or type(exc).__name__
+    return str(exc)

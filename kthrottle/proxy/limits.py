@@ -12,6 +12,9 @@ MAX_CONNECTIONS = "max_connections"
 MAX_CONNECTIONS_PER_IP = "max_connections_per_ip"
 TLS_HANDSHAKE = "tls_handshake"
 HANDSHAKE_TIMEOUT = "handshake_timeout"
+PROXY_PROTOCOL = "proxy_protocol"  # no valid PROXY protocol header, or none in time
+UNMAPPED_NODE = "unmapped_node"  # a response named a node id that has no port
+UNKNOWN_NODE = "unknown_node"  # a TLS server name naming a node the cluster has not named
 
 
 class ConnectionLimits:
@@ -30,16 +33,45 @@ class ConnectionLimits:
     def admit(self, ip):
         """Count a new connection from ``ip``; None, or (reason, message)
         when it is over a limit (and then not counted)."""
-        limit = self.overrides.get(ip, self.per_ip)
-        if limit is not None and self.by_ip[ip] >= limit:
-            return MAX_CONNECTIONS_PER_IP, ("%d connections from %s already (max-connections-per-ip"
-                                            "%s)" % (self.by_ip[ip], ip,
-                                                     "-overrides" if ip in self.overrides else ""))
+        over = self._over_per_ip(ip)
+        if over is not None:
+            return over
         if self.max_connections is not None and self.total >= self.max_connections:
             return MAX_CONNECTIONS, "%d connections open already (max-connections)" % self.total
         self.total += 1
         self.by_ip[ip] += 1
         return None
+
+    def _over_per_ip(self, ip):
+        limit = self.overrides.get(ip, self.per_ip)
+        if limit is not None and self.by_ip[ip] >= limit:
+            return MAX_CONNECTIONS_PER_IP, ("%d connections from %s already (max-connections-per-ip"
+                                            "%s)" % (self.by_ip[ip], ip,
+                                                     "-overrides" if ip in self.overrides else ""))
+        return None
+
+    def reserve(self):
+        """Count a new connection whose client is not known yet (its PROXY
+        protocol header is to come) against max-connections alone: None, or
+        (reason, message). ``admit_reserved`` names the client once known;
+        ``unreserve`` gives the place back if it never is."""
+        if self.max_connections is not None and self.total >= self.max_connections:
+            return MAX_CONNECTIONS, "%d connections open already (max-connections)" % self.total
+        self.total += 1
+        return None
+
+    def admit_reserved(self, ip):
+        """The client of a reserved connection is ``ip``: None, or (reason,
+        message) when ``ip`` is over its limit (the place is then given back)."""
+        over = self._over_per_ip(ip)
+        if over is not None:
+            self.total -= 1
+            return over
+        self.by_ip[ip] += 1
+        return None
+
+    def unreserve(self):
+        self.total -= 1
 
     def release(self, ip):
         self.total -= 1

@@ -567,9 +567,9 @@ class Connection:
         except ProtocolError as exc:
             self._to_client = None
             return self._close("malformed response from broker: %s" % exc)
-        except ValueError as exc:  # an address the proxy cannot advertise
+        except ValueError as exc:  # an address the proxy cannot advertise (UnmappedNode)
             self._to_client = None
-            return self._close(str(exc))
+            return self._close(str(exc), getattr(exc, "refused", None))
         self._to_client = None
         if self.phase is _CLOSED:  # the client's bytes replayed after a login closed it
             return actions

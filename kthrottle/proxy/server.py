@@ -1,4 +1,5 @@
-"""The proxy's listeners: one bootstrap address plus one per upstream node id."""
+"""The proxy's listeners: one bootstrap address plus one per upstream node id
+(or, with SNI routing, one TLS port for the whole cluster)."""
 import asyncio
 import itertools
 import logging
@@ -8,6 +9,8 @@ from typing import NamedTuple
 
 from ..codecs import ProtocolError
 from ..codecs.frames import MIN_RESPONSE_SIZE
+from ..codecs.proxy_protocol import MAX_SIZE as PROXY_HEADER_MAX_SIZE
+from ..codecs.proxy_protocol import parse_header as parse_proxy_header
 from ..codecs.versions import (
     api_versions_request,
     metadata_request,
@@ -17,11 +20,12 @@ from ..codecs.versions import (
 from ..codecs.wire import INT32
 from ..sources import QuotaStoreError
 from ..sources.file import FollowedFile, read_file_bytes
-from .connection import ClientConnection
+from .addressing import NodePorts, SniPattern, UnmappedNode
+from .connection import ClientConnection, RoutedConnection
 from .filter import Services
 from .filters import build_filters
 from .health import Listener, bound_socket
-from .limits import TLS_HANDSHAKE, ConnectionLimits, RefusalLog
+from .limits import PROXY_PROTOCOL, TLS_HANDSHAKE, ConnectionLimits, RefusalLog
 from .pipeline import FilterTable
 
 log = logging.getLogger("kthrottle.proxy")
@@ -40,6 +44,16 @@ class ProxyServer:
         self.loop = None
         self.advertised_host = config.effective_advertised_host
         self.node_port_base = config.effective_node_port_base
+        # the port of each node id (--node-ports, --node-port-base)
+        self.node_ports = NodePorts(config.node_ports, self.node_port_base, config.listen[1])
+        # SNI routing: node N is a host name on the one listen port
+        self.sni = SniPattern(config.sni_broker_pattern) if config.sni_broker_pattern else None
+        self.sni_port = None  # the port given with those names (set at start)
+        self.proxy_protocol = bool(config.proxy_protocol)
+        # what the proxy's own acceptor makes of a connection (the loop's
+        # server makes plain ClientConnections)
+        self.connection_class = (RoutedConnection if self.sni is not None or self.proxy_protocol
+                                 else ClientConnection)
         self.nodes = {}  # node id -> (host, port) the broker advertises
         self.listeners = {}  # node id -> asyncio Server (None key: bootstrap)
         self.connections = set()
@@ -48,7 +62,7 @@ class ProxyServer:
         # brokers that take Metadata before any SASL exchange: node listeners open at start
         self.discovery = None if upstream_protocol.startswith("SASL_") else NodeDiscovery(self)
         self._pool = None  # the key-derivation worker, made when first needed
-        services.advertise = self.advertise
+        services.advertise = self.advertise if self.sni is None else self.advertise_by_name
         services.offload = self.offload
         services.api_versions = self.api_versions
         # who looks at what, per API key and version: built once
@@ -60,9 +74,10 @@ class ProxyServer:
         self.limits = ConnectionLimits(config.max_connections, config.max_connections_per_ip)
         self.refusals = None  # a RefusalLog once the loop runs
         self.refused = {}  # reason -> connections refused (kthrottle_connections_refused_total)
+        self.tls_handshakes = {"completed": 0, "failed": 0}  # kthrottle_tls_handshakes_total
         self._sweeper = None
         self.storage = self.filters.get("storage")  # the StorageThrottle filter, or None
-        self.ssl_context = tls_context(config) if config.tls_enabled else None
+        self.ssl_context = self._with_sni(tls_context(config)) if config.tls_enabled else None
         self.upstream_ssl_context = (
             upstream_tls_context(config)
             if upstream_protocol in ("SSL", "SASL_SSL") else None)
@@ -83,14 +98,33 @@ class ProxyServer:
         return sock.getsockname()[:2]
 
     def advertise(self, node_id):
-        """The address clients are given for upstream node ``node_id``."""
-        port = self.node_port_base + node_id
-        if not 0 < port < 65536:
-            raise ValueError(
-                "node id %d maps to port %d, outside 1-65535: choose another --node-port-base"
-                % (node_id, port)
-            )
-        return self.advertised_host, port
+        """The address clients are given for upstream node ``node_id``;
+        UnmappedNode (a ValueError: the connection whose response named it
+        is closed, counted as refused) when it has no port."""
+        return self.advertised_host, self.node_ports.port(node_id)
+
+    def advertise_by_name(self, node_id):
+        """SNI routing: node N's host name from the pattern, on the one port."""
+        return self.sni.host(node_id), self.sni_port
+
+    def unmapped(self, nodes):
+        """The UnmappedNode errors of ``nodes`` (none with SNI routing)."""
+        if self.sni is not None:
+            return []
+        errors = []
+        for node in nodes:
+            try:
+                self.node_ports.port(node.node_id)
+            except UnmappedNode as exc:
+                errors.append(exc)
+        return errors
+
+    def _with_sni(self, context):
+        """SNI routing: the context notes the server name each client asks
+        for (read once the handshake is done: RoutedConnection)."""
+        if self.sni is not None:
+            context.sni_callback = _note_server_name
+        return context
 
     def offload(self, fn, *args):
         """Run a key derivation (a PBKDF2: ms of CPU, the GIL released) in
@@ -112,21 +146,41 @@ class ProxyServer:
             loop, self.config.max_connections_per_ip_overrides)
         host, port = self.config.listen
         bootstrap = list(self.config.bootstrap_servers)
+        # bound (and listening: connections wait in the kernel's queue) now;
+        # served once the layout is known to serve the cluster's nodes
         listener = Listener(self, "bootstrap", bound_socket(host, port), lambda: bootstrap)
         try:
+            listen_port = listener.address[1]
+            self.node_ports.bootstrap_port = listen_port
+            self.sni_port = self.sni.port if self.sni is not None and self.sni.port else listen_port
+            if self.authenticates_clients:
+                self.api_versions.refresh()  # before the first client asks
+            if self.discovery is not None:
+                self.discovery.start()
+                # the nodes the cluster names now must each have a port: a
+                # layout that cannot serve them is refused here, not client by
+                # client
+                nodes = await self.discovery.first_answer(
+                    self.config.upstream_connect_timeout_ms / 1000.0)
+                unmapped = self.unmapped(nodes or ())
+                if unmapped:
+                    raise ValueError("the cluster names %s: %s" % (
+                        ", ".join("node %d" % e.node_id for e in unmapped),
+                        "; ".join(str(e) for e in unmapped)))
             await listener.start()
         except BaseException:
             listener.close()
             raise
         self.listeners[None] = listener
         self._sweeper = loop.create_task(self._sweep())
-        if self.authenticates_clients:
-            self.api_versions.refresh()  # before the first client asks
-        if self.discovery is not None:
-            self.discovery.start()
+        if self.sni is not None:
+            layout = "every node on this port by TLS server name %s" % self.sni.text
+        else:
+            layout = self.node_ports.describe() or "no node port"
         log.info(
-            "listening on %s:%d for bootstrap, brokers %s; node N gets port %d+N",
-            *self.bootstrap_address, ",".join("%s:%d" % a for a in bootstrap), self.node_port_base,
+            "listening on %s:%d for bootstrap, brokers %s; %s%s",
+            *self.bootstrap_address, ",".join("%s:%d" % a for a in bootstrap), layout,
+            "; PROXY protocol headers expected" if self.proxy_protocol else "",
         )
 
     def learn_nodes(self, nodes):
@@ -142,13 +196,19 @@ class ProxyServer:
                 if node.node_id in self.nodes:
                     log.info("node %d moved to %s:%d", node.node_id, *address)
                 self.nodes[node.node_id] = address
-            if node.node_id not in self.listeners:
+            if node.node_id not in self.listeners and self.sni is None:
                 self._open_node_listener(node.node_id)
 
     def _open_node_listener(self, node_id):
         if self.draining:  # stopping: a new node's port stays closed
             return
-        host, port = self.config.listen[0], self.node_port_base + node_id
+        try:
+            port = self.node_ports.port(node_id)
+        except UnmappedNode as exc:  # named by the proxy's own Metadata request
+            self.listeners[node_id] = None  # said once
+            log.error("%s; connections given this node are closed", exc)
+            return
+        host = self.config.listen[0]
         try:
             sock = bound_socket(host, port)
         except OSError as exc:
@@ -174,13 +234,14 @@ class ProxyServer:
 
     async def _serve(self, sock, name, route):
         """Serve a listening socket: the loop's server for PLAINTEXT; for
-        TLS an acceptor of the proxy's own, so that a failed handshake is
-        seen with its client's address (the loop's server drops it
-        silently), logged and counted like any refusal."""
-        if self.ssl_context is None:
+        TLS or the PROXY protocol an acceptor of the proxy's own, so that a
+        failed handshake is seen with its client's address (the loop's
+        server drops it silently), logged and counted like any refusal, and
+        the PROXY protocol header is read before anything else."""
+        if self.ssl_context is None and not self.proxy_protocol:
             return await self.loop.create_server(
                 lambda: ClientConnection(self, name, route()), sock=sock)
-        return _TlsAcceptor(self, sock, name, route)
+        return _Acceptor(self, sock, name, route)
 
     def _node_route(self, node_id):
         address = self.nodes.get(node_id)
@@ -296,8 +357,8 @@ class ProxyServer:
     def use_tls(self, loaded):
         """New TLS connections, on every listener, present this certificate
         (each takes ``ssl_context`` as it is when accepted:
-        _TlsAcceptor._handshake); live ones keep the one they began with."""
-        self.ssl_context = loaded.context
+        _Acceptor._handshake); live ones keep the one they began with."""
+        self.ssl_context = self._with_sni(loaded.context)
 
     async def close(self):
         if self._sweeper is not None:
@@ -353,10 +414,14 @@ def _lowest_priority():
         log.debug("key-derivation worker keeps its priority: %s", exc)
 
 
-class _TlsAcceptor(asyncio.AbstractServer):
-    """A TLS listener: accepts, applies the connection limits, then runs the
-    handshake (bounded by handshake-timeout-ms) before the connection is
-    handed to a ClientConnection; a handshake that fails is a refusal."""
+class _Acceptor(asyncio.AbstractServer):
+    """A listener of the proxy's own (TLS, or the PROXY protocol): accepts;
+    with the PROXY protocol reads the header first (bounded by
+    handshake-timeout-ms) and takes the client's address from it; applies
+    the connection limits to that address; runs the TLS handshake (bounded
+    by handshake-timeout-ms) before the connection is handed to a
+    ClientConnection. A missing or invalid header, or a handshake that
+    fails, is a refusal."""
 
     def __init__(self, server, sock, name, route):
         self.server = server
@@ -384,17 +449,30 @@ class _TlsAcceptor(asyncio.AbstractServer):
         server = self.server
         ip = address[0]
         peer = "%s:%s" % address[:2]
-        over = server.limits.admit(ip)
+        if server.proxy_protocol:
+            introduced = await self._introduction(client, address, peer)
+            if introduced is None:
+                return
+            ip, peer = introduced
+            over = server.limits.admit_reserved(ip)
+        else:
+            over = server.limits.admit(ip)
         if over is not None:
             client.close()
             server.refusals.refused(ip, "%s (%s listener)" % (peer, self.name), *over)
             return
-        conn = ClientConnection(server, self.name, self.route())
+        conn = server.connection_class(server, self.name, self.route())
         conn.counted = True
+        if server.proxy_protocol:
+            conn.peer, conn.address = peer, ip
+        tls = server.ssl_context
         try:
-            await server.loop.connect_accepted_socket(
-                lambda: conn, client, ssl=server.ssl_context,
-                ssl_handshake_timeout=server.config.handshake_timeout_ms / 1000.0)
+            if tls is None:
+                await server.loop.connect_accepted_socket(lambda: conn, client)
+            else:
+                await server.loop.connect_accepted_socket(
+                    lambda: conn, client, ssl=tls,
+                    ssl_handshake_timeout=server.config.handshake_timeout_ms / 1000.0)
         except asyncio.CancelledError:
             server.limits.release(ip)
             client.close()
@@ -402,8 +480,52 @@ class _TlsAcceptor(asyncio.AbstractServer):
         except Exception as exc:  # ssl.SSLError, a timeout, the client closing
             server.limits.release(ip)
             client.close()
+            if tls is None:
+                log.info("connection from %s (%s listener) lost at once: %s", peer, self.name, exc)
+                return
+            server.tls_handshakes["failed"] += 1
             server.refusals.refused(ip, "%s (%s listener)" % (peer, self.name), TLS_HANDSHAKE,
                                     "TLS handshake failed: %s" % _tls_error(exc))
+            return
+        if tls is not None:
+            server.tls_handshakes["completed"] += 1
+
+    async def _introduction(self, client, address, peer):
+        """The PROXY protocol header: (client address, peer shown in logs),
+        the socket's own when the header names no client (a balancer's
+        health check: v2 LOCAL, v1 UNKNOWN); None when the connection was
+        refused (no valid header in time). Counted against max-connections
+        meanwhile, and against max-connections-per-ip once the client is
+        known."""
+        server = self.server
+        over = server.limits.reserve()
+        if over is not None:
+            client.close()
+            server.refusals.refused(address[0], "%s (%s listener)" % (peer, self.name), *over)
+            return None
+        timeout = server.config.handshake_timeout_ms / 1000.0
+        try:
+            header = await asyncio.wait_for(_read_proxy_header(server.loop, client), timeout)
+        except asyncio.CancelledError:
+            server.limits.unreserve()
+            client.close()
+            raise
+        except (asyncio.TimeoutError, ProtocolError, OSError) as exc:
+            server.limits.unreserve()
+            client.close()
+            if isinstance(exc, asyncio.TimeoutError):
+                why = ("no PROXY protocol header within handshake-timeout-ms (%d ms)"
+                       % round(timeout * 1000))
+            elif isinstance(exc, ProtocolError):
+                why = str(exc)
+            else:
+                why = "the connection failed before its PROXY protocol header: %s" % exc
+            server.refusals.refused(address[0], "%s (%s listener, --proxy-protocol)"
+                                    % (peer, self.name), PROXY_PROTOCOL, why)
+            return None
+        if header.source is None:
+            return address[0], peer
+        return header.source[0], "%s:%d" % header.source
 
     def close(self):
         self._task.cancel()
@@ -426,6 +548,56 @@ class _TlsAcceptor(asyncio.AbstractServer):
 
     async def serve_forever(self):
         await self._task
+
+
+async def _read_proxy_header(loop, sock):
+    """Read a PROXY protocol header off an accepted socket, and not one
+    byte more: what follows is the client's (a TLS ClientHello, say), for
+    the transport made next. The bytes are peeked at; those of an
+    unfinished header are taken off the socket, and of a finished one
+    exactly its length."""
+    sock.setblocking(False)
+    taken = b""
+    while True:
+        await _readable(loop, sock)
+        try:
+            data = sock.recv(max(1, PROXY_HEADER_MAX_SIZE - len(taken)), socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            continue
+        if not data:
+            raise ProtocolError("the client closed the connection before sending a PROXY "
+                                "protocol header%s" % (" (%d bytes of one)" % len(taken)
+                                                       if taken else ""))
+        header = parse_proxy_header(taken + data)
+        if header is None:  # every byte so far is header
+            taken += sock.recv(len(data))
+            continue
+        rest = header.length - len(taken)
+        if rest:
+            sock.recv(rest)  # there already (peeked): the call takes exactly that
+        return header
+
+
+async def _readable(loop, sock):
+    ready = loop.create_future()
+
+    def wake():
+        if not ready.done():
+            ready.set_result(None)
+
+    fd = sock.fileno()
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
+def _note_server_name(ssl_object, server_name, context):
+    """sni_callback: the TLS server name the client asked for, kept on the
+    connection's SSLObject for RoutedConnection (None: none sent, as when a
+    client connects by IP address)."""
+    ssl_object.kthrottle_server_name = server_name
 
 
 def _tls_error(exc):
@@ -554,9 +726,22 @@ class NodeDiscovery:
     def __init__(self, server):
         self.server = server
         self._task = None
+        self._first = None  # the first ask's nodes (None if it failed), while start waits
 
     def start(self):
+        self._first = self.server.loop.create_future()
         self._task = self.server.loop.create_task(self._run())
+
+    async def first_answer(self, timeout):
+        """The nodes the first ask named (None when it failed or took longer
+        than ``timeout``: the listeners then open as the answers come). With
+        nodes that have no port it does not go on: the caller refuses to
+        start."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._first), timeout)
+        except asyncio.TimeoutError:
+            self._first.cancel()  # an answer from now on is learned as any later one
+            return None
 
     async def _run(self):
         server = self.server
@@ -566,6 +751,8 @@ class NodeDiscovery:
                 nodes = await ask_bootstrap(server, metadata_request(1), parse_metadata_brokers,
                                             "Metadata")
             except ConnectionError as exc:
+                if not self._first.done():
+                    self._first.set_result(None)
                 if failing is None:
                     log.warning("cannot ask a bootstrap broker for its nodes (%s): their "
                                 "listeners open with the first Metadata a client gets; "
@@ -577,6 +764,10 @@ class NodeDiscovery:
                 log.info("a bootstrap broker named its nodes: %s",
                          ", ".join("%d" % n.node_id for n in nodes) or "none")
                 failing = None
+            if not self._first.done():
+                self._first.set_result(nodes)
+                if server.unmapped(nodes):
+                    return  # the proxy does not start
             server.learn_nodes(nodes)
             await asyncio.sleep(self.REFRESH_SECONDS)
 

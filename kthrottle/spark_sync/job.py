@@ -140,10 +140,25 @@ Each cycle reads only the records published since the last one: the latest
 report of each key and the next offset of each partition are kept in
 --state-dir (parquet, written by Spark) and survive a restart.
 
-On a Spark cluster the executors need Python with kafka-python and pyarrow
-(not kthrottle: the data source is shipped with the job); the driver host must
-be reachable by them (--conf spark.driver.host=...). With a local master the
-executors run this very Python.
+On a Spark cluster, through spark-submit (its --master then stands). The
+driver runs where spark-submit does, in the Python spark.pyspark.driver.python
+names, which needs kthrottle[spark]:
+
+  spark-submit --master spark://spark-master:7077 \\
+      --conf spark.pyspark.driver.python=/opt/kthrottle/bin/python \\
+      --conf spark.pyspark.python=/opt/spark-python/bin/python \\
+      --conf spark.driver.host=10.0.0.5 \\
+      /opt/kthrottle/lib/python3.11/site-packages/kthrottle/spark_sync/submit.py \\
+      --bootstrap-server kafka-0:9092 --zookeeper zk-0:2181/kafka \\
+      --state-dir hdfs://namenode/kthrottle/spark-sync
+
+(that file's path: python -c 'import kthrottle.spark_sync.submit as s;
+print(s.__file__)'). The Python spark.pyspark.python names runs on every
+executor and also on the driver's host (Spark plans a Python data source's
+read there): the driver's Python version, with pyarrow and kafka-python; not
+kthrottle (the data source is shipped with the job). The executors must reach
+the driver (spark.driver.host). With a local master the executors run this
+very Python.
 """
 
 
@@ -170,9 +185,9 @@ def add_parser(sub):
     ZOOKEEPER.replace(required=True, help="ZooKeeper connect string, as Kafka's "
                       "zookeeper.connect takes it, e.g. zk-0:2181,zk-1:2181/kafka (required); "
                       "the chroot is created if missing").add_to(p)
-    p.add_argument("--master", default=DEFAULT_MASTER, metavar="URL",
-                   help="Spark master: local[N], spark://HOST:7077, yarn, k8s://... "
-                   "(default %s)" % DEFAULT_MASTER)
+    p.add_argument("--master", default=None, metavar="URL",
+                   help="Spark master: local[N], spark://HOST:7077, yarn, k8s://... (default: "
+                   "the one spark-submit was given, else %s)" % DEFAULT_MASTER)
     when = p.add_mutually_exclusive_group()
     when.add_argument("--interval", type=_duration, default=30.0, metavar="DURATION",
                       help="time from the start of one cycle to the start of the next "
@@ -752,20 +767,35 @@ class ZnodeWriter:
 
 # Spark ----------------------------------------------------------------------------
 
-def spark_session(master=DEFAULT_MASTER, conf=(), app_name="kthrottle-spark-sync"):
+def spark_session(master=None, conf=(), app_name="kthrottle-spark-sync"):
     """A SparkSession for the job (local masters bind 127.0.0.1 and run
-    executors with this Python)."""
+    executors with this Python). ``master`` None: the one spark-submit was
+    given when it started this Python, else DEFAULT_MASTER."""
     kafka_source = _source()
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
+    # spark-submit starts the Python of a .py application with a gateway to
+    # its JVM: what it was given (--master, --name, --conf) stands
+    submitted = None
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        SparkContext._ensure_initialized()  # that JVM's settings, for SparkConf to load
+        submitted = SparkConf()
+    if master is None:
+        master = submitted.get("spark.master", DEFAULT_MASTER) if submitted else DEFAULT_MASTER
     local = master.startswith("local")
-    builder = (SparkSession.builder.master(master).appName(app_name)
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2"))
+    defaults = {"spark.app.name": app_name, "spark.ui.enabled": "false",
+                "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "2"}
     if local:
-        builder = (builder.config("spark.driver.bindAddress", "127.0.0.1")
-                   .config("spark.driver.host", "127.0.0.1"))
+        defaults.update({"spark.driver.bindAddress": "127.0.0.1",
+                         "spark.driver.host": "127.0.0.1"})
+    builder = SparkSession.builder.master(master)
+    for key, value in defaults.items():
+        # spark-submit names the application after its file unless --name says
+        if submitted is None or not submitted.contains(key) or (
+                key == "spark.app.name" and submitted.get(key) == os.path.basename(sys.argv[0])):
+            builder = builder.config(key, value)
+    if local:
         # the executors, and the driver-side worker that plans a Python data
         # source's read, run this Python (by default they run python3 from PATH)
         if not os.environ.get("PYSPARK_PYTHON"):
@@ -779,6 +809,13 @@ def spark_session(master=DEFAULT_MASTER, conf=(), app_name="kthrottle-spark-sync
         spark.sparkContext.setLogLevel("ERROR")
     kafka_source.register(spark)
     return spark
+
+
+# What a crashed Python worker most often lacks (its own traceback goes to the
+# stderr of the process that started it, not into the error)
+WORKER_CRASHED = (" (does the Python that spark.pyspark.python or PYSPARK_PYTHON names have "
+                  "pyarrow, on the driver's host as well as on the executors? Its error is in "
+                  "their stderr)")
 
 
 def one_line(exc):
@@ -795,6 +832,13 @@ def one_line(exc):
                   if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Timeout)\w*(: |$)", ln)]
         if errors:
             return errors[-1][:500]
+        # Py4J's "An error occurred while calling ...", then ": <the Java error>"
+        java = re.match(r"^: (?:[\w$]+\.)*([\w$]+): (.*)", lines[1])
+        if java:
+            reason = "%s: %s" % java.groups()
+            if "Python worker exited unexpectedly" in reason:
+                reason = reason.split(". ", 1)[0] + WORKER_CRASHED
+            return reason[:500]
     first = lines[0] if lines else ""
     name = type(exc).__name__
     if first.startswith(name):  # kafka-python's errors name themselves
@@ -811,7 +855,7 @@ class SparkSync:
     ``state_dir``)."""
 
     def __init__(self, bootstrap, zookeeper, *, topic=DEFAULT_TOPIC, freshness=90.0,
-                 znode=DEFAULT_ZNODE, master=DEFAULT_MASTER, conf=(), security=None,
+                 znode=DEFAULT_ZNODE, master=None, conf=(), security=None,
                  kafka_timeout=15.0, zookeeper_timeout=10.0, spark=None,
                  usage_topic=DEFAULT_USAGE_TOPIC, usage_freshness=30.0,
                  share_floor=DEFAULT_FLOOR_FRACTION, state_dir=None):
@@ -841,8 +885,8 @@ class SparkSync:
         if self.spark is None:
             started = time.monotonic()
             self.spark = spark_session(self.master, self.conf)
-            log.info("Spark session started (master %s) in %.1f s", self.master,
-                     time.monotonic() - started)
+            log.info("Spark session started (master %s) in %.1f s",
+                     self.spark.sparkContext.master, time.monotonic() - started)
             if self.on_session is not None:
                 self.on_session(self.spark)
         return self.spark
@@ -1046,6 +1090,21 @@ def _cancel_jobs(spark):
         pass
 
 
+def _stop_with_parent():
+    """Under spark-submit, SIGTERM when its JVM (this process's parent) ends:
+    else a spark-submit stopped alone would leave the job running, every
+    cycle failing without the JVM. Linux only."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it ended before that took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def run(args):
     try:
         security = security_options(args)
@@ -1066,6 +1125,8 @@ def run(args):
     stopper = _Stopper(job)
     stopper.install()
     job.on_session = stopper.install
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        _stop_with_parent()
     where = "%s%s" % (args.zookeeper, args.znode)
     log.info("spark-sync: %s from %s (freshness %.0f s) -> %s, %s; state in %s", args.topic,
              ",".join(args.bootstrap), args.freshness, where,

