@@ -52,8 +52,9 @@ def test_the_history_keeps_each_bucket_rate_and_limit_over_the_span():
         bucket = manager.buckets[(PRODUCER_BYTE_RATE, "", "a")]
         history.sample(manager, now, 1_700_000_000.0 + step * 5)
         points = history.series[(PRODUCER_BYTE_RATE, "", "a")].points
-        t, rate, limit, given = points[-1]
+        t, rate, limit, given, released = points[-1]
         assert rate == round(bucket.measure(now), 3)
+        assert released == round(bucket.released(now), 3)
         assert limit == bucket.limit == 1000.0
         assert given == bucket.throttle_ms_total - given_before
         given_before = bucket.throttle_ms_total
