@@ -52,24 +52,28 @@ def parse_admin_listen(value):
     return parse_host_port(value, "admin-listen")
 
 
+def _listed_pairs(value, split, wrong):
+    """A TOML table's items, or ``a,b,...`` split into pairs by ``split``
+    (its ConfigError for a bad item); ConfigError(``wrong``) for any other
+    value."""
+    if isinstance(value, dict):
+        return list(value.items())
+    if not isinstance(value, str):
+        raise ConfigError(wrong)
+    return [split(item.strip()) for item in value.split(",") if item.strip()]
+
+
 def parse_connection_overrides(value):
     """Kafka's max.connections.per.ip.overrides: ``host:N,host:N`` (an
     address or a host name) -> {host: N}; a TOML table works too."""
-    if isinstance(value, dict):
-        items = list(value.items())
-    elif isinstance(value, str):
-        items = []
-        for item in value.split(","):
-            item = item.strip()
-            if not item:
-                continue
-            host, sep, count = item.rpartition(":")
-            if not sep or not host:
-                raise ConfigError("max-connections-per-ip-overrides: %r is not host:N" % item)
-            items.append((host.strip("[]"), count))
-    else:
-        raise ConfigError("max-connections-per-ip-overrides must be 'host:N,...', got %r"
-                          % (value,))
+    def split(item):
+        host, sep, count = item.rpartition(":")
+        if not sep or not host:
+            raise ConfigError("max-connections-per-ip-overrides: %r is not host:N" % item)
+        return host.strip("[]"), count
+
+    items = _listed_pairs(value, split, "max-connections-per-ip-overrides must be 'host:N,...', "
+                          "got %r" % (value,))
     overrides = {}
     for host, count in items:
         try:
@@ -86,21 +90,14 @@ def parse_connection_overrides(value):
 def parse_node_ports(value, what="node-ports"):
     """``ID=PORT,ID=PORT`` (a TOML table {"ID" = PORT} too) -> {node id:
     port}: every port in 1-65535, no port given twice."""
-    if isinstance(value, dict):
-        items = list(value.items())
-    elif isinstance(value, str):
-        items = []
-        for item in value.split(","):
-            item = item.strip()
-            if not item:
-                continue
-            node, sep, port = item.partition("=")
-            if not sep:
-                raise ConfigError("%s: %r is not NODE_ID=PORT" % (what, item))
-            items.append((node.strip(), port.strip()))
-    else:
-        raise ConfigError("%s must be 'ID=PORT,...' or a table of node id = port, got %r"
-                          % (what, value))
+    def split(item):
+        node, sep, port = item.partition("=")
+        if not sep:
+            raise ConfigError("%s: %r is not NODE_ID=PORT" % (what, item))
+        return node.strip(), port.strip()
+
+    items = _listed_pairs(value, split, "%s must be 'ID=PORT,...' or a table of node id = port, "
+                          "got %r" % (what, value))
     ports = {}
     for node, port in items:
         node_id, number = _whole(node), _whole(port)

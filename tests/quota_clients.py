@@ -177,3 +177,31 @@ def scram_login(bootstrap, user, password):
         except confluent_kafka.KafkaException as exc:
             last = exc
     raise AssertionError("neither authenticated nor refused: %s %s" % (errors, last))
+
+
+async def produce_then_consume(bootstrap, topic, values, **config):
+    """aiokafka: ``values`` produced to partition 0 of ``topic`` through
+    ``bootstrap``, then read back from the start; (what was read, the brokers
+    the producer was given)."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **config)
+    await producer.start()
+    try:
+        for value in values:
+            await producer.send_and_wait(topic, value, partition=0)
+        brokers = producer.client.cluster.brokers()
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                **config)
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        got = []
+        while len(got) < len(values):
+            batch = await asyncio.wait_for(consumer.getmany(timeout_ms=1000), 30)
+            got += [r.value for records in batch.values() for r in records]
+    finally:
+        await consumer.stop()
+    return got, brokers

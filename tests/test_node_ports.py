@@ -26,7 +26,7 @@ from kthrottle.embedded import free_port, wait_for_port
 from kthrottle.proxy.addressing import NodePorts, UnmappedNode
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.server import ProxyServer
-from quota_clients import scram_credentials_file
+from quota_clients import produce_then_consume, scram_credentials_file
 from test_pipeline import Harness, api_versions_req, fetch_req, metadata_req
 
 # a KRaft cluster's node ids: large and sparse
@@ -193,7 +193,6 @@ class MappedProxy(ProxyProcess):
 
 
 def test_aiokafka_produces_and_consumes_through_a_node_map(broker, tmp_path):
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
     node_port = free_port()
     p = MappedProxy(broker.bootstrap, tmp_path / "proxy.log",
@@ -201,29 +200,9 @@ def test_aiokafka_produces_and_consumes_through_a_node_map(broker, tmp_path):
     topic = "np-%s" % uuid.uuid4().hex[:8]
     broker.create_topic(topic, partitions=1)
 
-    async def run():
-        producer = AIOKafkaProducer(bootstrap_servers=p.bootstrap)
-        await producer.start()
-        try:
-            for i in range(20):
-                await producer.send_and_wait(topic, b"n%d" % i, partition=0)
-            brokers = producer.client.cluster.brokers()
-        finally:
-            await producer.stop()
-        consumer = AIOKafkaConsumer(bootstrap_servers=p.bootstrap, auto_offset_reset="earliest")
-        await consumer.start()
-        try:
-            consumer.assign([TopicPartition(topic, 0)])
-            got = []
-            while len(got) < 20:
-                batch = await asyncio.wait_for(consumer.getmany(timeout_ms=1000), 30)
-                got += [r.value for records in batch.values() for r in records]
-        finally:
-            await consumer.stop()
-        return got, brokers
-
     try:
-        got, brokers = asyncio.run(run())
+        got, brokers = asyncio.run(produce_then_consume(
+            p.bootstrap, topic, [b"n%d" % i for i in range(20)]))
         assert got == [b"n%d" % i for i in range(20)]
         assert [(b.nodeId, b.host, b.port) for b in brokers] == [
             (TANSU_NODE_ID, "127.0.0.1", node_port)]

@@ -332,7 +332,7 @@ def test_a_connection_without_a_valid_header_is_refused(proxy, source, first_byt
 
 
 def test_aiokafka_produces_and_consumes_through_a_relay_that_prepends_the_header(proxy, broker):
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from quota_clients import produce_then_consume
 
     topic = "pp-%s" % uuid.uuid4().hex[:8]
     broker.create_topic(topic, partitions=1)
@@ -362,24 +362,8 @@ def test_aiokafka_produces_and_consumes_through_a_relay_that_prepends_the_header
         servers = [await relay(proxy.port), await relay(proxy.node_port)]
         try:
             bootstrap = "127.0.0.2:%d" % proxy.port
-            producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-            await producer.start()
-            try:
-                for i in range(20):
-                    await producer.send_and_wait(topic, b"m%d" % i, partition=0)
-            finally:
-                await producer.stop()
-            consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
-            await consumer.start()
-            try:
-                consumer.assign([TopicPartition(topic, 0)])
-                got = []
-                while len(got) < 20:
-                    batch = await asyncio.wait_for(consumer.getmany(timeout_ms=1000), 30)
-                    got += [r.value for records in batch.values() for r in records]
-                return got
-            finally:
-                await consumer.stop()
+            got, _ = await produce_then_consume(bootstrap, topic, [b"m%d" % i for i in range(20)])
+            return got
         finally:
             for server in servers:
                 server.close()
