@@ -17,7 +17,6 @@ import urllib.request
 import uuid
 
 import pytest
-import trustme
 from prometheus_client.parser import text_string_to_metric_families
 
 import zookeeper as zk_server
@@ -25,6 +24,7 @@ from conftest import ROOT, ProxyProcess
 from kthrottle.embedded import free_port, wait_for_port
 from kthrottle.policy.quotas import QuotaManager, QuotaSettings
 from kthrottle.proxy.admin import METRICS, ProxyCollector, metrics_reference
+from test_admin import pki  # noqa: F401 (a fixture)
 from quota_clients import kthrottle_quotas, scram_credentials_file, wait_until
 
 P = "producer_byte_rate"
@@ -389,18 +389,7 @@ def test_logins_are_counted_by_mechanism_where_verified_and_where_relayed(broker
 
 # -- everything configured ---------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pki")
-    ca = trustme.CA()
-    files = {"ca": tmp / "ca.pem", "cert": tmp / "server.pem", "key": tmp / "server.key"}
-    ca.cert_pem.write_to_path(str(files["ca"]))
-    server = ca.issue_cert("127.0.0.1")
-    for i, pem in enumerate(server.cert_chain_pems):
-        pem.write_to_path(str(files["cert"]), append=i > 0)
-    server.private_key_pem.write_to_path(str(files["key"]))
-    return {k: str(v) for k, v in files.items()}
-
+# the server certificate: test_admin.py's `pki` fixture
 
 def _sasl_ssl(bootstrap, pki, password, **extra):
     return dict({"bootstrap.servers": bootstrap, "security.protocol": "SASL_SSL",
