@@ -48,8 +48,21 @@ class ProxyProcess:
                  "--node-port-base", str(self.node_port_base), *self.extra_args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             )
-        wait_for_port("127.0.0.1", self.port, proc=self.proc)
+        # the bootstrap port listens (connections queue in the kernel) before
+        # the admin endpoint is up: a test that reads /metrics waits for both
+        for port in (self.port, self._admin_port()):
+            if port is not None:
+                wait_for_port("127.0.0.1", port, proc=self.proc)
         return self
+
+    def _admin_port(self):
+        args = self.extra_args
+        for i, arg in enumerate(args):
+            if arg == "--admin-listen" and i + 1 < len(args):
+                return int(str(args[i + 1]).rpartition(":")[2])
+            if str(arg).startswith("--admin-listen="):
+                return int(str(arg).rpartition(":")[2].rpartition("=")[2])
+        return None
 
     def log(self):
         return self.log_path.read_text(errors="replace")
