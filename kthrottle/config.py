@@ -240,6 +240,11 @@ QUOTAS = OptionGroup("quotas (KIP-55 <user, client-id> byte-rate and request-rat
            "at one quota window, as in Kafka"),
     Option("quota-burst-seconds", NUMBER, default=1.0, metavar="S",
            help="token-bucket mode: burst allowance in seconds of quota (default 1)"),
+    Option("quota-observe-only", SWITCH, default=False,
+           help="a dry run of the whole quota source: every quota is measured and what it would "
+           "have done is reported (kthrottle_observe_only_throttles_total, /quotas), but no "
+           "client is delayed; one entity at a time: its observe_only=1 quota key "
+           "(kthrottle quotas alter --observe-only)"),
 ))
 
 # fleet-wide quotas: with a proxy id this proxy publishes its usage and
@@ -416,6 +421,7 @@ class ProxyConfig:
                 max_throttle=None if self.max_throttle_ms is None else self.max_throttle_ms / 1000.0,
                 mode=self.quota_mode,
                 burst_seconds=self.quota_burst_seconds,
+                observe_only=bool(self.quota_observe_only),
             )
         except ValueError as exc:
             raise ConfigError(str(exc)) from None

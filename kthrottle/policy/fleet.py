@@ -54,7 +54,7 @@ import math
 from collections import Counter
 from typing import NamedTuple
 
-from .entities import QUOTA_KEYS
+from .entities import RATE_KEYS as QUOTA_KEYS
 from .storage import (
     MAX_CLOCK_SKEW,
     check_time,

@@ -17,14 +17,24 @@ own; client levels (7, 8, 9) give each client-id one bucket across users.
 So a <default> quota still gives every user or client a bucket of its own.
 Each quota key resolves on its own (a user may have a produce quota at one
 level and a fetch quota at another), as each of Kafka's quota managers does.
+
+Beside the client quotas: ``ips/<ip>`` then ``ips/<default>`` for the
+connection creation rate (KIP-612: each address its own bucket), and
+``topics/<topic>`` then ``topics/<default>`` for kthrottle's per-topic byte
+rates (each topic its own bucket, shared by every client writing or reading
+it). A quota whose entity holds observe_only (or every quota, with
+QuotaSettings.observe_only) is measured and reported but delays no one.
 """
 from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from .entities import (
+    CONNECTION_CREATION_RATE,
     CONSUMER_BYTE_RATE,
+    CONTROLLER_MUTATION_RATE,
     DEFAULT,
+    OBSERVE_ONLY,
     PRODUCER_BYTE_RATE,
     QUOTA_KEYS,
     REQUEST_RATE,
@@ -75,6 +85,7 @@ class Resolution(NamedTuple):
     entity: str | None  # the config path that set it ("static" or None)
     user_tag: str  # metric tags: who shares the bucket
     client_tag: str
+    observe_only: bool = False  # the entity marks it observe-only (a dry run)
 
 
 class QuotaConfig:
@@ -109,10 +120,38 @@ class QuotaConfig:
         ):
             cfg = paths.get(path)
             if cfg is not None and key in cfg:
-                return Resolution(cfg[key], path, user_tag, client_tag or "")
+                return Resolution(cfg[key], path, user_tag, client_tag or "",
+                                  bool(cfg.get(OBSERVE_ONLY)))
         if key in self._static:
             return Resolution(self._static[key], "static", "", client_id or "")
         return Resolution(None, None, "", client_id or "")
+
+    def _resolve_named(self, kind, name, key):
+        """``<kind>/<name>`` then ``<kind>/<default>``; each name its own
+        bucket either way (tagged by the name, in the client tag)."""
+        paths = self._paths
+        for path in (kind + "/" + name, kind + "/" + DEFAULT):
+            cfg = paths.get(path)
+            if cfg is not None and key in cfg:
+                return Resolution(cfg[key], path, "", name, bool(cfg.get(OBSERVE_ONLY)))
+        return Resolution(None, None, "", name)
+
+    def resolve_topic(self, topic, key):
+        """A topic's producer_byte_rate or consumer_byte_rate."""
+        return self._resolve_named("topics", topic, key)
+
+    def resolve_ip(self, ip, key=CONNECTION_CREATION_RATE):
+        """An address's connection_creation_rate (KIP-612); ``ip`` in its
+        canonical text (entities.ip_name)."""
+        return self._resolve_named("ips", ip, key)
+
+    @property
+    def has_topic_quotas(self):
+        return any(path.startswith("topics/") for path in self._paths)
+
+    @property
+    def has_ip_quotas(self):
+        return any(path.startswith("ips/") for path in self._paths)
 
 
 @dataclass(frozen=True)
@@ -137,6 +176,9 @@ class QuotaSettings:
     mode: str = TOKEN_BUCKET
     # Token bucket only: the burst allowance, in seconds of the quota.
     burst_seconds: float = 1.0
+    # Every quota observe-only (a dry run of the whole source): measured and
+    # reported, no one delayed.
+    observe_only: bool = False
 
     def __post_init__(self):
         if self.samples < 2:
@@ -164,7 +206,8 @@ class Bucket:
 
     __slots__ = ("key", "user_tag", "client_tag", "quota", "limit", "entity", "settings",
                  "rate", "tokens", "cap", "last_used", "throttle_ms_total", "throttled",
-                 "total", "held")
+                 "total", "held", "observe_only", "observed", "observed_ms_total",
+                 "observed_last_ms")
 
     def __init__(self, key, resolution, settings, limit=None):
         self.key = key
@@ -186,6 +229,12 @@ class Bucket:
         self.throttle_ms_total = 0
         self.throttled = 0
         self.total = 0  # everything recorded: bytes, or requests (a counter)
+        # observe-only: the throttles it would have given (how many, their
+        # total and the last one, ms); throttled and throttle_ms_total stay 0
+        self.observe_only = False
+        self.observed = 0
+        self.observed_ms_total = 0
+        self.observed_last_ms = 0
         # throttled requests of the last window or so, (recorded at, released
         # at, value): for the rate let through (released); made when needed
         self.held = None
@@ -196,6 +245,7 @@ class Bucket:
         (default: the quota itself)."""
         self.quota = resolution.limit
         self.entity = resolution.entity
+        self.observe_only = resolution.observe_only or self.settings.observe_only
         self.apply_limit(resolution.limit if limit is None else limit)
 
     def apply_limit(self, limit):
@@ -228,6 +278,15 @@ class Bucket:
                 return 0
             cap = self.cap or w
         ms = to_ms(delay if delay < cap else cap)
+        if ms and self.observe_only:
+            self.observed += 1
+            self.observed_ms_total += ms
+            self.observed_last_ms = ms
+            if self.tokens is not None:
+                # as if the client had waited: the debt it would have paid
+                # back meanwhile is not carried into the next request's delay
+                self.tokens.forgive(ms / 1000.0 * self.limit)
+            return 0
         if ms:
             self.throttled += 1
             self.throttle_ms_total += ms
@@ -242,6 +301,24 @@ class Bucket:
         else:
             _forget_released(held, now, self.settings)
         held.append((now, now + ms / 1000.0, value))
+
+    def debt_ms(self, now):
+        """The throttle time in ms the bucket is in violation by now, without
+        recording anything (KIP-599's strict check: a request that comes while
+        its quota is violated is refused). 0 for an observe-only bucket (what
+        it would have refused is counted: note_observed)."""
+        if self.limit is None:
+            return 0
+        if self.tokens is not None:
+            delay = self.tokens.throttle_seconds(now)
+            cap = self.cap
+        else:
+            total, w = self.rate.scan(now)
+            delay = throttle_seconds(total / w, self.limit, w)
+            cap = self.cap or w
+        if delay <= 0:
+            return 0
+        return to_ms(delay if delay < cap else cap)
 
     def measure(self, now):
         """Kafka's windowed rate: each request counted when it arrives."""
@@ -293,14 +370,15 @@ class ClientQuotas:
     configuration generation; None for a quota key with no quota (no quota,
     no bucket). What a connection holds on to; it asks for decisions."""
 
-    __slots__ = ("manager", "user", "client_id", "generation", "produce", "fetch", "request")
+    __slots__ = ("manager", "user", "client_id", "generation", "produce", "fetch", "request",
+                 "mutation")
 
     def __init__(self, manager, user, client_id):
         self.manager = manager
         self.user = user
         self.client_id = client_id
         self.generation = -1
-        self.produce = self.fetch = self.request = None
+        self.produce = self.fetch = self.request = self.mutation = None
         self.refresh()
 
     def refresh(self):
@@ -308,6 +386,7 @@ class ClientQuotas:
         self.produce = m.bucket(PRODUCER_BYTE_RATE, self.user, self.client_id)
         self.fetch = m.bucket(CONSUMER_BYTE_RATE, self.user, self.client_id)
         self.request = m.bucket(REQUEST_RATE, self.user, self.client_id)
+        self.mutation = m.bucket(CONTROLLER_MUTATION_RATE, self.user, self.client_id)
         self.generation = m.generation
 
     def current(self):
@@ -366,7 +445,9 @@ class ClientQuotas:
     def fetch_max_bytes(self):
         """The most one Fetch may ask for (None: no fetch quota)."""
         fetch = self.current().fetch
-        return fetch.max_in_window() if fetch is not None else None
+        if fetch is None or fetch.observe_only:  # a dry run caps nothing
+            return None
+        return fetch.max_in_window()
 
 
 # What a bucket's applied limit follows (QuotaManager.sharing).
@@ -392,6 +473,8 @@ class QuotaManager:
         self.config = QuotaConfig(snapshot)
         self.generation = 0
         self.buckets = {}  # (key, user tag, client tag) -> Bucket
+        self.topic_buckets = {}  # (key, topic) -> Bucket (tags: "", topic)
+        self.ip_buckets = {}  # ip -> Bucket of connection_creation_rate (tags: "", ip)
         # fleet shares (see apply_shares)
         self.sharing = CONFIGURED
         self.shares = {}  # (key, user tag, client tag) -> share
@@ -408,9 +491,10 @@ class QuotaManager:
         # a bucket whose entity is gone is dropped now (its clients resolve
         # again on their next request), not left in the metrics for an hour
         paths = self.config.snapshot
-        gone = [k for k, b in self.buckets.items() if b.entity not in paths]
-        for k in gone:
-            del self.buckets[k]
+        for buckets in (self.buckets, self.topic_buckets, self.ip_buckets):
+            gone = [k for k, b in buckets.items() if b.entity not in paths]
+            for k in gone:
+                del buckets[k]
 
     def bucket(self, key, user, client_id):
         """The bucket counting ``key`` for this user and client-id; None when
@@ -423,12 +507,39 @@ class QuotaManager:
         if bucket is None:
             bucket = self.buckets[bucket_key] = Bucket(
                 key, resolution, self.settings, self.applied_limit(bucket_key, resolution.limit))
-        elif bucket.quota != resolution.limit or bucket.entity != resolution.entity:
+        elif (bucket.quota != resolution.limit or bucket.entity != resolution.entity
+              or bucket.observe_only != (resolution.observe_only or self.settings.observe_only)):
             bucket.set_limit(resolution, self.applied_limit(bucket_key, resolution.limit))
         return bucket
 
     def client(self, user, client_id):
         return ClientQuotas(self, user, client_id)
+
+    def _named_bucket(self, buckets, bucket_key, key, resolution):
+        if resolution.limit is None:
+            return None
+        bucket = buckets.get(bucket_key)
+        if bucket is None:
+            bucket = buckets[bucket_key] = Bucket(key, resolution, self.settings)
+        elif (bucket.quota != resolution.limit or bucket.entity != resolution.entity
+              or bucket.observe_only != (resolution.observe_only or self.settings.observe_only)):
+            bucket.set_limit(resolution)
+        return bucket
+
+    def topic_bucket(self, key, topic):
+        """The bucket counting ``key`` (producer_byte_rate or
+        consumer_byte_rate) for ``topic``, shared by every client; None when
+        the topic has no such quota. Not shared out in a fleet: each proxy
+        holds the topic's whole quota. Callers keep what it returns for a
+        generation (it resolves two paths)."""
+        return self._named_bucket(self.topic_buckets, (key, topic), key,
+                                  self.config.resolve_topic(topic, key))
+
+    def connection_bucket(self, ip):
+        """The connection_creation_rate bucket of the address ``ip``
+        (canonical text, entities.ip_name); None when it has none."""
+        return self._named_bucket(self.ip_buckets, ip, CONNECTION_CREATION_RATE,
+                                  self.config.resolve_ip(ip))
 
     # fleet shares ----------------------------------------------------------------
 
@@ -497,17 +608,20 @@ class QuotaManager:
     def expire(self, now, idle=3600.0):
         """Drop buckets unused for ``idle`` seconds (Kafka expires quota
         sensors after an hour). Call now and then, not per request."""
-        stale = []
-        for k, b in self.buckets.items():
-            if b.last_used is None:
-                b.last_used = now  # never recorded: its idle time starts now
-            elif now - b.last_used >= idle:
-                stale.append(k)
-        for k in stale:
-            del self.buckets[k]
-        if stale:
+        dropped = 0
+        for buckets in (self.buckets, self.topic_buckets, self.ip_buckets):
+            stale = []
+            for k, b in buckets.items():
+                if b.last_used is None:
+                    b.last_used = now  # never recorded: its idle time starts now
+                elif now - b.last_used >= idle:
+                    stale.append(k)
+            for k in stale:
+                del buckets[k]
+            dropped += len(stale)
+        if dropped:
             self.generation += 1  # connections holding a dropped bucket look again
-        return len(stale)
+        return dropped
 
 
 __all__ = [

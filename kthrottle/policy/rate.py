@@ -164,6 +164,11 @@ class TokenBucket:
         self._tokens = tokens
         return -tokens / self.limit if tokens < 0 else 0.0
 
+    def forgive(self, value):
+        """Give back up to ``value`` units of debt (never past empty)."""
+        if self._tokens < 0:
+            self._tokens = min(0.0, self._tokens + value)
+
     def throttle_seconds(self, now):
         self._refill(now)
         return -self._tokens / self.limit if self._tokens < 0 else 0.0
