@@ -4,3 +4,6 @@ class ProtocolError(Exception):
     The one error type the codecs raise: the proxy closes the one connection
     that sent them and logs this error's message as the reason.
     """
+
+
+THROTTLING_QUOTA_EXCEEDED = 89  # KIP-599: a controller mutation refused over its quota

@@ -12,6 +12,12 @@ versions 0-2 are version 3 without transactional_id. Flexible versions (9+)
 use compact strings, arrays and bytes, and tagged-field sections (KIP-482),
 which are skipped. From version 13 topics are named by topic id (KIP-516):
 the topic in ``partitions`` is then a ``uuid.UUID``, not a name.
+
+``topic_bytes`` sums the record bytes each topic is sent (the partitions'
+records lengths: the batches' sizes), for per-topic quotas.
+
+``FieldReader`` is the chunk-driven walker behind it, shared with
+``fetch_topics.FetchTopicBytes`` (the same reading of a Fetch response).
 """
 import uuid
 
@@ -53,29 +59,20 @@ _WIDTH = {_INT16: 2, _INT32: 4, _ARRAY: 4, _UUID: 16}
 # The walker returns at the end of the request, which must be the frame's end.
 
 
-class ProducePartitions:
-    """Reads the (topic, partition) pairs of one framed Produce request of
-    ``api_version`` as its bytes go by.
+class FieldReader:
+    """Walks one framed message chunk by chunk with a walker generator (the
+    ``_VARINT`` ... ``_SKIP`` requests above), forwarding every chunk
+    unchanged. Subclasses make the walker (``_new_walk``) and may read a
+    whole frame straight (``_read_whole``); ``done`` is set by the feed call
+    that takes the frame's last byte. ``what`` and ``kind`` name the message
+    in errors."""
 
-    ``partitions``: [(topic, partition_index)] in request order, filled in as
-    they are read; ``topic`` is the name (str) before version 13, the topic id
-    (``uuid.UUID``) from version 13 on. ``done`` is set by the feed call that
-    takes the frame's last byte.
-
-    Null arrays count as empty; any other negative length, a null topic name
-    or one that is not UTF-8, a length running past the frame's end, a header
-    naming another API or version, or bytes after the request are a
-    ProtocolError, after which the reader must not be fed again.
-    """
-
-    __slots__ = ("partitions", "done", "api_version", "_walk", "_req", "_want", "_pos", "_end",
+    __slots__ = ("done", "api_version", "_walk", "_req", "_want", "_pos", "_end",
                  "_size", "_varint", "_shift", "_buf")
+    what = "message"
+    kind = "request"  # or "response"
 
     def __init__(self, api_version):
-        if not 0 <= api_version <= MAX_VERSION:
-            raise ProtocolError("Produce v%d is not supported (versions 0 to %d are)"
-                                % (api_version, MAX_VERSION))
-        self.partitions = []
         self.done = False
         self.api_version = api_version
         self._walk = None  # made on the first chunk that is not a whole frame
@@ -88,8 +85,16 @@ class ProducePartitions:
         self._shift = 0  # and the shift of its next byte (> 0 while it straddles)
         self._buf = None  # a fixed-size value straddling chunks: its bytes so far
 
+    def _new_walk(self):
+        raise NotImplementedError
+
+    def _read_whole(self, frame):
+        """Read a whole well-formed frame straight; False to leave it to the
+        walker (which then says what is amiss)."""
+        return False
+
     def feed(self, chunk, out):
-        """chunk: the next bytes of ONE framed Produce request (bytes or
+        """chunk: the next bytes of ONE framed message (bytes or
         memoryview), starting with its 4-byte size prefix on the first call;
         chunks never extend past the frame's end. Appends ``chunk`` itself to
         ``out`` (forwarded unchanged, not copied; an empty chunk is ignored).
@@ -103,15 +108,13 @@ class ProducePartitions:
         base = self._pos  # frame offset of chunk[0]
         if not base and n >= 4 and INT32.unpack_from(chunk, 0)[0] + 4 == n:
             # the whole frame in one chunk (the common case): read it straight
-            partitions = _whole(chunk, self.api_version)
-            if partitions is not None:
-                self.partitions.extend(partitions)
+            if self._read_whole(chunk):
                 self._pos = n
                 self.done = True
                 out.append(chunk)
                 return
         if self._walk is None:
-            self._walk = _walk_produce(self.api_version, self.partitions)
+            self._walk = self._new_walk()
             self._req = next(self._walk)
         end = self._end
         i = 0  # where the walk resumes in this chunk
@@ -124,7 +127,7 @@ class ProducePartitions:
                 return
             size = INT32.unpack(self._size)[0]
             if size < 0:
-                raise ProtocolError("negative request size %d" % size)
+                raise ProtocolError("negative %s size %d" % (self.kind, size))
             end = self._end = size + 4
         if base + n > end:
             raise ValueError("chunk runs %d bytes past the end of the frame" % (base + n - end))
@@ -220,15 +223,15 @@ class ProducePartitions:
                     req = send(value)
                 skip = req >> 4
                 if skip > left - i:
-                    raise ProtocolError("truncated request: %d bytes at offset %d run past its end at %d"
-                                        % (skip, base + i, end))
+                    raise ProtocolError("truncated %s: %d bytes at offset %d run past its end at %d"
+                                        % (self.kind, skip, base + i, end))
                 if req & 15 == _TEXT:
                     self._want = skip
                     req = _TEXT
         except StopIteration:  # the walker reached the end of the request, at i
             if base + i != end:
-                raise ProtocolError("%d bytes after the end of the Produce request"
-                                    % (end - base - i)) from None
+                raise ProtocolError("%d bytes after the end of the %s"
+                                    % (end - base - i, self.what)) from None
             self._req = _SKIP
             self._shift = 0
             self.done = True
@@ -237,8 +240,49 @@ class ProducePartitions:
         self._req = req
         self._shift = shift
         if base + n == end:
-            raise ProtocolError("truncated request: the frame ends at %d inside its structure" % end)
+            raise ProtocolError("truncated %s: the frame ends at %d inside its structure"
+                                % (self.kind, end))
         out.append(chunk)
+
+
+
+class ProducePartitions(FieldReader):
+    """Reads the (topic, partition) pairs of one framed Produce request of
+    ``api_version`` as its bytes go by.
+
+    ``partitions``: [(topic, partition_index)] in request order, filled in as
+    they are read; ``topic`` is the name (str) before version 13, the topic id
+    (``uuid.UUID``) from version 13 on. ``topic_bytes``: {topic: record
+    bytes} (null and empty records count 0). ``done`` is set by the feed call
+    that takes the frame's last byte.
+
+    Null arrays count as empty; any other negative length, a null topic name
+    or one that is not UTF-8, a length running past the frame's end, a header
+    naming another API or version, or bytes after the request are a
+    ProtocolError, after which the reader must not be fed again.
+    """
+
+    __slots__ = ("partitions", "topic_bytes")
+    what = "Produce request"
+
+    def __init__(self, api_version):
+        if not 0 <= api_version <= MAX_VERSION:
+            raise ProtocolError("Produce v%d is not supported (versions 0 to %d are)"
+                                % (api_version, MAX_VERSION))
+        FieldReader.__init__(self, api_version)
+        self.partitions = []
+        self.topic_bytes = {}
+
+    def _new_walk(self):
+        return _walk_produce(self.api_version, self.partitions, self.topic_bytes)
+
+    def _read_whole(self, frame):
+        read = _whole(frame, self.api_version)
+        if read is None:
+            return False
+        self.partitions.extend(read[0])
+        self.topic_bytes.update(read[1])
+        return True
 
 
 def produce_partitions(frame, api_version):
@@ -253,9 +297,9 @@ def produce_partitions(frame, api_version):
 
 
 def _whole(buf, version):
-    """The partitions of a whole, well-formed frame read straight from the
-    buffer (several times faster than the walker); None when anything is
-    amiss, for the walker to say what."""
+    """(partitions, topic bytes) of a whole, well-formed frame read straight
+    from the buffer (several times faster than the walker); None when
+    anything is amiss, for the walker to say what."""
     flexible = version >= FLEXIBLE_FROM
     try:
         api_key, api_version = _INT16_INT16.unpack_from(buf, 4)
@@ -283,6 +327,7 @@ def _whole(buf, version):
         if topics < -1:
             return None
         out = []
+        sizes = {}
         for _ in range(max(topics, 0)):
             if version >= TOPIC_ID_FROM:
                 topic = uuid.UUID(bytes=bytes(buf[pos:pos + 16]))
@@ -309,6 +354,7 @@ def _whole(buf, version):
                     pos += length
                     if pos > len(buf):
                         return None
+                    sizes[topic] = sizes.get(topic, 0) + length
                 if flexible:
                     pos = skip_tagged_fields(buf, pos)
             if flexible:
@@ -317,7 +363,7 @@ def _whole(buf, version):
             pos = skip_tagged_fields(buf, pos)
     except (ProtocolError, StructError, ValueError, IndexError):
         return None
-    return out if pos == len(buf) else None
+    return (out, sizes) if pos == len(buf) else None
 
 
 def _tags(skip):
@@ -327,9 +373,10 @@ def _tags(skip):
         yield (yield _VARINT) << 4 | _SKIP  # size, then the value
 
 
-def _walk_produce(version, partitions):
+def _walk_produce(version, partitions, topic_bytes):
     """The request header (v1, or v2 from FLEXIBLE_FROM) and ProduceRequest
-    body of ``version``, appending (topic, index) to ``partitions``."""
+    body of ``version``, appending (topic, index) to ``partitions`` and
+    adding each partition's record bytes to ``topic_bytes[topic]``."""
     flexible = version >= FLEXIBLE_FROM
     api_key = yield _INT16
     if api_key != PRODUCE:
@@ -368,13 +415,16 @@ def _walk_produce(version, partitions):
             partitions.append((topic, index))
             if flexible:
                 n = yield _VARINT  # records: N+1, 0 = null
-                yield from _tags(n - 1 if n else 0)  # partition tagged fields
+                n = n - 1 if n else 0
+                yield from _tags(n)  # partition tagged fields
             else:
                 n = yield _INT32  # records: N, -1 = null
                 if n < -1:
                     raise ProtocolError("negative records length %d" % n)
                 if n > 0:
                     yield n << 4 | _SKIP
+            if n > 0:
+                topic_bytes[topic] = topic_bytes.get(topic, 0) + n
         if flexible:
             yield from _tags(0)  # topic tagged fields
     if flexible:

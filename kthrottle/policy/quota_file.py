@@ -9,22 +9,36 @@
     [users."<default>".clients."<default>"]
     [clients.reporting]                # clients/reporting: shared across users
     [clients."<default>"]
+    [ips."<default>"]                  # ips/<default>: each address its own bucket (KIP-612)
+    connection_creation_rate = 10
+    [ips."10.0.0.1"]                   # ips/10.0.0.1
+    [topics.orders]                    # topics/orders: kthrottle's own per-topic byte rates
+    producer_byte_rate = 1048576
+    observe_only = true                # any entity: measured and reported, delays no one
+    [topics."<default>"]
     [static]                           # server.properties' static client-id defaults
     "quota.producer.default" = 10485760
 
 Names are written as clients send them (the file is for people); entity paths
-sanitize them as Kafka does. No I/O here: text or parsed TOML in, snapshot out.
+sanitize them as Kafka does (ip addresses are written in their canonical text).
+Each table holds only the keys its kind of entity may (entities.keys_for). No I/O here: text or parsed TOML in, snapshot out.
 Edits that keep the operator's comments and order: ``toml_edit``.
 """
 import json
 
 from .entities import (
     DEFAULT,
+    OBSERVE_ONLY,
     QUOTA_KEYS,
     STATIC_DEFAULT_KEYS,
+    entity_kind,
     entity_path,
+    ip_path,
+    parse_entity,
     parse_entity_path,
     parse_quota_value,
+    topic_path,
+    validate_quota_config,
 )
 
 STATIC = "static"
@@ -34,16 +48,13 @@ class QuotaFileError(ValueError):
     """A quota file that does not describe quotas; the message says where."""
 
 
-def _quota_values(table, where):
-    out = {}
-    for key, value in table.items():
-        if isinstance(value, dict):
-            continue  # a nested table (clients of a user), handled by the caller
-        try:
-            out[key] = parse_quota_value(key, value)
-        except ValueError as exc:
-            raise QuotaFileError("%s: %s" % (where, exc)) from None
-    return out
+def _quota_values(table, where, path):
+    # nested tables (clients of a user) are the caller's
+    config = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    try:
+        return validate_quota_config(config, path=path)
+    except ValueError as exc:
+        raise QuotaFileError("%s: %s" % (where, exc)) from None
 
 
 def _table(value, where):
@@ -55,6 +66,7 @@ def _table(value, where):
 def snapshot_from_document(doc):
     """Parsed TOML -> ``{entity path: {quota key: float}}`` (plus "static")."""
     snapshot = {}
+    seen = set()
     for section, body in doc.items():
         if section == "users":
             for user, table in _table(body, "[users]").items():
@@ -63,21 +75,41 @@ def snapshot_from_document(doc):
                 for key, value in table.items():
                     if isinstance(value, dict) and key != "clients":
                         raise QuotaFileError("%s: unknown table %r (only clients)" % (where, key))
-                config = _quota_values(table, where)
+                path = entity_path(user=user)
+                config = _quota_values(table, where, path)
                 if config:
-                    snapshot[entity_path(user=user)] = config
+                    snapshot[path] = config
                 clients = _table(table.get("clients", {}), where + ".clients")
                 for client_id, ctable in clients.items():
                     cwhere = "%s.clients.%s" % (where, json.dumps(client_id))
-                    config = _quota_values(_no_subtables(_table(ctable, cwhere), cwhere), cwhere)
+                    path = entity_path(user=user, client_id=client_id)
+                    config = _quota_values(_no_subtables(_table(ctable, cwhere), cwhere), cwhere,
+                                           path)
                     if config:
-                        snapshot[entity_path(user=user, client_id=client_id)] = config
+                        snapshot[path] = config
         elif section == "clients":
             for client_id, table in _table(body, "[clients]").items():
                 where = "[clients.%s]" % json.dumps(client_id)
-                config = _quota_values(_no_subtables(_table(table, where), where), where)
+                path = entity_path(client_id=client_id)
+                config = _quota_values(_no_subtables(_table(table, where), where), where, path)
                 if config:
-                    snapshot[entity_path(client_id=client_id)] = config
+                    snapshot[path] = config
+        elif section in ("ips", "topics"):
+            to_path = ip_path if section == "ips" else topic_path
+            for name, table in _table(body, "[%s]" % section).items():
+                where = "[%s.%s]" % (section, json.dumps(name))
+                try:
+                    path = to_path(name)
+                except ValueError as exc:
+                    raise QuotaFileError("%s: %s" % (where, exc)) from None
+                if path in seen:
+                    # two spellings of one address (::1 and 0:0::1)
+                    raise QuotaFileError("%s: the same entity as another table (%s)"
+                                         % (where, path))
+                seen.add(path)
+                config = _quota_values(_no_subtables(_table(table, where), where), where, path)
+                if config:
+                    snapshot[path] = config
         elif section == STATIC:
             static = {}
             for name, value in _table(body, "[static]").items():
@@ -92,7 +124,7 @@ def snapshot_from_document(doc):
             if static:
                 snapshot[STATIC] = static
         else:
-            raise QuotaFileError("unknown section %r (known: users, clients, static)" % section)
+            raise QuotaFileError("unknown section %r (known: users, clients, ips, topics, static)" % section)
     return snapshot
 
 
@@ -111,13 +143,21 @@ def _toml_key(name):
     return json.dumps(name, ensure_ascii=False)
 
 
-def format_value(value):
-    """A quota value as Kafka writes it: whole numbers without a fraction."""
+def format_value(value, key=None):
+    """A quota value as Kafka writes it: whole numbers without a fraction;
+    observe_only (``key``) as true or false."""
+    if key == OBSERVE_ONLY:
+        return "true" if value else "false"
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def entity_names(path):
-    """An entity path's table in the file, as names: ("users", "alice", ...)."""
+    """An entity path's table in the file, as names: ("users", "alice", ...),
+    ("ips", "10.0.0.1"), ("topics", "orders")."""
+    kind = entity_kind(path)
+    if kind != "client":
+        (name,) = parse_entity(path).values()
+        return (kind + "s", name)
     user, client_id = parse_entity_path(path)
     names = ()
     if user is not None:
@@ -129,7 +169,7 @@ def entity_names(path):
 
 def entity_table(path, config):
     """What ``edit_tables`` takes for an entity: (names, {key: value text})."""
-    return entity_names(path), {k: format_value(config[k]) for k in QUOTA_KEYS if k in config}
+    return entity_names(path), {k: format_value(config[k], k) for k in QUOTA_KEYS if k in config}
 
 
 def table_header(names):
@@ -145,12 +185,18 @@ def document_text(snapshot):
         lines.append(header)
         for key in keys:
             if key in config:
-                lines.append("%s = %s" % (_toml_key(key), format_value(config[key])))
+                lines.append("%s = %s" % (_toml_key(key), format_value(config[key], key)))
+
+    kinds = {"client": 0, "ip": 1, "topic": 2}
 
     def order(path):
+        kind = entity_kind(path)
+        if kind != "client":
+            (name,) = parse_entity(path).values()
+            return (kinds[kind], name == DEFAULT, name)
         user, client_id = parse_entity_path(path)
-        # clients/* last; <default> after named entities at each level
-        return (user is None, user == DEFAULT, user or "", client_id is not None,
+        # clients/* after users/*; <default> after named entities at each level
+        return (0, user is None, user == DEFAULT, user or "", client_id is not None,
                 client_id == DEFAULT, client_id or "")
 
     for path in sorted((p for p in snapshot if p != STATIC), key=order):
@@ -163,10 +209,12 @@ def document_text(snapshot):
     return "\n".join(lines) + "\n"
 
 
-def altered(config, add=None, delete=()):
-    """``config`` with ``add`` ({key: value}, validated) set and ``delete``
-    (keys) removed; raises ValueError naming the bad key, changing nothing."""
-    add = {key: parse_quota_value(key, value) for key, value in (add or {}).items()}
+def altered(config, add=None, delete=(), path=None):
+    """``config`` with ``add`` ({key: value}, validated; for the entity at
+    ``path`` when given) set and ``delete`` (keys) removed; raises ValueError
+    naming the bad key, changing nothing. Setting observe_only false clears
+    it (an entity is enforced unless it says otherwise)."""
+    add = validate_quota_config(add or {}, path=path)
     for key in delete:
         if key not in QUOTA_KEYS:
             raise ValueError("unknown quota key %r (known: %s)" % (key, ", ".join(QUOTA_KEYS)))
@@ -174,4 +222,6 @@ def altered(config, add=None, delete=()):
             raise ValueError("%s is both added and deleted" % key)
     out = {k: v for k, v in config.items() if k not in delete}
     out.update(add)
+    if not out.get(OBSERVE_ONLY, 1.0):
+        del out[OBSERVE_ONLY]
     return out

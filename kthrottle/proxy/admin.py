@@ -44,12 +44,34 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE
+from ..policy.entities import (
+    CONSUMER_BYTE_RATE,
+    CONTROLLER_MUTATION_RATE,
+    PRODUCER_BYTE_RATE,
+    REQUEST_RATE,
+)
 from .health import READY_WITHIN_SECONDS
 
 log = logging.getLogger("kthrottle.admin")
 
 _KIND = {PRODUCER_BYTE_RATE: "produce", CONSUMER_BYTE_RATE: "fetch", REQUEST_RATE: "request"}
+# the families of a client bucket's quota key (the first three keys also
+# have the older per-kind ms counters and released rates)
+_FAMILIES = {k: {"rate": "kthrottle_request_rate" if k == REQUEST_RATE
+                 else "kthrottle_%s_byte_rate" % kind,
+                 "released": "kthrottle_released_request_rate" if k == REQUEST_RATE
+                 else "kthrottle_%s_released_byte_rate" % kind,
+                 "quota": "kthrottle_%s_quota" % kind,
+                 "counted": {PRODUCER_BYTE_RATE: "kthrottle_produce_bytes_total",
+                             CONSUMER_BYTE_RATE: "kthrottle_fetch_bytes_total",
+                             REQUEST_RATE: "kthrottle_requests_total"}[k],
+                 "throttle_ms": "kthrottle_%s_throttle_time_ms_total" % kind,
+                 "throttled": "kthrottle_%s_throttled_responses_total" % kind}
+             for k, kind in _KIND.items()}
+_FAMILIES[CONTROLLER_MUTATION_RATE] = {"rate": "kthrottle_controller_mutation_rate",
+                                       "quota": "kthrottle_controller_mutation_quota",
+                                       "counted": "kthrottle_controller_mutations_total"}
+_TOPIC_KIND = {PRODUCER_BYTE_RATE: "produce", CONSUMER_BYTE_RATE: "fetch"}
 
 # Bounds on what a client may send. Apache httpd's defaults are the precedent
 # for sizes (LimitRequestLine and LimitRequestFieldSize 8190 bytes, which are
@@ -94,6 +116,12 @@ class Metric(NamedTuple):
 _BUCKET = ("user", "client_id")
 Q = ("Quota buckets (with quotas: one series per bucket in use; entities beyond "
      "--metrics-max-entities are counted, not shown)")
+TOPICS = ("Per-topic quotas (topics entities: one series per topic bucket in use, at most "
+          "--metrics-max-entities topics)")
+IPS = ("Connection creation quotas (ips entities, KIP-612: one series per address in use, at "
+       "most --metrics-max-entities addresses)")
+OBSERVED = ("Observe-only quotas (a dry run: series only for buckets whose quota is "
+            "observe-only)")
 SASL = "SASL listeners (SASL_PLAINTEXT, SASL_SSL)"
 TLS = "TLS listeners (SSL, SASL_SSL)"
 SOURCES = "Quota sources"
@@ -141,8 +169,15 @@ METRICS = [
     Metric("kthrottle_requests_total", "counter", "Requests counted against the bucket's "
            "request quota (all but the exempt ones, KIP-124)", _BUCKET, Q),
     Metric("kthrottle_throttle_seconds_total", "counter", "Throttle time given by the bucket "
-           "(key: the quota that set it, producer_byte_rate, consumer_byte_rate or "
-           "request_rate)", _BUCKET + ("key",), Q),
+           "(key: the quota that set it, producer_byte_rate, consumer_byte_rate, request_rate "
+           "or controller_mutation_rate)", _BUCKET + ("key",), Q),
+    Metric("kthrottle_controller_mutation_rate", "gauge", _rate_help(
+        "partitions created, added or deleted per second (KIP-599)", "mutation"), _BUCKET, Q),
+    Metric("kthrottle_controller_mutation_quota", "gauge", "Configured controller mutation "
+           "quota of the bucket, partitions/s (controller_mutation_rate), and the entity that "
+           "set it", _BUCKET + ("entity",), Q),
+    Metric("kthrottle_controller_mutations_total", "counter", "Partitions created, added or "
+           "deleted counted against the bucket's controller mutation quota", _BUCKET, Q),
     Metric("kthrottle_produce_throttle_time_ms_total", "counter", "Throttle time given to "
            "produce in this bucket, ms (kthrottle_throttle_seconds_total in seconds)", _BUCKET, Q),
     Metric("kthrottle_fetch_throttle_time_ms_total", "counter", "Throttle time given to fetch "
@@ -155,8 +190,51 @@ METRICS = [
            "Responses throttled for fetch in this bucket", _BUCKET, Q),
     Metric("kthrottle_request_throttled_responses_total", "counter",
            "Responses throttled for request in this bucket", _BUCKET, Q),
-    Metric("kthrottle_metrics_omitted_entities", "gauge", "Quota entities (user, client-id) "
-           "in use but given no series, over --metrics-max-entities", (), Q),
+    Metric("kthrottle_metrics_omitted_entities", "gauge", "Quota entities (user, client-id "
+           "pairs, topics, addresses) in use but given no series, over --metrics-max-entities",
+           (), Q),
+    # per-topic quotas
+    Metric("kthrottle_topic_produce_byte_rate", "gauge", _rate_help(
+        "bytes/s written to the topic (record batches)"), ("topic",), TOPICS),
+    Metric("kthrottle_topic_fetch_byte_rate", "gauge", _rate_help(
+        "bytes/s read from the topic (record batches)", "response"), ("topic",), TOPICS),
+    Metric("kthrottle_topic_produce_quota", "gauge", "Configured produce quota of the topic, "
+           "bytes/s (producer_byte_rate), and the entity that set it", ("topic", "entity"),
+           TOPICS),
+    Metric("kthrottle_topic_fetch_quota", "gauge", "Configured fetch quota of the topic, "
+           "bytes/s (consumer_byte_rate), and the entity that set it", ("topic", "entity"),
+           TOPICS),
+    Metric("kthrottle_topic_produce_bytes_total", "counter", "Bytes written to the topic "
+           "counted against its produce quota", ("topic",), TOPICS),
+    Metric("kthrottle_topic_fetch_bytes_total", "counter", "Bytes read from the topic counted "
+           "against its fetch quota", ("topic",), TOPICS),
+    Metric("kthrottle_topic_throttle_seconds_total", "counter", "Throttle time the topic's "
+           "quota set (key: producer_byte_rate or consumer_byte_rate); a request throttled "
+           "by several quotas counts in each", ("topic", "key"), TOPICS),
+    # connection creation quotas
+    Metric("kthrottle_connection_creation_rate", "gauge", _rate_help(
+        "connections/s opened from the address", "connection"), ("ip",), IPS),
+    Metric("kthrottle_connection_creation_quota", "gauge", "Configured connection creation "
+           "quota of the address, connections/s (connection_creation_rate), and the entity "
+           "that set it", ("ip", "entity"), IPS),
+    Metric("kthrottle_connections_created_total", "counter", "Connections from the address "
+           "counted against its connection creation quota", ("ip",), IPS),
+    Metric("kthrottle_connection_creation_throttle_seconds_total", "counter", "Throttle time "
+           "the address's connection creation quota set (connections closed after it)",
+           ("ip",), IPS),
+    # observe-only quotas: what they would have done
+    Metric("kthrottle_observe_only_throttles_total", "counter", "Throttles an observe-only "
+           "client quota would have given (key: the quota)", _BUCKET + ("key",), OBSERVED),
+    Metric("kthrottle_observe_only_throttle_seconds_total", "counter", "Throttle time an "
+           "observe-only client quota would have given", _BUCKET + ("key",), OBSERVED),
+    Metric("kthrottle_topic_observe_only_throttles_total", "counter", "Throttles an "
+           "observe-only topic quota would have given", ("topic", "key"), OBSERVED),
+    Metric("kthrottle_topic_observe_only_throttle_seconds_total", "counter", "Throttle time "
+           "an observe-only topic quota would have given", ("topic", "key"), OBSERVED),
+    Metric("kthrottle_ip_observe_only_throttles_total", "counter", "Connections an "
+           "observe-only connection creation quota would have throttled", ("ip",), OBSERVED),
+    Metric("kthrottle_ip_observe_only_throttle_seconds_total", "counter", "Throttle time an "
+           "observe-only connection creation quota would have given", ("ip",), OBSERVED),
     # the proxy
     Metric("kthrottle_ready", "gauge", "1 while /readyz answers 200: a bootstrap broker "
            "answered within the last %g s and every configured source is healthy"
@@ -273,13 +351,6 @@ def metrics_reference():
 
 # -- the collector ----------------------------------------------------------------
 
-_RATE = {k: "kthrottle_request_rate" if k == REQUEST_RATE else "kthrottle_%s_byte_rate" % kind
-         for k, kind in _KIND.items()}
-_RELEASED = {k: "kthrottle_released_request_rate" if k == REQUEST_RATE
-             else "kthrottle_%s_released_byte_rate" % kind for k, kind in _KIND.items()}
-_COUNTED = {PRODUCER_BYTE_RATE: "kthrottle_produce_bytes_total",
-            CONSUMER_BYTE_RATE: "kthrottle_fetch_bytes_total",
-            REQUEST_RATE: "kthrottle_requests_total"}
 
 
 class ProxyCollector:
@@ -305,7 +376,19 @@ class ProxyCollector:
         manager = server.quotas
         now = server.loop.time()
         shown, omitted = self._shown_buckets(manager)
+        topics, ips = [], []
+        if manager is not None:
+            topics, omitted_topics = _first_in_use(manager.topic_buckets, self.max_entities,
+                                                   lambda bucket_key: bucket_key[1])
+            ips, omitted_ips = _first_in_use(manager.ip_buckets, self.max_entities,
+                                             lambda ip: ip)
+            omitted += omitted_topics + omitted_ips
         yield from _bucket_metrics(shown, omitted, now)
+        if manager is not None and manager.config.has_topic_quotas:
+            yield from _topic_metrics(topics, now)
+        if manager is not None and manager.config.has_ip_quotas:
+            yield from _ip_metrics(ips, now)
+        yield from _observed_metrics(shown, topics, ips)
         yield family("kthrottle_ready", 0 if self.not_ready(now) else 1)
         age = self.contact.age(now) if self.contact is not None else None
         if age is not None:
@@ -406,31 +489,114 @@ class ProxyCollector:
 
 
 def _bucket_metrics(shown, omitted, now):
-    rate = {k: family(name) for k, name in _RATE.items()}
-    released = {k: family(name) for k, name in _RELEASED.items()}
-    quota = {k: family("kthrottle_%s_quota" % kind) for k, kind in _KIND.items()}
-    counted = {k: family(name) for k, name in _COUNTED.items()}
+    made = {}  # family name -> family, in _FAMILIES' order
+
+    def get(key, role):
+        name = _FAMILIES[key].get(role)
+        if name is None:
+            return None
+        if name not in made:
+            made[name] = family(name)
+        return made[name]
+
+    for key in _FAMILIES:  # every family is there, empty without buckets
+        for role in ("rate", "released", "quota", "counted"):
+            get(key, role)
     throttle = family("kthrottle_throttle_seconds_total")
-    throttle_ms = {k: family("kthrottle_%s_throttle_time_ms_total" % kind)
-                   for k, kind in _KIND.items()}
-    throttled = {k: family("kthrottle_%s_throttled_responses_total" % kind)
-                 for k, kind in _KIND.items()}
+    for key in _KIND:
+        for role in ("throttle_ms", "throttled"):
+            get(key, role)
     for (key, user, client), bucket in shown:
         tags = [user, client]
-        rate[key].add_metric(tags, bucket.measure(now))
-        released[key].add_metric(tags, bucket.released(now))
+        get(key, "rate").add_metric(tags, bucket.measure(now))
+        released = get(key, "released")
+        if released is not None:
+            released.add_metric(tags, bucket.released(now))
         if bucket.quota is not None:
-            quota[key].add_metric(tags + [bucket.entity or ""], bucket.quota)
-        counted[key].add_metric(tags, bucket.total)
+            get(key, "quota").add_metric(tags + [bucket.entity or ""], bucket.quota)
+        get(key, "counted").add_metric(tags, bucket.total)
         throttle.add_metric(tags + [key], bucket.throttle_ms_total / 1000.0)
-        throttle_ms[key].add_metric(tags, bucket.throttle_ms_total)
-        throttled[key].add_metric(tags, bucket.throttled)
-    for families in (rate, released, quota, counted):
+        throttle_ms = get(key, "throttle_ms")
+        if throttle_ms is not None:
+            throttle_ms.add_metric(tags, bucket.throttle_ms_total)
+            get(key, "throttled").add_metric(tags, bucket.throttled)
+    yield from made.values()
+    yield throttle
+    yield family("kthrottle_metrics_omitted_entities", omitted)
+
+
+def _first_in_use(buckets, limit, name_of):
+    """The buckets in use of the first ``limit`` names met (a topic's two
+    buckets count once), and how many names are left out."""
+    shown, names, omitted = [], set(), set()
+    for bucket_key, bucket in list(buckets.items()):
+        if bucket.last_used is None:
+            continue
+        name = name_of(bucket_key)
+        if name not in names:
+            if len(names) >= limit:
+                omitted.add(name)
+                continue
+            names.add(name)
+        shown.append((bucket_key, bucket))
+    return shown, len(omitted)
+
+
+def _topic_metrics(shown, now):
+    rate = {k: family("kthrottle_topic_%s_byte_rate" % kind) for k, kind in _TOPIC_KIND.items()}
+    quota = {k: family("kthrottle_topic_%s_quota" % kind) for k, kind in _TOPIC_KIND.items()}
+    counted = {k: family("kthrottle_topic_%s_bytes_total" % kind)
+               for k, kind in _TOPIC_KIND.items()}
+    throttle = family("kthrottle_topic_throttle_seconds_total")
+    for (key, topic), bucket in shown:
+        rate[key].add_metric([topic], bucket.measure(now))
+        quota[key].add_metric([topic, bucket.entity or ""], bucket.quota)
+        counted[key].add_metric([topic], bucket.total)
+        throttle.add_metric([topic, key], bucket.throttle_ms_total / 1000.0)
+    for families in (rate, quota, counted):
         yield from families.values()
     yield throttle
-    yield from throttle_ms.values()
-    yield from throttled.values()
-    yield family("kthrottle_metrics_omitted_entities", omitted)
+
+
+def _ip_metrics(shown, now):
+    rate = family("kthrottle_connection_creation_rate")
+    quota = family("kthrottle_connection_creation_quota")
+    counted = family("kthrottle_connections_created_total")
+    throttle = family("kthrottle_connection_creation_throttle_seconds_total")
+    for ip, bucket in shown:
+        rate.add_metric([ip], bucket.measure(now))
+        quota.add_metric([ip, bucket.entity or ""], bucket.quota)
+        counted.add_metric([ip], bucket.total)
+        throttle.add_metric([ip], bucket.throttle_ms_total / 1000.0)
+    yield from (rate, quota, counted, throttle)
+
+
+def _observed_metrics(shown, topics, ips):
+    """What observe-only buckets would have done (series for those only)."""
+    clients = [(tags, b) for tags, b in shown if b.observe_only]
+    topics = [(tags, b) for tags, b in topics if b.observe_only]
+    ips = [(ip, b) for ip, b in ips if b.observe_only]
+    if clients:
+        count = family("kthrottle_observe_only_throttles_total")
+        seconds = family("kthrottle_observe_only_throttle_seconds_total")
+        for (key, user, client), bucket in clients:
+            count.add_metric([user, client, key], bucket.observed)
+            seconds.add_metric([user, client, key], bucket.observed_ms_total / 1000.0)
+        yield from (count, seconds)
+    if topics:
+        count = family("kthrottle_topic_observe_only_throttles_total")
+        seconds = family("kthrottle_topic_observe_only_throttle_seconds_total")
+        for (key, topic), bucket in topics:
+            count.add_metric([topic, key], bucket.observed)
+            seconds.add_metric([topic, key], bucket.observed_ms_total / 1000.0)
+        yield from (count, seconds)
+    if ips:
+        count = family("kthrottle_ip_observe_only_throttles_total")
+        seconds = family("kthrottle_ip_observe_only_throttle_seconds_total")
+        for ip, bucket in ips:
+            count.add_metric([ip], bucket.observed)
+            seconds.add_metric([ip], bucket.observed_ms_total / 1000.0)
+        yield from (count, seconds)
 
 
 def _sasl_metrics(filters):
@@ -539,18 +705,14 @@ def quotas_report(server, source=None):
             quotas = quotas.current()
             entry = {"client_id": client_id}
             for name, bucket in (("produce", quotas.produce), ("fetch", quotas.fetch),
-                                 ("request", quotas.request)):
+                                 ("request", quotas.request),
+                                 ("controller_mutation", quotas.mutation)):
                 if bucket is None:  # no quota: nothing is measured
                     entry[name] = {"quota": None}
                     continue
-                entry[name] = {
-                    "quota": bucket.quota,
-                    "limit": bucket.limit,  # applied: the quota, or this proxy's share of it
-                    "entity": bucket.entity,
-                    "shared_by": {"user": bucket.user_tag, "client_id": bucket.client_tag},
-                    "rate": round(bucket.measure(now), 3),
-                    "released_rate": round(bucket.released(now), 3),
-                }
+                entry[name] = _bucket_report(bucket, now)
+                entry[name]["shared_by"] = {"user": bucket.user_tag,
+                                            "client_id": bucket.client_tag}
             clients.append(entry)
         connections.append({
             "connection": conn.conn_id,
@@ -561,9 +723,34 @@ def quotas_report(server, source=None):
             "clients": clients,
             "throttled_for_ms": max(0, round((conn.muted_until - now) * 1000)),
         })
-    report = {"quota_source": None, "entities": entities, "connections": connections}
+    topics, ips = [], []
+    if manager is not None:
+        for (key, topic), bucket in sorted(manager.topic_buckets.items()):
+            topics.append(dict(topic=topic, key=key, **_bucket_report(bucket, now)))
+        for ip, bucket in sorted(manager.ip_buckets.items()):
+            ips.append(dict(ip=ip, key=bucket.key, **_bucket_report(bucket, now)))
+    report = {"quota_source": None, "entities": entities, "connections": connections,
+              "topics": topics, "ips": ips}
     if source is not None:
         report["quota_source"] = {"describe": source.describe, "healthy": bool(source.healthy)}
+    return report
+
+
+def _bucket_report(bucket, now):
+    report = {
+        "quota": bucket.quota,
+        "limit": bucket.limit,  # applied: the quota, or this proxy's share of it
+        "entity": bucket.entity,
+        "rate": round(bucket.measure(now), 3),
+        "released_rate": round(bucket.released(now), 3),
+        "throttled": bucket.throttled,
+        "throttle_ms_total": bucket.throttle_ms_total,
+        "observe_only": bucket.observe_only,
+    }
+    if bucket.observe_only:  # what it would have done
+        report["observed"] = {"throttles": bucket.observed,
+                              "throttle_ms_total": bucket.observed_ms_total,
+                              "last_throttle_ms": bucket.observed_last_ms}
     return report
 
 

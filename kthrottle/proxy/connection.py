@@ -50,6 +50,17 @@ def no_delay(transport):
             pass
 
 
+class _Unread(asyncio.Protocol):
+    """The protocol of a connection held over its connection_creation_rate
+    until the server closes it: what its client sends is dropped."""
+
+    def data_received(self, data):
+        pass
+
+
+_UNREAD = _Unread()
+
+
 class _Side:
     """Reading pause bookkeeping for one transport: paused while any reason holds."""
 
@@ -131,6 +142,13 @@ class ClientConnection(asyncio.Protocol):
         # asked there: say it again once it has
         self.loop.call_soon(self.client.reassert)
         server = self.server
+        if not self.counted and server.over_connection_rate(
+                self.address, self.peer, self.listener_name, transport.close):
+            # held by the server, unread (the proxy's acceptor checks its own
+            # listeners before the handshake)
+            self.closed = True
+            transport.set_protocol(_UNREAD)
+            return
         server.connections.add(self)
         if not self.counted:  # a TLS listener's acceptor counts before the handshake
             over = server.limits.admit(self.address)

@@ -1,8 +1,13 @@
 """What every listener holds a client to before it costs anything: Kafka's
-connection limits, and a log of refused connections that a flood cannot
-turn into a flood of log lines."""
+connection limits, the connection_creation_rate of ip entities (KIP-612),
+and a log of refused connections that a flood cannot turn into a flood of
+log lines."""
+import ipaddress
+import itertools
 import logging
 from collections import Counter
+
+from ..policy.rate import to_ms
 
 log = logging.getLogger("kthrottle.proxy")
 
@@ -15,6 +20,7 @@ HANDSHAKE_TIMEOUT = "handshake_timeout"
 PROXY_PROTOCOL = "proxy_protocol"  # no valid PROXY protocol header, or none in time
 UNMAPPED_NODE = "unmapped_node"  # a response named a node id that has no port
 UNKNOWN_NODE = "unknown_node"  # a TLS server name naming a node the cluster has not named
+CONNECTION_CREATION_RATE = "connection_creation_rate"  # over its ip entity's quota (KIP-612)
 
 
 class ConnectionLimits:
@@ -80,6 +86,108 @@ class ConnectionLimits:
             self.by_ip[ip] = left
         else:
             del self.by_ip[ip]
+
+
+class ConnectionRate:
+    """KIP-612's connection_creation_rate, per source address (ip entities:
+    ``ips/<ip>``, else ``ips/<default>``, each address its own bucket). As
+    Kafka's ConnectionQuotas does, a connection over the rate is recorded
+    then un-recorded (it is not taken, so a flood does not push the
+    address's next connections further out) and earns a throttle time, at
+    most one quota window; the caller holds it unread that long, then closes
+    it (Kafka's acceptor does the same: a client retrying at once does not
+    spin). An observe-only quota takes every connection (the bucket counts
+    what it would have throttled). Only a quota configuration with ip
+    entities costs an accept a lookup: the answer is kept per generation."""
+
+    def __init__(self, quotas):
+        self.quotas = quotas  # policy QuotaManager, or None
+        self._generation = None
+        self._on = False
+
+    def admit(self, address, now):
+        """None: take the connection from ``address``; else (throttle ms,
+        message saying why)."""
+        quotas = self.quotas
+        if quotas is None:
+            return None
+        if quotas.generation != self._generation:
+            self._generation = quotas.generation
+            self._on = quotas.config.has_ip_quotas
+        if not self._on:
+            return None
+        bucket = quotas.connection_bucket(entity_name(address))
+        if bucket is None:
+            return None
+        earned = bucket.record(1, now)
+        if not earned:
+            return None
+        # Kafka caps this throttle at one quota window (quota.window.size.seconds)
+        ms = min(earned, to_ms(quotas.settings.window))
+        _unrecord(bucket, now, earned - ms)
+        return ms, ("over its connection_creation_rate of %g/s (%s): held unread for its "
+                    "throttle time, then closed (KIP-612)" % (bucket.limit, bucket.entity))
+
+
+def entity_name(address):
+    """The ip entity name of a client address: its canonical text, an
+    IPv4-mapped IPv6 address (a dual-stack listener's) as the IPv4 one, as
+    Java names it; anything else as it is (it then falls to <default>)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).compressed
+
+
+def _unrecord(bucket, now, over_cap_ms):
+    """Take back a connection the bucket counted and throttled: it was not
+    taken (KIP-612). Its throttle stays counted, at the time it was held."""
+    bucket.total -= 1
+    bucket.rate.record(-1, now)
+    if bucket.tokens is not None:
+        bucket.tokens.record(-1, now)  # exactly what take() took, not forgive()'s "up to"
+    if bucket.held:
+        bucket.held.pop()  # the entry record() just added: nothing was let through
+    bucket.throttle_ms_total -= over_cap_ms
+
+
+class HeldConnections:
+    """Connections throttled by their connection_creation_rate: each held
+    open and unread for its throttle time, then closed. At most MAX_HELD at
+    once; past that one is closed at once, so that a flood from many
+    addresses cannot take every file descriptor."""
+
+    # a throttle is at most one quota window (1 s by default): this many held
+    # is a flood of that many throttled connections a second
+    MAX_HELD = 1000
+
+    def __init__(self, call_later):
+        self.call_later = call_later
+        self._held = {}  # token -> (close, timer)
+        self._tokens = itertools.count()
+
+    def __len__(self):
+        return len(self._held)
+
+    def hold(self, close, ms):
+        """Call ``close()`` in ``ms`` milliseconds (at once when full)."""
+        if len(self._held) >= self.MAX_HELD:
+            close()
+            return
+        token = next(self._tokens)
+        self._held[token] = (close, self.call_later(ms / 1000.0, self._release, token))
+
+    def _release(self, token):
+        close, _ = self._held.pop(token)
+        close()
+
+    def close(self):
+        held, self._held = self._held, {}
+        for close, timer in held.values():
+            timer.cancel()
+            close()
 
 
 class RefusalLog:

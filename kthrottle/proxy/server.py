@@ -25,7 +25,15 @@ from .connection import ClientConnection, RoutedConnection
 from .filter import Services
 from .filters import build_filters
 from .health import Listener, bound_socket
-from .limits import PROXY_PROTOCOL, TLS_HANDSHAKE, ConnectionLimits, RefusalLog
+from .limits import (
+    CONNECTION_CREATION_RATE,
+    PROXY_PROTOCOL,
+    TLS_HANDSHAKE,
+    ConnectionLimits,
+    ConnectionRate,
+    HeldConnections,
+    RefusalLog,
+)
 from .pipeline import FilterTable
 
 log = logging.getLogger("kthrottle.proxy")
@@ -72,6 +80,8 @@ class ProxyServer:
         # authentication from what a broker said
         self.authenticates_clients = "sasl-terminate" in self.filters
         self.limits = ConnectionLimits(config.max_connections, config.max_connections_per_ip)
+        self.connection_rate = ConnectionRate(self.quotas)  # KIP-612, ip entities
+        self.held = None  # HeldConnections once the loop runs: those over their rate
         self.refusals = None  # a RefusalLog once the loop runs
         self.refused = {}  # reason -> connections refused (kthrottle_connections_refused_total)
         self.tls_handshakes = {"completed": 0, "failed": 0}  # kthrottle_tls_handshakes_total
@@ -91,6 +101,20 @@ class ProxyServer:
 
     def next_connection_id(self):
         return next(self._ids)
+
+    def over_connection_rate(self, ip, peer, listener, close):
+        """KIP-612: is this new connection from ``ip`` over its address's
+        connection_creation_rate? If so it is held unread for the throttle
+        time it earned, then closed (``close()``), as Kafka's acceptor does;
+        logged (rate-limited) and counted as refused."""
+        over = self.connection_rate.admit(ip, self.loop.time())
+        if over is None:
+            return False
+        ms, message = over
+        self.held.hold(close, ms)
+        self.refusals.refused(ip, "%s (%s listener)" % (peer, listener),
+                              CONNECTION_CREATION_RATE, message)
+        return True
 
     @property
     def bootstrap_address(self):
@@ -141,6 +165,7 @@ class ProxyServer:
     async def start(self):
         loop = self.loop = asyncio.get_running_loop()
         self.refusals = RefusalLog(loop.call_later)
+        self.held = HeldConnections(loop.call_later)
         self.refused = self.refusals.counts
         self.limits.overrides = await _resolve_overrides(
             loop, self.config.max_connections_per_ip_overrides)
@@ -379,6 +404,8 @@ class ProxyServer:
             await s.wait_closed()
         self.listeners.clear()
         self.api_versions.close()
+        if self.held is not None:
+            self.held.close()
         if self.refusals is not None:
             self.refusals.close()
         if self._pool is not None:
@@ -418,7 +445,7 @@ class _Acceptor(asyncio.AbstractServer):
     """A listener of the proxy's own (TLS, or the PROXY protocol): accepts;
     with the PROXY protocol reads the header first (bounded by
     handshake-timeout-ms) and takes the client's address from it; applies
-    the connection limits to that address; runs the TLS handshake (bounded
+    the address's connection_creation_rate and the connection limits; runs the TLS handshake (bounded
     by handshake-timeout-ms) before the connection is handed to a
     ClientConnection. A missing or invalid header, or a handshake that
     fails, is a refusal."""
@@ -454,6 +481,12 @@ class _Acceptor(asyncio.AbstractServer):
             if introduced is None:
                 return
             ip, peer = introduced
+        # before the TLS handshake, as a broker checks it on accept
+        if server.over_connection_rate(ip, peer, self.name, client.close):
+            if server.proxy_protocol:
+                server.limits.unreserve()
+            return
+        if server.proxy_protocol:
             over = server.limits.admit_reserved(ip)
         else:
             over = server.limits.admit(ip)

@@ -33,7 +33,12 @@ from importlib import resources
 
 from aiohttp import web
 
-from ..policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE
+from ..policy.entities import (
+    CONSUMER_BYTE_RATE,
+    CONTROLLER_MUTATION_RATE,
+    PRODUCER_BYTE_RATE,
+    REQUEST_RATE,
+)
 
 log = logging.getLogger("kthrottle.admin")
 
@@ -45,8 +50,10 @@ MAX_BROKERS = 200  # storage rows: the brokers not OPEN first
 MAX_VOLUMES = 32  # per broker: the fullest first
 MAX_SHARES = 200  # fleet rows
 
-KIND = {PRODUCER_BYTE_RATE: "produce", CONSUMER_BYTE_RATE: "fetch", REQUEST_RATE: "request"}
-UNIT = {PRODUCER_BYTE_RATE: "B/s", CONSUMER_BYTE_RATE: "B/s", REQUEST_RATE: "requests/s"}
+KIND = {PRODUCER_BYTE_RATE: "produce", CONSUMER_BYTE_RATE: "fetch", REQUEST_RATE: "request",
+        CONTROLLER_MUTATION_RATE: "controller mutation"}
+UNIT = {PRODUCER_BYTE_RATE: "B/s", CONSUMER_BYTE_RATE: "B/s", REQUEST_RATE: "requests/s",
+        CONTROLLER_MUTATION_RATE: "partitions/s"}
 
 # What the page may load: its own files and its own data, nothing inline and
 # nothing from elsewhere (client-ids are the clients' own text).
@@ -70,7 +77,7 @@ def _number(value, digits=3):
 
 class _Series:
     __slots__ = ("key", "user", "client_id", "entity", "quota", "limit", "rate", "points",
-                 "throttle_total")
+                 "throttle_total", "observe_only")
 
     def __init__(self, bucket_key, length):
         self.key, self.user, self.client_id = bucket_key
@@ -79,9 +86,15 @@ class _Series:
         # (epoch s, rate, limit, throttle ms given since, rate let through)
         self.points = deque(maxlen=length)
         self.throttle_total = None
+        self.observe_only = False
 
     def add(self, wall, bucket, rate, now):
-        total = bucket.throttle_ms_total
+        # observe-only: the throttle it would have given takes the place of
+        # the one given (none)
+        if bucket.observe_only != self.observe_only:
+            self.observe_only = bucket.observe_only
+            self.throttle_total = None
+        total = bucket.observed_ms_total if bucket.observe_only else bucket.throttle_ms_total
         given = 0 if self.throttle_total is None else max(0, total - self.throttle_total)
         self.throttle_total = total
         self.entity, self.quota, self.limit, self.rate = (
@@ -108,6 +121,7 @@ class _Series:
             "user": self.user, "client_id": self.client_id, "entity": self.entity,
             "quota": _number(self.quota), "limit": _number(self.limit),
             "rate": _number(self.rate), "points": [list(p) for p in points],
+            "observe_only": self.observe_only,
         }
 
 

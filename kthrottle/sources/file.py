@@ -164,7 +164,7 @@ class FileQuotaStore(TomlFileStore, QuotaStore):
     def _altered(snapshot, changes):
         snapshot = dict(snapshot)
         for path, add, delete in changes:
-            config = altered(snapshot.get(path, {}), add, delete)
+            config = altered(snapshot.get(path, {}), add, delete, path)
             if config:
                 snapshot[path] = config
             else:

@@ -1,4 +1,9 @@
-"""Quotas in ZooKeeper, laid out as a ZooKeeper-mode Kafka cluster keeps them."""
+"""Quotas in ZooKeeper, laid out as a ZooKeeper-mode Kafka cluster keeps them:
+``/config/users``, ``/config/clients`` and ``/config/ips`` (KIP-612), announced
+in ``/config/changes``. Topic quotas, which no Kafka release has, live in
+kthrottle's own ``/kthrottle/config/topics/<topic>`` (the same JSON) and are
+announced in ``/kthrottle/config/changes``: Kafka's ``/config/topics`` holds a
+ZooKeeper-mode broker's topic configs, and its brokers read ``/config/changes``."""
 import asyncio
 import json
 import logging
@@ -6,7 +11,13 @@ import queue
 import re
 import threading
 
-from ..policy.entities import QUOTA_KEYS, parse_entity_path, parse_quota_value
+from ..policy.entities import (
+    QUOTA_KEYS,
+    ip_path,
+    parse_entity,
+    parse_quota_value,
+    validate_quota_config,
+)
 from ..policy.quota_file import altered, format_value
 from . import QuotaSource, QuotaStore, QuotaStoreError, entity_count, log
 from .outage import Outage
@@ -16,6 +27,40 @@ CHANGES = "/config/changes"
 CHANGE_PREFIX = "config_change_"
 CHANGE_EXPIRATION_SECONDS = 15 * 60  # Kafka's changeExpirationMs
 _CHANGE_SEQ = re.compile(r"^%s(\d+)$" % CHANGE_PREFIX)
+# kthrottle's own entities (topics), beside Kafka's and never among them
+OWN_CONFIG_ROOT = "/kthrottle/config"
+OWN_CHANGES = "/kthrottle/config/changes"
+
+
+def _is_own(path):
+    return path.startswith("topics/")
+
+
+def entity_znode(path):
+    """Where an entity path's znode is: /config/<path>, or for a topic
+    /kthrottle/config/topics/<topic>."""
+    return "%s/%s" % (OWN_CONFIG_ROOT if _is_own(path) else CONFIG_ROOT, path)
+
+
+def _znode_path(znode):
+    """An entity znode -> its entity path (as the znode names it)."""
+    root = OWN_CONFIG_ROOT if znode.startswith(OWN_CONFIG_ROOT + "/") else CONFIG_ROOT
+    return znode[len(root) + 1:]
+
+
+def changes_znode(path):
+    """Where a change of this entity is announced."""
+    return OWN_CHANGES if _is_own(path) else CHANGES
+
+
+def snapshot_path(path):
+    """The path a znode's entity has in a snapshot: an ip in its canonical
+    text (kafka-configs writes the address as given); ValueError for a name
+    that is not an entity (an ip znode that is not an address)."""
+    if path.startswith("ips/"):
+        return ip_path(path[4:])
+    parse_entity(path)
+    return path
 
 
 def _kazoo(hosts, timeout):
@@ -47,12 +92,18 @@ def _config_json(znode, data):
                               % (znode, data[:200])) from None
 
 
-def entity_quotas(znode, data):
+def entity_quotas(znode, data, path=None):
     """An entity znode's data -> (quotas, problems): the valid quota keys as
-    floats, and a message per quota key whose value is unusable. Keys that
-    are not quotas are left alone: SCRAM credentials share the user znode.
-    Raises QuotaStoreError if the data is not Kafka's config JSON."""
-    return config_entries(znode, _config_json(znode, data), QUOTA_KEYS, parse_quota_value)
+    floats, and a message per quota key whose value is unusable or (given
+    the entity's ``path``) one its kind cannot hold. Keys that are not quotas
+    are left alone: SCRAM credentials share the user znode. Raises
+    QuotaStoreError if the data is not Kafka's config JSON."""
+    if path is None:
+        parse = parse_quota_value
+    else:
+        def parse(key, value):
+            return validate_quota_config({key: value}, path=path)[key]
+    return config_entries(znode, _config_json(znode, data), QUOTA_KEYS, parse)
 
 
 def config_entries(znode, config, keys, parse):
@@ -70,23 +121,26 @@ def config_entries(znode, config, keys, parse):
     return entries, problems
 
 
-def with_quotas(full, add=None, delete=()):
+def with_quotas(full, add=None, delete=(), path=None):
     """An entity's full config map with its quotas altered (validated as
-    ``altered`` does: ValueError, nothing changed) -> (new map, new quotas).
-    Keys that are not quotas are kept as they are."""
+    ``altered`` does, for the entity at ``path``: ValueError, nothing
+    changed) -> (new map, new quotas). Keys that are not quotas are kept as
+    they are."""
     quotas = {k: v for k, v in full.items() if k in QUOTA_KEYS}
-    new = altered({k: parse_quota_value(k, v) for k, v in quotas.items()}, add, delete)
+    new = altered({k: parse_quota_value(k, v) for k, v in quotas.items()}, add, delete, path)
     full = {k: v for k, v in full.items() if k not in QUOTA_KEYS}
-    full.update({k: format_value(v) for k, v in new.items()})
+    full.update({k: format_value(v, k) for k, v in new.items()})
     return full, new
 
 
 class ZooKeeperQuotaStore(QuotaStore):
     """Quota znodes exactly as Kafka (ZooKeeper mode) keeps them:
-    ``/config/users/<user>[/clients/<client-id>]`` and ``/config/clients/<client-id>``
-    holding ``{"version":1,"config":{"producer_byte_rate":"1024",...}}``, and a
+    ``/config/users/<user>[/clients/<client-id>]``, ``/config/clients/<client-id>``
+    and ``/config/ips/<ip>`` holding
+    ``{"version":1,"config":{"producer_byte_rate":"1024",...}}``, and a
     sequential ``/config/changes/config_change_N`` per change
-    (``{"version":2,"entity_path":"users/alice"}``). ``hosts`` is
+    (``{"version":2,"entity_path":"users/alice"}``); topics the same way under
+    ``/kthrottle/config`` (see the module). ``hosts`` is
     ``HOST:PORT[,HOST:PORT...][/chroot]``."""
 
     def __init__(self, hosts, timeout=10.0, client=None):
@@ -122,7 +176,8 @@ class ZooKeeperQuotaStore(QuotaStore):
             return []
 
     def entity_paths(self):
-        """Every entity path that has a znode, users (and their clients) first."""
+        """Every entity path that has a znode (ips as their znodes are
+        named), users (and their clients) first, then clients, ips, topics."""
         paths = []
         for user in self.children("/config/users"):
             base = "users/%s" % user
@@ -130,6 +185,8 @@ class ZooKeeperQuotaStore(QuotaStore):
             paths.extend("%s/clients/%s" % (base, c)
                          for c in self.children("%s/%s/clients" % (CONFIG_ROOT, base)))
         paths.extend("clients/%s" % c for c in self.children("/config/clients"))
+        paths.extend("ips/%s" % ip for ip in self.children("/config/ips"))
+        paths.extend("topics/%s" % t for t in self.children(OWN_CONFIG_ROOT + "/topics"))
         return paths
 
     def entity_data(self, path):
@@ -137,7 +194,7 @@ class ZooKeeperQuotaStore(QuotaStore):
         from kazoo.exceptions import NoNodeError
 
         try:
-            return self.zk.get("%s/%s" % (CONFIG_ROOT, path))[0]
+            return self.zk.get(entity_znode(path))[0]
         except NoNodeError:
             return None
 
@@ -148,7 +205,7 @@ class ZooKeeperQuotaStore(QuotaStore):
         data = self.entity_data(path)
         if data is None:
             return None
-        quotas, problems = entity_quotas("%s/%s" % (CONFIG_ROOT, path), data)
+        quotas, problems = entity_quotas(entity_znode(path), data, path)
         for problem in problems:
             log.error(problem)
         return quotas or None
@@ -156,20 +213,25 @@ class ZooKeeperQuotaStore(QuotaStore):
     def read(self):
         snapshot = {}
         for path in self.entity_paths():
+            try:
+                key = snapshot_path(path)
+            except ValueError as exc:
+                log.error("ignoring %s: %s", entity_znode(path), exc)
+                continue
             config = self.read_entity(path)
             if config:
-                snapshot[path] = config
+                snapshot[key] = config
         return snapshot
 
     def alter(self, path, add=None, delete=()):
         """As kafka-configs --zookeeper --alter: rewrite the entity znode
         (keeping keys that are not quotas, like SCRAM credentials), then
-        announce the change."""
-        parse_entity_path(path)
+        announce the change (a topic's in kthrottle's own znodes)."""
+        path = snapshot_path(path)
         result = {}
 
         def change(full):
-            full, quotas = with_quotas(full, add, delete)
+            full, quotas = with_quotas(full, add, delete, path)
             result.update(quotas)
             return full
 
@@ -180,31 +242,32 @@ class ZooKeeperQuotaStore(QuotaStore):
         """Rewrite the whole config map of the entity znode at ``path`` with
         ``change(config) -> new config`` (it may raise ValueError: nothing
         is written then), then write the change notification Kafka's
-        brokers follow. Returns the new config."""
-        znode = "%s/%s" % (CONFIG_ROOT, path)
+        brokers follow (a topic's in kthrottle's own). Returns the new config."""
+        znode = entity_znode(path)
         full = change(_config_json(znode, self.entity_data(path)))
         data = json.dumps({"version": 1, "config": full}, separators=(",", ":")).encode()
         if self.zk.exists(znode):
             self.zk.set(znode, data)
         else:
             self.zk.create(znode, data, makepath=True)
-        self.zk.ensure_path(CHANGES)
+        changes = changes_znode(path)
+        self.zk.ensure_path(changes)
         created = self.zk.create(
-            "%s/%s" % (CHANGES, CHANGE_PREFIX),
+            "%s/%s" % (changes, CHANGE_PREFIX),
             json.dumps({"version": 2, "entity_path": path}, separators=(",", ":")).encode(),
             sequence=True)
-        self._purge_notifications(self.zk.exists(created).ctime / 1000.0)
+        self._purge_notifications(self.zk.exists(created).ctime / 1000.0, changes=changes)
         return full
 
-    def _purge_notifications(self, now, older_than=CHANGE_EXPIRATION_SECONDS):
+    def _purge_notifications(self, now, older_than=CHANGE_EXPIRATION_SECONDS, changes=CHANGES):
         """Kafka's brokers delete notifications older than 15 minutes; with
         only proxies watching, the tool does it so they do not pile up.
         ``now`` is ZooKeeper's clock (a znode's ctime), not this machine's."""
         from kazoo.exceptions import NoNodeError
 
         horizon = now - older_than
-        for name in self.children(CHANGES):
-            znode = "%s/%s" % (CHANGES, name)
+        for name in self.children(changes):
+            znode = "%s/%s" % (changes, name)
             try:
                 if self.zk.exists(znode).ctime / 1000.0 < horizon:
                     self.zk.delete(znode)
@@ -234,6 +297,8 @@ class ZooKeeperFollower:
 
     noun = "quotas"
     log = log
+    #: the notification directories followed
+    change_dirs = (CHANGES,)
 
     def __init__(self, hosts, timeout=10.0, retry_interval=1.0, max_retry_interval=30.0):
         self.store = ZooKeeperQuotaStore(hosts, timeout)
@@ -245,7 +310,7 @@ class ZooKeeperFollower:
         self._loop = None
         self._on_update = None
         self._snapshot = {}
-        self._last_seq = -1
+        self._last_seq = dict.fromkeys(self.change_dirs, -1)  # per notification directory
         self._bad = {}  # znode -> the data last refused, so each content is logged once
         self._outage = Outage()  # failed reads until a resync succeeds: logged once per reason
         self.disconnects = 0  # connections to ZooKeeper lost (suspended or expired)
@@ -306,8 +371,9 @@ class ZooKeeperFollower:
         zk.add_listener(self._state_changed)
         self._worker = threading.Thread(target=self._run, name="kthrottle-zookeeper", daemon=True)
         self._worker.start()
-        await asyncio.to_thread(zk.ensure_path, CHANGES)
-        zk.ChildrenWatch(CHANGES, self._changes)
+        for changes in self.change_dirs:
+            await asyncio.to_thread(zk.ensure_path, changes)
+            zk.ChildrenWatch(changes, lambda children, d=changes: self._changes(d, children))
 
     def _state_changed(self, state):  # kazoo thread: must not block
         from kazoo.protocol.states import KazooState
@@ -328,8 +394,8 @@ class ZooKeeperFollower:
                          "until it is back", str(state).lower(), self.store.hosts, self.noun)
         self.healthy = False
 
-    def _changes(self, children):  # kazoo thread
-        self._work.put(("changes", list(children)))
+    def _changes(self, changes, children):  # kazoo thread
+        self._work.put(("changes", (changes, list(children))))
 
     def _run(self):
         while True:
@@ -338,7 +404,7 @@ class ZooKeeperFollower:
                 return
             try:
                 if what == "changes":
-                    self._apply_changes(arg)
+                    self._apply_changes(*arg)
                     continue
                 if what == "entities":
                     self._reread(*arg)
@@ -381,9 +447,21 @@ class ZooKeeperFollower:
             self._retry.start()
             self._retry_delay = min(self._retry_delay * 2, self.max_retry_interval)
 
-    def _entity(self, path, previous):
-        """What one entity holds as the source applies it (None: nothing)."""
-        znode = "%s/%s" % (CONFIG_ROOT, path)
+    def _key(self, path):
+        """An entity znode's path in the snapshot (snapshot_path), None for
+        one that names no entity (logged once)."""
+        try:
+            return snapshot_path(path)
+        except ValueError as exc:
+            znode = entity_znode(path)
+            self._reject(znode, b"", ["ignoring %s: %s" % (znode, exc)])
+            return None
+
+    def _entity(self, path, previous, key=None):
+        """What one entity holds as the source applies it (None: nothing);
+        ``key``: its path in the snapshot (``path`` unless an ip's differs)."""
+        key = key or path
+        znode = entity_znode(path)
         data = self.store.entity_data(path)
         if data is None:
             self._bad.pop(znode, None)
@@ -394,7 +472,7 @@ class ZooKeeperFollower:
             # as a broker does, go on past one bad entity rather than refuse all
             self._reject(znode, data, ["%s; skipped, its last known %s (if any) stay "
                                        "in force" % (exc, self.noun)])
-            return previous.get(path)
+            return previous.get(key)
         if problems:
             self._reject(znode, data, problems)
         else:
@@ -410,38 +488,46 @@ class ZooKeeperFollower:
             self.log.error(message)
 
     def _resync(self):
-        seqs = [_seq(name) for name in self.store.children(CHANGES)]
+        seqs = {changes: [_seq(name) for name in self.store.children(changes)]
+                for changes in self.change_dirs}
         snapshot = {}
         present = set()
         for path in self.entity_paths():
-            present.add("%s/%s" % (CONFIG_ROOT, path))
-            value = self._entity(path, self._snapshot)
+            present.add(entity_znode(path))
+            key = self._key(path)
+            if key is None:
+                continue
+            value = self._entity(path, self._snapshot, key)
             if value:
-                snapshot[path] = value
+                snapshot[key] = value
         self._bad = {z: d for z, d in self._bad.items() if z in present}
-        self._last_seq = max([s for s in seqs if s is not None], default=self._last_seq)
+        for changes, found in seqs.items():
+            self._last_seq[changes] = max([s for s in found if s is not None],
+                                          default=self._last_seq[changes])
         self._snapshot = snapshot
         return dict(snapshot)
 
-    def _apply_changes(self, children):
-        """Apply the notifications after the last one applied, in order."""
+    def _apply_changes(self, changes, children):
+        """Apply the notifications in ``changes`` after the last one applied
+        there, in order."""
         fresh = sorted((s, c) for s, c in ((_seq(c), c) for c in children)
-                       if s is not None and s > self._last_seq)
+                       if s is not None and s > self._last_seq[changes])
         changed = False
         try:
             for seq, name in fresh:
-                path = self._notified_path("%s/%s" % (CHANGES, name))
-                if path is not None:
-                    value = self._entity(path, self._snapshot)
+                path = self._notified_path("%s/%s" % (changes, name), changes)
+                key = path and self._key(path)
+                if key is not None:
+                    value = self._entity(path, self._snapshot, key)
                     if value:
-                        self._snapshot[path] = value
+                        self._snapshot[key] = value
                     else:
-                        self._snapshot.pop(path, None)
+                        self._snapshot.pop(key, None)
                     changed = True
-                    self.log.info(self.change_text(path, value))
+                    self.log.info(self.change_text(key, value))
                 # only now: a notification whose entity could not be read is
                 # not passed over (the retry or the reconnect resync reads it)
-                self._last_seq = seq
+                self._last_seq[changes] = seq
         finally:
             if changed:  # what was read before a failure is in force already
                 self._to_loop(dict(self._snapshot))
@@ -458,11 +544,14 @@ class ZooKeeperFollower:
     def _reread(self, paths, done):
         try:
             for path in paths:
-                value = self._entity(path, self._snapshot)
+                key = self._key(path)
+                if key is None:
+                    continue
+                value = self._entity(path, self._snapshot, key)
                 if value:
-                    self._snapshot[path] = value
+                    self._snapshot[key] = value
                 else:
-                    self._snapshot.pop(path, None)
+                    self._snapshot.pop(key, None)
             self._to_loop(dict(self._snapshot))
         finally:
             done.set()
@@ -483,15 +572,17 @@ class ZooKeeperFollower:
             except QuotaStoreError as exc:
                 errors[change[0]] = str(exc)
             except Exception as exc:  # kazoo: the connection, a permission
-                errors[change[0]] = "cannot write %s/%s in %s: %s" % (
-                    CONFIG_ROOT, path, self.describe, _reason(exc))
+                errors[change[0]] = "cannot write %s in %s: %s" % (
+                    entity_znode(path), self.describe, _reason(exc))
         if written:
             self.reread(written)
         return errors, None
 
-    def _notified_path(self, znode):
+    def _notified_path(self, znode, changes=CHANGES):
         """The entity a notification names; None for one that is gone, is
-        not about what this follows, or is not Kafka's JSON (each passed over)."""
+        not about what this follows, or is not Kafka's JSON (each passed over).
+        Kafka's notifications name users, clients and ips (its topics are
+        topic configs, not quotas); kthrottle's own name topics."""
         from kazoo.exceptions import NoNodeError
 
         try:
@@ -502,9 +593,11 @@ class ZooKeeperFollower:
             doc = json.loads(data)
             path = doc["entity_path"] if doc.get("version") == 2 else "%s/%s" % (
                 doc["entity_type"], doc["entity_name"])  # version 1 notifications
-            if not (path.startswith("users/") or path.startswith("clients/")):
-                return None  # topics, brokers: not quotas
-            parse_entity_path(path)
+            kinds = ("topics/",) if changes == OWN_CHANGES else ("users/", "clients/", "ips/")
+            if not path.startswith(kinds):
+                return None  # Kafka's topics, brokers: not quotas
+            if not path.startswith("ips/"):  # an ip's name is checked when read
+                parse_entity(path)
         except (ValueError, KeyError, TypeError, AttributeError):
             self.rejected += 1
             self.log.error("ignoring change notification %s: not Kafka's JSON: %r",
@@ -538,10 +631,13 @@ class ZooKeeperFollower:
 
 
 class ZooKeeperQuotaSource(ZooKeeperFollower, QuotaSource):
-    """The quotas of every entity znode, followed live (see ZooKeeperFollower)."""
+    """The quotas of every entity znode, followed live (see ZooKeeperFollower):
+    Kafka's users, clients and ips, and kthrottle's own topics."""
+
+    change_dirs = (CHANGES, OWN_CHANGES)
 
     def parse_entity(self, znode, data):
-        return entity_quotas(znode, data)
+        return entity_quotas(znode, data, _znode_path(znode))
 
     def change_text(self, path, quotas):
         return "quota change for %s: %s" % (path, quotas or "no quotas")

@@ -129,7 +129,9 @@ function showQuotas(q, now) {
   if (q.not_charted) text += "; " + q.not_charted + " more bucket(s) not charted";
   note.textContent = text;
   fill(tbody, entities.map(e => row([
-    {text: e.entity || "", cls: "entity"}, e.kind, e.user, e.client_id,
+    {text: e.entity || "", cls: "entity"},
+    // observe-only: its dots are the throttles it would have given
+    e.observe_only ? e.kind + " (observe-only)" : e.kind, e.user, e.client_id,
     {text: rate(e.quota, e.unit), cls: "num quota"},
     {text: rate(e.limit, e.unit), cls: "num"},
     {text: rate(e.rate, e.unit), cls: "num"},
