@@ -217,6 +217,8 @@ class Bucket:
         # the longest delay (None: W as measured, window mode)
         if key == REQUEST_RATE:
             self.cap = settings.max_request_throttle or settings.window
+        elif key == CONNECTION_CREATION_RATE:
+            self.cap = settings.window  # Kafka's cap for a throttled connection (KIP-612)
         else:
             self.cap = settings.max_throttle or (
                 (settings.samples - 1) * settings.window if settings.mode == TOKEN_BUCKET else None)
@@ -254,6 +256,8 @@ class Bucket:
         self.limit = limit
         if self.settings.mode == TOKEN_BUCKET and limit is not None:
             burst = limit * self.settings.burst_seconds
+            if self.key == CONNECTION_CREATION_RATE and burst < 1.0:
+                burst = 1.0  # a connection is one unit: under one, none would ever be taken
             if self.tokens is None:
                 self.tokens = TokenBucket(limit, burst)
             else:
@@ -292,6 +296,18 @@ class Bucket:
             self.throttle_ms_total += ms
             self._hold(value, now, ms)
         return ms
+
+    def unrecord(self, value, now):
+        """Take back ``value`` just recorded and throttled: it was not taken
+        (KIP-612 does not count a throttled connection, so a flood does not
+        push the address's next connections further out). The throttle it
+        earned stays counted."""
+        self.total -= value
+        self.rate.record(-value, now)
+        if self.tokens is not None:
+            self.tokens.record(-value, now)  # exactly what take() took
+        if self.held:
+            self.held.pop()  # the entry record() just added: nothing was let through
 
     def _hold(self, value, now, ms):
         """A throttled request: let through over the ``ms`` it earned."""

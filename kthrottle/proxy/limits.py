@@ -7,7 +7,6 @@ import itertools
 import logging
 from collections import Counter
 
-from ..policy.rate import to_ms
 
 log = logging.getLogger("kthrottle.proxy")
 
@@ -119,14 +118,14 @@ class ConnectionRate:
         bucket = quotas.connection_bucket(entity_name(address))
         if bucket is None:
             return None
-        earned = bucket.record(1, now)
-        if not earned:
+        # a connection bucket holds at least one connection, and its throttle
+        # is capped at one quota window, as Kafka caps it (policy.quotas.Bucket)
+        ms = bucket.record(1, now)
+        if not ms:
             return None
-        # Kafka caps this throttle at one quota window (quota.window.size.seconds)
-        ms = min(earned, to_ms(quotas.settings.window))
-        _unrecord(bucket, now, earned - ms)
-        return ms, ("over its connection_creation_rate of %g/s (%s): held unread for its "
-                    "throttle time, then closed (KIP-612)" % (bucket.limit, bucket.entity))
+        bucket.unrecord(1, now)
+        return ms, ("over %g connections/s (connection_creation_rate of %s): closed unread "
+                    "after its throttle time (KIP-612)" % (bucket.limit, bucket.entity))
 
 
 def entity_name(address):
@@ -139,18 +138,6 @@ def entity_name(address):
         return address
     mapped = getattr(ip, "ipv4_mapped", None)
     return (mapped or ip).compressed
-
-
-def _unrecord(bucket, now, over_cap_ms):
-    """Take back a connection the bucket counted and throttled: it was not
-    taken (KIP-612). Its throttle stays counted, at the time it was held."""
-    bucket.total -= 1
-    bucket.rate.record(-1, now)
-    if bucket.tokens is not None:
-        bucket.tokens.record(-1, now)  # exactly what take() took, not forgive()'s "up to"
-    if bucket.held:
-        bucket.held.pop()  # the entry record() just added: nothing was let through
-    bucket.throttle_ms_total -= over_cap_ms
 
 
 class HeldConnections:

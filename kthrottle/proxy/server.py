@@ -445,10 +445,10 @@ class _Acceptor(asyncio.AbstractServer):
     """A listener of the proxy's own (TLS, or the PROXY protocol): accepts;
     with the PROXY protocol reads the header first (bounded by
     handshake-timeout-ms) and takes the client's address from it; applies
-    the address's connection_creation_rate and the connection limits; runs the TLS handshake (bounded
-    by handshake-timeout-ms) before the connection is handed to a
-    ClientConnection. A missing or invalid header, or a handshake that
-    fails, is a refusal."""
+    the address's connection_creation_rate and the connection limits; runs
+    the TLS handshake (bounded by handshake-timeout-ms) before the
+    connection is handed to a ClientConnection. A missing or invalid
+    header, or a handshake that fails, is a refusal."""
 
     def __init__(self, server, sock, name, route):
         self.server = server
