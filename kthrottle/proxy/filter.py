@@ -43,9 +43,12 @@ class Forward(NamedTuple):
 
 class Answer(NamedTuple):
     """Answer in the broker's place; the request is not forwarded. The
-    answer reaches the client in request order."""
+    answer reaches the client in request order. ``mute_ms``: the client is
+    not read from for that long after this request (an answer refusing it for
+    a quota, whose throttle_time_ms the frame carries, KIP-219)."""
 
     frame: bytes
+    mute_ms: int = 0
 
 
 class Throttle(NamedTuple):
@@ -81,7 +84,10 @@ class Observe(NamedTuple):
     """Stream the request on while ``stream`` (with ``feed(chunk, out)``
     that appends the chunk, and ``done``) reads it; once the whole frame has
     gone, ``on_done(ctx, stream)`` returns None or a Throttle for it (the
-    client is then not read further, and the response says so)."""
+    client is then not read further, and the response says so). Several
+    filters may observe one request. Also an answer of ``Filter.stream``: a
+    response read as it streams to the client (its Throttle then mutes the
+    client; the response's head has gone without it)."""
 
     stream: object
     on_done: object
@@ -179,7 +185,8 @@ class Filter:
 
     def stream(self, ctx, inflight):
         """For STREAM: a fresh rewriter with ``feed(chunk, out)``, ``done``
-        and ``nodes`` (codecs.stream), or None to leave this one alone."""
+        and ``nodes`` (codecs.stream), an Observe of a reader that only
+        reads it, or None to leave this one alone."""
         return None
 
     def on_response(self, ctx, inflight, frame):
