@@ -284,7 +284,9 @@ def test_each_filter_reads_only_the_options_it_declares(tmp_path):
                 built.add(cls)
             read[cls] |= recording.read
     assert built >= set(registry.REGISTERED) - {registry.quotas.QuotaAccounting,
-                                                registry.quotas.FetchCap}
+                                                registry.quotas.FetchCap,
+                                                registry.topic_quotas.TopicQuotas,
+                                                registry.controller_mutation.ControllerMutationQuota}
     for cls, names in read.items():
         declared = {o.attr for o in cls.options} | set(cls.reads)
         assert names <= declared, (cls.name, names - declared)

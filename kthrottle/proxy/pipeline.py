@@ -217,16 +217,18 @@ CONNECT_UPSTREAM = ConnectUpstream()
 
 
 class _Observed:
-    """A request stream whose reader decides at the end of the frame."""
+    """A request stream whose reader decides at the end of the frame;
+    ``next``: another filter's, fed the same bytes (each Observe is kept)."""
 
-    __slots__ = ("reader", "on_done", "ctx", "conn", "inflight")
+    __slots__ = ("reader", "on_done", "ctx", "conn", "inflight", "next")
 
-    def __init__(self, reader, on_done, ctx, conn, inflight):
+    def __init__(self, reader, on_done, ctx, conn, inflight, next_=None):
         self.reader = reader
         self.on_done = on_done
         self.ctx = ctx
         self.conn = conn
         self.inflight = inflight
+        self.next = next_
 
     def feed(self, chunk, out):
         reader = self.reader
@@ -238,6 +240,47 @@ class _Observed:
                 inflight.throttle_ms = verdict.delay_ms
                 inflight.throttle_reason = verdict.reason
                 self.conn._throttle_client(verdict.delay_ms, reading_request=True)
+        if self.next is not None:
+            self.next.feed(chunk, [])  # forwarded once, above
+
+
+class _StreamObserved:
+    """A response streaming on (through ``inner``, a filter's rewriter, if
+    any) while another filter's reader reads it (its ``stream`` answered
+    Observe). Once the frame is through, the reader's verdict throttles the
+    client: the response's head has gone, so it is not read for that long."""
+
+    __slots__ = ("inner", "reader", "on_done", "ctx", "conn", "inflight", "done", "nodes")
+
+    def __init__(self, inner, observe, ctx, conn, inflight):
+        self.inner = inner
+        self.reader = observe.stream
+        self.on_done = observe.on_done
+        self.ctx = ctx
+        self.conn = conn
+        self.inflight = inflight
+        self.done = False
+        self.nodes = inner.nodes if inner is not None else ()
+
+    def feed(self, chunk, out):
+        inner = self.inner
+        reader = self.reader
+        if inner is None:
+            reader.feed(chunk, out)
+        else:
+            start = len(out)
+            inner.feed(chunk, out)
+            sink = []
+            for piece in out[start:]:  # what the rewriter let out, in order
+                reader.feed(piece, sink)
+        if reader.done and (inner is None or inner.done):
+            self.done = True
+            verdict = self.on_done(self.ctx, reader)
+            inflight = self.inflight
+            if verdict is not None and verdict.delay_ms > inflight.throttle_ms:
+                inflight.throttle_ms = verdict.delay_ms
+                inflight.throttle_reason = verdict.reason
+                self.conn._throttle_client(verdict.delay_ms)
 
 
 class FilterTable:
@@ -840,8 +883,13 @@ class Connection:
                 request.buf = result
             elif cls is Answer:
                 inflight.answer = verdict.frame
-                inflight.throttle_ms = 0
+                inflight.throttle_ms = 0  # the proxy's own answer says its own
                 self.pending.append(inflight)
+                # a throttle earned (a request quota, or the answer's own for
+                # a quota it refuses) still mutes the client
+                mute = max(delay, verdict.mute_ms)
+                if mute:
+                    self._throttle_client(mute, reading_request=True)
                 return DROP
             elif cls is Refuse:
                 raise _Refused(verdict.reason, verdict.refused)
@@ -849,7 +897,8 @@ class Connection:
                 self._pending_job(inflight, verdict, contexts[i])
                 return DROP
             elif cls is Observe:
-                observed = _Observed(verdict.stream, verdict.on_done, contexts[i], self, inflight)
+                observed = _Observed(verdict.stream, verdict.on_done, contexts[i], self, inflight,
+                                     observed)
             elif cls is Defer:
                 self.requests -= 1  # counted when it is read for good
                 if verdict.delay_ms > self._mute_due:
@@ -1118,13 +1167,25 @@ class Connection:
 
     def _stream_rewriter(self, inflight):
         """The rewriter of the first filter that streams this response (one
-        filter streams a response; others may gather it instead)."""
+        filter rewrites a response; others may gather it instead), wrapped
+        for each filter that only reads it as it streams (Observe)."""
         contexts = self.contexts
+        rewriter = None
+        observers = None
         for f, i in inflight.response_filters:
-            rewriter = f.stream(contexts[i], inflight)
-            if rewriter is not None:
-                return rewriter
-        return None
+            got = f.stream(contexts[i], inflight)
+            if got is None:
+                continue
+            if got.__class__ is Observe:
+                if observers is None:
+                    observers = []
+                observers.append((got, contexts[i]))
+            elif rewriter is None:
+                rewriter = got
+        if observers is not None:
+            for observe, ctx in observers:
+                rewriter = _StreamObserved(rewriter, observe, ctx, self, inflight)
+        return rewriter
 
     def _finish_stream(self):
         """A streamed response is through: report the addresses it held

@@ -11,11 +11,13 @@ its TOML file. ``forbidden_api_keys.py`` is the smallest example.
 from . import (
     address_rewrite,
     admin_api,
+    controller_mutation,
     forbidden_api_keys,
     quotas,
     sasl_passthrough,
     sasl_terminate,
     storage,
+    topic_quotas,
     upstream_login,
     version_gate,
 )
@@ -37,7 +39,11 @@ REGISTERED = (
     # once, when it goes
     storage.StorageThrottle,
     quotas.QuotaAccounting,
+    # per-topic quotas: their throttle and the client's, the larger kept
+    topic_quotas.TopicQuotas,
     quotas.FetchCap,
+    # KIP-599: after the request quota, which counts a refused mutation too
+    controller_mutation.ControllerMutationQuota,
 )
 
 
@@ -52,11 +58,13 @@ def standard_filters(advertise, quotas=None, authenticator=None, upstream_login=
     """The proxy's chain from filters made by hand (tests and benchmarks
     that run a pipeline without a configuration), in the registered order."""
     from .address_rewrite import AddressRewrite
+    from .controller_mutation import ControllerMutationQuota
     from .quotas import FetchCap, QuotaAccounting
+    from .topic_quotas import TopicQuotas
     from .version_gate import VersionGate
 
     chosen = [upstream_login, authenticator, VersionGate(), AddressRewrite(advertise), storage]
     if quotas is not None:
-        chosen += [QuotaAccounting(), FetchCap()]
+        chosen += [QuotaAccounting(), TopicQuotas(quotas), FetchCap(), ControllerMutationQuota()]
     order = {cls: i for i, cls in enumerate(REGISTERED)}
     return sorted((f for f in chosen if f is not None), key=lambda f: order[type(f)])
