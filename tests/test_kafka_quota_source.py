@@ -33,23 +33,38 @@ def test_entries_become_the_snapshot_and_what_is_not_enforced_is_left_out_with_w
         ([("user", None)], [("consumer_byte_rate", 2048.0)]),
         ([("user", "bob"), ("client-id", None)], [("producer_byte_rate", 10.0)]),
         ([("client-id", "a b")], [("request_rate", 5.0)]),
-        ([("ip", "10.0.0.1")], [("connection_creation_rate", 3.0)]),
-        ([("user", "carol")], [("controller_mutation_rate", 1.0)]),
+        ([("ip", "10.0.0.1")], [("connection_creation_rate", 3.0), ("observe_only", 1.0)]),
+        ([("ip", None)], [("connection_creation_rate", 30.0), ("producer_byte_rate", 1.0)]),
+        ([("ip", "not-an-address")], [("connection_creation_rate", 3.0)]),
+        ([("user", "carol")], [("controller_mutation_rate", 1.5)]),
+        # no Kafka cluster has topic entities; a kthrottle answering the admin API does
+        ([("topic", "orders")], [("producer_byte_rate", 4096.0)]),
+        ([("group", "g")], [("producer_byte_rate", 1.0)]),
+        ([("ip", "10.0.0.2"), ("user", "u")], [("connection_creation_rate", 1.0)]),
     ])
     assert snapshot == {
         "users/alice": {"producer_byte_rate": 1024.0},
         "users/<default>": {"consumer_byte_rate": 2048.0},
         "users/bob/clients/<default>": {"producer_byte_rate": 10.0},
         "clients/a%20b": {"request_rate": 5.0},
+        "ips/10.0.0.1": {"connection_creation_rate": 3.0, "observe_only": 1.0},
+        "ips/<default>": {"connection_creation_rate": 30.0},
+        "users/carol": {"controller_mutation_rate": 1.5},
+        "topics/orders": {"producer_byte_rate": 4096.0},
     }
     assert skipped == {
         ("user 'alice'", "request_percentage", 50.0):
             "kthrottle does not enforce request_percentage (its request quota is request_rate, "
             "in requests per second)",
-        ("ip '10.0.0.1'", "connection_creation_rate", 3.0):
-            "kthrottle enforces quotas of users and client-ids, not of ip",
-        ("user 'carol'", "controller_mutation_rate", 1.0):
-            "kthrottle does not enforce controller_mutation_rate",
+        ("default ip", "producer_byte_rate", 1.0):
+            "producer_byte_rate is not a quota of ip entities",
+        ("ip 'not-an-address'", "connection_creation_rate", 3.0):
+            "not an ip address: 'not-an-address' (an IPv4 or IPv6 address, or <default>)",
+        ("group 'g'", "producer_byte_rate", 1.0):
+            "kthrottle enforces quotas of user, client-id, ip, topic entities, not of group",
+        ("ip '10.0.0.2', user 'u'", "connection_creation_rate", 1.0):
+            "no quota entity is ip + user: user and client-id go alone or together, "
+            "ip and topic alone",
     }
 
 

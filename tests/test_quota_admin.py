@@ -55,7 +55,7 @@ def test_exact_default_and_any_matches_as_kafka():
                                                ((U, None), (CL, None))}
     assert described([C(U, 1), C(CL, 1)], strict=True) == {((U, None), (CL, None))}
     assert described([C(CL, 1)]) == {((CL, None),), ((U, None), (CL, None))}
-    assert described([C(rules.IP, 2)]) == set()  # no ip quotas are kept
+    assert described([C(rules.IP, 2)]) == set()  # the snapshot has no ip entity
 
 
 def test_values_are_the_entity_quotas():
@@ -102,7 +102,24 @@ def test_a_valid_alteration_names_its_path():
     (((rules.IP, "1.2.3.4"), (U, "a")), ("request_rate", 1, False),
      "Invalid quota entity combination, IP entity should not be used with user/client ID "
      "entity."),
-    (((rules.IP, "1.2.3.4"),), ("connection_creation_rate", 1, False), rules.IP_REFUSED),
+    (((rules.IP, "1.2.3.4"),), ("producer_byte_rate", 1, False),
+     "producer_byte_rate is not a quota of ip entities"),
+    (((rules.IP, "example.com"),), ("connection_creation_rate", 1, False),
+     "not an ip address: 'example.com'"),
+    (((rules.IP, None),), ("connection_creation_rate", 1.5, False),
+     "Configuration connection_creation_rate must be a Integer value"),
+    (((rules.IP, None),), ("connection_creation_rate", 2.0 ** 40, False),
+     "Proposed value for connection_creation_rate is too large for an INT."),
+    (((rules.TOPIC, "orders"), (U, "a")), ("producer_byte_rate", 1, False),
+     "Invalid quota entity combination, topic entity should not be used with any other"),
+    (((rules.TOPIC, "a/b"),), ("producer_byte_rate", 1, False), "not a topic name"),
+    (((rules.TOPIC, "orders"),), ("request_rate", 1, False),
+     "request_rate is not a quota of topic entities"),
+    (((U, "a"),), ("connection_creation_rate", 1, False),
+     "connection_creation_rate is not a quota of client entities"),
+    (((U, "a"),), ("observe_only", 0.5, False), "observe_only must be 1 (true) or 0 (false)"),
+    (((U, "a"),), ("producer_byte_rate", float("nan"), False),
+     "producer_byte_rate must be a positive finite number"),
     (((U, "a"),), ("nonsense", 1, False), "Invalid configuration key nonsense"),
     (((U, "a"),), ("producer_byte_rate", 1.5, False),
      "Configuration producer_byte_rate must be a Long value"),
@@ -236,3 +253,45 @@ def test_hmac_is_what_kafka_uses():  # RFC 5802: ServerKey = HMAC(SaltedPassword
     sp = salted("pw", b"x" * 12, 4096)
     assert rules.scram_keys("SCRAM-SHA-256", sp)[1] == hmac.new(sp, b"Server Key",
                                                                 "sha256").digest()
+
+
+# ip and topic entities, the new keys -------------------------------------------
+
+T = rules.TOPIC
+KINDS = {
+    "users/alice": {"controller_mutation_rate": 2.5, "observe_only": 1.0},
+    "ips/<default>": {"connection_creation_rate": 10.0},
+    "ips/10.0.0.1": {"connection_creation_rate": 100.0, "observe_only": 1.0},
+    "topics/orders": {"producer_byte_rate": 4096.0},
+    "topics/<default>": {"consumer_byte_rate": 2048.0},
+}
+
+
+def test_ip_and_topic_entities_are_described_as_kafka_names_them():
+    def found(components, strict=False):
+        return [entity for entity, _ in rules.describe_quotas(KINDS, components, strict)]
+
+    # users and clients first, then ips, then topics
+    assert found([]) == [((U, "alice"),), ((rules.IP, "10.0.0.1"),), ((rules.IP, None),),
+                         ((T, "orders"),), ((T, None),)]
+    assert found([C(rules.IP, 2)]) == [((rules.IP, "10.0.0.1"),), ((rules.IP, None),)]
+    assert found([C(rules.IP, 1)], strict=True) == [((rules.IP, None),)]
+    assert found([C(T, 0, "orders")]) == [((T, "orders"),)]
+    assert found([C(U, 2)]) == [((U, "alice"),)]
+    entries = dict(rules.describe_quotas(KINDS, [C(rules.IP, 0, "10.0.0.1")], True))
+    assert entries == {((rules.IP, "10.0.0.1"),): (("connection_creation_rate", 100.0),
+                                                   ("observe_only", 1.0))}
+    with pytest.raises(rules.AdminError, match="topic filter component should not be used"):
+        rules.describe_quotas(KINDS, [C(T, 2), C(rules.IP, 2)], False)
+
+
+def test_ip_topic_and_new_key_alterations_name_their_paths():
+    assert rules.quota_change(((rules.IP, "0:0::1"),), ops(
+        ("connection_creation_rate", 5.0, False), ("observe_only", 1.0, False))) == \
+        rules.QuotaChange("ips/::1", {"connection_creation_rate": 5.0, "observe_only": 1.0}, ())
+    assert rules.quota_change(((rules.IP, None),), ops(("observe_only", 0.0, True))) == \
+        rules.QuotaChange("ips/<default>", {}, ("observe_only",))
+    assert rules.quota_change(((T, "orders"),), ops(("producer_byte_rate", 1024.0, False))) == \
+        rules.QuotaChange("topics/orders", {"producer_byte_rate": 1024.0}, ())
+    assert rules.quota_change(((U, "a"), (CL, None)), ops(
+        ("controller_mutation_rate", 0.5, False))).add == {"controller_mutation_rate": 0.5}

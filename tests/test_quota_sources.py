@@ -222,7 +222,8 @@ def test_quota_file_is_followed_and_a_broken_edit_keeps_the_last_quotas(broker, 
     ('[clients.a]\nproducer_byte_rate = -5\n', "[clients.\"a\"]: producer_byte_rate must be a "
                                                "positive finite number"),
     ('[clients.a]\nbyte_rate = 5\n', "unknown quota key 'byte_rate'"),
-    ('[topics.a]\nx = 1\n', "unknown section 'topics'"),
+    ('[groups.a]\nx = 1\n', "unknown section 'groups'"),
+    ('[topics.a]\nrequest_rate = 1\n', "request_rate is not a quota of topic entities"),
     ('[clients.a\n', "is not valid TOML"),
     ('\n  \n', "is empty; to remove all quotas, write a file holding only a comment"),
 ])

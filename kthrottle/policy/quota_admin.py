@@ -5,18 +5,32 @@ filter matches, which alterations are valid, and the per-entry errors with
 Kafka's own codes and messages. Pure: snapshots in, answers out, no I/O.
 
 Entities on the wire are ((entity type, name), ...) with a null name for
-the default entity; here they become the quota paths of ``entities``.
+the default entity; here they become the quota paths of ``entities``. The
+types are Kafka's (user, client-id, ip) and kthrottle's own ``topic``.
 """
 import hashlib
 import hmac
 from typing import NamedTuple
 
-from .entities import DEFAULT, QUOTA_KEYS, REQUEST_RATE, entity_path, parse_entity_path
+from .entities import (
+    CONNECTION_CREATION_RATE,
+    CONSUMER_BYTE_RATE,
+    DEFAULT,
+    OBSERVE_ONLY,
+    PRODUCER_BYTE_RATE,
+    QUOTA_KEYS,
+    REQUEST_RATE,
+    entity_kind,
+    keys_for,
+    parse_entity,
+    path_of_entity,
+)
 
 USER = "user"
 CLIENT_ID = "client-id"
 IP = "ip"
-ENTITY_TYPES = (USER, CLIENT_ID, IP)
+TOPIC = "topic"  # kthrottle's own: no Kafka broker has it
+ENTITY_TYPES = (USER, CLIENT_ID, IP, TOPIC)
 
 # DescribeClientQuotas match types
 EXACT, DEFAULT_NAME, ANY = 0, 1, 2
@@ -39,15 +53,12 @@ CLUSTER_AUTHORIZATION_FAILED_MESSAGE = "Cluster authorization failed."  # Errors
 KAFKA_ONLY_KEYS = {
     "request_percentage": "request_percentage (a share of the brokers' request-handler time) "
                           "is not enforced by kthrottle: use %s, requests per second" % REQUEST_RATE,
-    "controller_mutation_rate": "controller_mutation_rate (KIP-599) is not enforced by "
-                                "kthrottle: set it on the brokers",
-    "connection_creation_rate": "connection_creation_rate is a quota of ip entities",
 }
-# Kafka's LONG quota keys (QuotaConfigs): whole numbers on the wire's float64
-LONG_KEYS = ("producer_byte_rate", "consumer_byte_rate")
-
-IP_REFUSED = ("ip quotas (connection_creation_rate, KIP-612) are not kept by kthrottle's quota "
-              "sources yet: set them on the brokers")
+# Kafka's whole-number quota keys (QuotaConfigs: LONG, and connection_creation_rate
+# an INT) on the wire's float64
+LONG_KEYS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE)
+INT_KEYS = (CONNECTION_CREATION_RATE,)
+INT_MAX = 2 ** 31 - 1
 
 
 class AdminError(Exception):
@@ -61,7 +72,7 @@ class AdminError(Exception):
 
 # DescribeClientQuotas ------------------------------------------------------------
 
-_DUPLICATE_COMPONENT = {USER: "user", CLIENT_ID: "client", IP: "ip"}
+_DUPLICATE_COMPONENT = {USER: "user", CLIENT_ID: "client", IP: "ip", TOPIC: "topic"}
 
 
 def _filter(components):
@@ -94,6 +105,9 @@ def _filter(components):
         raise AdminError(INVALID_REQUEST, "Invalid entity filter component combination, IP "
                          "filter component should not be used with user or clientId filter "
                          "component.")
+    if TOPIC in by_type and len(by_type) > 1:
+        raise AdminError(INVALID_REQUEST, "Invalid entity filter component combination, topic "
+                         "filter component should not be used with any other component.")
     return by_type
 
 
@@ -108,37 +122,38 @@ def _matches(wanted, name, strict):
     return name == wanted
 
 
-def wire_entity(user, client_id):
-    """(user, client-id) as on the wire: ((type, name or None), ...)."""
-    entity = []
-    if user is not None:
-        entity.append((USER, None if user == DEFAULT else user))
-    if client_id is not None:
-        entity.append((CLIENT_ID, None if client_id == DEFAULT else client_id))
-    return tuple(entity)
+def wire_entity(names):
+    """``{entity type: name or DEFAULT}`` (entities.parse_entity) as on the
+    wire: ((type, name or None), ...) in Kafka's order of types."""
+    return tuple((t, None if names[t] == DEFAULT else names[t])
+                 for t in ENTITY_TYPES if t in names)
+
+
+_KIND_ORDER = {USER: 0, CLIENT_ID: 0, IP: 1, TOPIC: 2}
 
 
 def describe_quotas(snapshot, components, strict):
     """The entries of ``snapshot`` ({path: {key: value}}) a DescribeClientQuotas
-    filter matches: ((entity, ((key, value), ...)), ...) in a stable order.
-    AdminError for a bad filter (the whole answer's error)."""
+    filter matches: ((entity, ((key, value), ...)), ...) in a stable order
+    (users and clients, ips, topics). As in Kafka, a filter with no
+    component of a type matches entities without one, and without
+    ``strict`` any entity. AdminError for a bad filter (the whole answer's
+    error)."""
     by_type = _filter(components)
-    if IP in by_type:
-        return ()  # no ip quotas are kept (IP_REFUSED)
-    want_user, want_client = by_type.get(USER), by_type.get(CLIENT_ID)
     found = []
     for path, config in snapshot.items():
         if path == "static" or not config:
             continue
         try:
-            user, client_id = parse_entity_path(path)
+            names = parse_entity(path)
         except ValueError:
             continue
-        if _matches(want_user, user, strict) and _matches(want_client, client_id, strict):
+        if all(_matches(by_type.get(t), names.get(t), strict) for t in ENTITY_TYPES):
             values = tuple((key, float(config[key])) for key in QUOTA_KEYS if key in config)
             if values:
-                found.append((wire_entity(user, client_id), values))
-    found.sort(key=lambda entry: [(t, n is None, n or "") for t, n in entry[0]])
+                found.append((wire_entity(names), values))
+    found.sort(key=lambda entry: (_KIND_ORDER[entry[0][0][0]],
+                                  [(t, n is None, n or "") for t, n in entry[0]]))
     return tuple(found)
 
 
@@ -178,11 +193,17 @@ def quota_change(entity, ops):
             raise AdminError(INVALID_REQUEST, "%s is how kthrottle's sources write the default "
                              "%s: send a null name for it" % (DEFAULT, entity_type))
         names[entity_type] = DEFAULT if name is None else name
-    if IP in names:
-        if len(names) > 1:
-            raise AdminError(INVALID_REQUEST, "Invalid quota entity combination, IP entity "
-                             "should not be used with user/client ID entity.")
-        raise AdminError(INVALID_REQUEST, IP_REFUSED)
+    if IP in names and len(names) > 1:
+        raise AdminError(INVALID_REQUEST, "Invalid quota entity combination, IP entity "
+                         "should not be used with user/client ID entity.")
+    if TOPIC in names and len(names) > 1:
+        raise AdminError(INVALID_REQUEST, "Invalid quota entity combination, topic entity "
+                         "should not be used with any other entity.")
+    try:
+        path = path_of_entity(names)
+    except ValueError as exc:  # an ip that is not an address, a topic name Kafka refuses
+        raise AdminError(INVALID_REQUEST, str(exc)) from None
+    allowed = keys_for(path)
     add, delete = {}, []
     seen = set()
     for key, value, remove in ops:
@@ -198,13 +219,25 @@ def quota_change(entity, ops):
             raise AdminError(INVALID_REQUEST, KAFKA_ONLY_KEYS[key])
         if key not in QUOTA_KEYS:
             raise AdminError(INVALID_REQUEST, "Invalid configuration key %s" % key)
-        if key in LONG_KEYS and abs(int(value + 1e-6) - value) > 1e-6:
-            raise AdminError(INVALID_REQUEST, "Configuration %s must be a Long value" % key)
-        if not value > 0 or value == float("inf"):
+        if key not in allowed:
+            raise AdminError(INVALID_REQUEST, "%s is not a quota of %s entities (they hold: %s)"
+                             % (key, entity_kind(path), ", ".join(allowed)))
+        if key == OBSERVE_ONLY:
+            if value not in (0.0, 1.0):
+                raise AdminError(INVALID_REQUEST, "%s must be 1 (true) or 0 (false), got %r"
+                                 % (key, value))
+            add[key] = value
+            continue
+        if not value > 0 or value == float("inf"):  # NaN too
             raise AdminError(INVALID_REQUEST, "%s must be a positive finite number, got %r"
                              % (key, value))
+        if key in INT_KEYS and value > INT_MAX:
+            raise AdminError(INVALID_REQUEST, "Proposed value for %s is too large for an INT."
+                             % key)
+        if (key in LONG_KEYS or key in INT_KEYS) and abs(int(value + 1e-6) - value) > 1e-6:
+            raise AdminError(INVALID_REQUEST, "Configuration %s must be a %s value"
+                             % (key, "Long" if key in LONG_KEYS else "Integer"))
         add[key] = value
-    path = entity_path(user=names.get(USER), client_id=names.get(CLIENT_ID))
     return QuotaChange(path, add, tuple(delete))
 
 

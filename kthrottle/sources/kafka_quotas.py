@@ -23,7 +23,16 @@ start: it would never give quotas.
 import asyncio
 import logging
 
-from ..policy.entities import DEFAULT, QUOTA_KEYS, REQUEST_RATE, entity_path, parse_quota_value
+from ..policy.entities import (
+    DEFAULT,
+    ENTITY_TYPES,
+    QUOTA_KEYS,
+    REQUEST_RATE,
+    entity_kind,
+    keys_for,
+    path_of_entity,
+    validate_quota_config,
+)
 from . import QuotaSource, QuotaStoreError, cancelled, entity_count
 from .async_kafka import (
     AIOKAFKA_ERRORS,
@@ -65,24 +74,28 @@ def snapshot_from_entries(entries):
     ``{entity path: {quota key: float}}`` of what kthrottle enforces, and
     ``{(entity text, key, value): why}`` of each value left out (an entity
     type or a key kthrottle does not enforce, a value it cannot use).
+    Kafka's user, client-id and ip entities are read; a ``topic`` entity
+    only comes from a kthrottle proxy answering the admin API itself (no
+    Kafka cluster keeps one) and is read too.
 
     ``entries``: (components, values), components [(entity type, name or
     None for the default)], values [(key, value)]."""
     snapshot, skipped = {}, {}
     for components, values in entries:
         text = _entity_text(components)
-        kinds = dict(components)
-        others = [kind for kind, _ in components if kind not in (USER, CLIENT_ID)]
-        if others or not kinds or len(kinds) != len(components):
-            why = ("kthrottle enforces quotas of users and client-ids, not of %s"
-                   % ", ".join(sorted(set(others))) if others else "not a user or client-id entity")
+        names = {kind: DEFAULT if name is None else name for kind, name in components}
+        others = sorted({kind for kind, _ in components if kind not in ENTITY_TYPES})
+        try:
+            if others:
+                raise ValueError("kthrottle enforces quotas of %s entities, not of %s"
+                                 % (", ".join(ENTITY_TYPES), ", ".join(others)))
+            if len(names) != len(components):
+                raise ValueError("an entity type given twice")
+            path = path_of_entity(names)
+        except ValueError as exc:
             for key, value in values:
-                skipped[(text, key, value)] = why
+                skipped[(text, key, value)] = str(exc)
             continue
-        user = kinds.get(USER, False)
-        client = kinds.get(CLIENT_ID, False)
-        path = entity_path(None if user is False else (DEFAULT if user is None else user),
-                           None if client is False else (DEFAULT if client is None else client))
         config = {}
         for key, value in values:
             if key not in QUOTA_KEYS:
@@ -91,8 +104,12 @@ def snapshot_from_entries(entries):
                     why += " (its request quota is %s, in requests per second)" % REQUEST_RATE
                 skipped[(text, key, value)] = why
                 continue
+            if key not in keys_for(path):
+                skipped[(text, key, value)] = "%s is not a quota of %s entities" % (
+                    key, entity_kind(path))
+                continue
             try:
-                config[key] = parse_quota_value(key, value)
+                config.update(validate_quota_config({key: value}, path=path))
             except ValueError as exc:
                 skipped[(text, key, value)] = str(exc)
         if config:
@@ -300,3 +317,109 @@ class KafkaQuotaSource(QuotaSource):
     async def stop(self):
         self._task = await cancelled(self._task)
         await self._drop_client()
+
+
+# kafka-configs --bootstrap-server: the admin API of a cluster or a proxy ------------
+
+class AdminApiQuotaStore:
+    """Quotas read and altered through Kafka's admin API (KIP-546) of a
+    cluster, or of a kthrottle proxy answering it (``--admin-principals``):
+    what ``kthrottle quotas --bootstrap-server`` uses, as kafka-configs
+    --bootstrap-server does. Blocking: each call is one connection's
+    requests on an event loop of its own."""
+
+    def __init__(self, bootstrap_servers, security, timeout=MAX_READ_TIMEOUT,
+                 client_id="kthrottle-quotas"):
+        self.config = aiokafka_config(bootstrap_servers, client_id, security, timeout)
+        self.secret = security.sasl_password
+        self.timeout = timeout
+        self.describe = "the admin API at %s" % describe_connection(
+            bootstrap_servers, security.security_protocol, security.sasl_mechanism,
+            security.sasl_username, security.ssl_cert)
+
+    def connect(self):
+        return self
+
+    def close(self):
+        pass
+
+    def _call(self, request, response):
+        """Send the kafka-python ``request`` fields (a KafkaPythonRequest) and
+        return the answer; QuotaStoreError says why there is none."""
+        from aiokafka import AIOKafkaClient
+        from aiokafka.errors import IncompatibleBrokerVersion
+
+        async def call():
+            quiet_aiokafka_logging()
+            client = AIOKafkaClient(**self.config)
+            try:
+                async with asyncio.timeout(self.timeout):
+                    await client.bootstrap()
+                    return await client.send(client.get_random_node(), request)
+            finally:
+                await client.close()
+
+        try:
+            return asyncio.run(call())
+        except IncompatibleBrokerVersion as exc:
+            raise QuotaStoreError("%s does not answer %s (KIP-546): %s" % (
+                self.describe, request.request_class.__name__.replace("Request", ""),
+                error_text(exc, self.secret))) from None
+        except (asyncio.TimeoutError, TimeoutError):
+            raise QuotaStoreError("%s: no answer within %gs" % (self.describe, self.timeout))
+        except Exception as exc:  # aiokafka raises a variety, OSError included
+            raise QuotaStoreError("cannot reach %s: %s" % (
+                self.describe, connection_error(exc, self.secret))) from None
+
+    def entries(self, components=(), strict=False):
+        """DescribeClientQuotas: [(components, values)] as snapshot_from_entries
+        takes them. ``components``: (entity type, match type, name) each."""
+        from aiokafka.errors import for_code
+
+        request_class, response_class = kafka_python_messages(
+            "admin", "DescribeClientQuotasRequest", "DescribeClientQuotasResponse")
+        data = request_class.ComponentData
+        response = self._call(KafkaPythonRequest(
+            request_class, response_class, strict=strict,
+            components=[data(entity_type=t, match_type=m, match=n) for t, m, n in components]),
+            response_class)
+        if response.error_code:
+            raise QuotaStoreError("%s refused DescribeClientQuotas: %s%s" % (
+                self.describe, for_code(response.error_code).__name__,
+                ": %s" % response.error_message if response.error_message else ""))
+        return [([(e.entity_type, e.entity_name) for e in entry.entity],
+                 [(v.key, v.value) for v in entry.values]) for entry in response.entries or ()]
+
+    def read(self):
+        """Every entity's quotas that kthrottle knows, as a snapshot (what
+        it does not know is left out)."""
+        return snapshot_from_entries(self.entries())[0]
+
+    def alter(self, path, add=None, delete=()):
+        """AlterClientQuotas of one entity; its quotas after (DescribeClientQuotas,
+        strict). The entry's error raises QuotaStoreError with its message."""
+        from aiokafka.errors import for_code
+
+        from ..policy.entities import parse_entity
+        from ..policy.quota_file import altered
+
+        altered({}, add, delete, path)  # refused here as it would be there
+        names = parse_entity(path)
+        entity = [(t, None if n == DEFAULT else n) for t, n in names.items()]
+        request_class, response_class = kafka_python_messages(
+            "admin", "AlterClientQuotasRequest", "AlterClientQuotasResponse")
+        data = request_class.EntryData
+        values = validate_quota_config(add or {}, path=path)
+        ops = [data.OpData(key=k, value=v, remove=False) for k, v in values.items()]
+        ops += [data.OpData(key=k, value=0.0, remove=True) for k in delete]
+        response = self._call(KafkaPythonRequest(
+            request_class, response_class, validate_only=False,
+            entries=[data(entity=[data.EntityData(entity_type=t, entity_name=n)
+                                  for t, n in entity], ops=ops)]), response_class)
+        for entry in response.entries:
+            if entry.error_code:
+                raise QuotaStoreError("%s refused the alteration: %s%s" % (
+                    self.describe, for_code(entry.error_code).__name__,
+                    ": %s" % entry.error_message if entry.error_message else ""))
+        components = [(t, 0, n) if n is not None else (t, 1, None) for t, n in entity]
+        return snapshot_from_entries(self.entries(components, strict=True))[0].get(path, {})
