@@ -1,10 +1,13 @@
 """``kthrottle quotas alter|describe|delete``: kafka-configs for quotas.
 
-The flags are kafka-configs.sh's: ``--entity-type users|clients`` paired in
-order with ``--entity-name NAME`` or ``--entity-default``; both types in one
-command name a <user, client-id> entity (KIP-55). Against ZooKeeper the znodes
-and change notifications are exactly Kafka's, so brokers and proxies alike
-pick the change up.
+The flags are kafka-configs.sh's: ``--entity-type users|clients|ips|topics``
+paired in order with ``--entity-name NAME`` or ``--entity-default``; users and
+clients in one command name a <user, client-id> entity (KIP-55); an ip
+(KIP-612) or a topic (kthrottle's own) goes alone. Against ZooKeeper the
+znodes and change notifications are exactly Kafka's, so brokers and proxies
+alike pick the change up (topics: in kthrottle's own znodes). With
+``--bootstrap-server`` the quotas are read and altered through Kafka's admin
+API (KIP-546), of a cluster or of a proxy answering it.
 
 SASL/SCRAM credentials are altered the same way, as kafka-configs does
 (``--add-config 'SCRAM-SHA-512=[iterations=8192,password=...]'``,
@@ -15,11 +18,27 @@ import argparse
 import re
 import sys
 
-from .policy.entities import DEFAULT, QUOTA_KEYS, entity_path, parse_entity_path
+from .policy.entities import (
+    DEFAULT,
+    OBSERVE_ONLY,
+    QUOTA_KEYS,
+    entity_path,
+    ip_path,
+    keys_for,
+    parse_entity,
+    topic_path,
+)
 from .policy.quota_file import STATIC, format_value
-from .security import ZOOKEEPER
+from .security import ZOOKEEPER, ClientSecurityOptions
 
-ENTITY_TYPES = ("users", "clients")
+ENTITY_TYPES = ("users", "clients", "ips", "topics")
+PASSWORD_ENV = "KTHROTTLE_SASL_PASSWORD"
+# towards --bootstrap-server (kafka-configs' --command-config settings, as flags)
+SECURITY = ClientSecurityOptions(
+    who="the command", password_env=PASSWORD_ENV,
+    title="security (with --bootstrap-server)",
+    description="The password is never a flag: --sasl-password-file, else the environment "
+    "variable %s." % PASSWORD_ENV)
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")  # = sources.credentials.MECHANISMS
 # kafka-configs' form of a SCRAM value (ConfigCommand); the password is the rest
 _SCRAM_VALUE = re.compile(r"(?:iterations=(\d+),)?password=(.*)", re.DOTALL)
@@ -39,10 +58,15 @@ def add_parser(sub):
     quotas = sub.add_parser(
         "quotas", help="alter, describe or delete quotas (and SASL/SCRAM credentials) in a "
         "quota file or ZooKeeper",
-        description="Manage KIP-55 quotas (producer_byte_rate, consumer_byte_rate in bytes/s; "
-        "request_rate in requests/s, KIP-124) with kafka-configs' flags, in the TOML quota "
-        "file a proxy reads (--quota-file) or in ZooKeeper in Kafka's own layout "
-        "(--zookeeper), where a change notification is written too. A user's SASL/SCRAM "
+        description="Manage quotas with kafka-configs' flags: of users and clients (KIP-55: "
+        "producer_byte_rate, consumer_byte_rate in bytes/s; request_rate in requests/s, "
+        "KIP-124; controller_mutation_rate in partitions/s, KIP-599), of ips (KIP-612: "
+        "connection_creation_rate in connections/s) and of topics (kthrottle's own: "
+        "producer_byte_rate, consumer_byte_rate); observe_only=true on any entity makes its "
+        "quotas a dry run (--observe-only, --enforce). They live in the TOML quota file a "
+        "proxy reads (--quota-file), in ZooKeeper in Kafka's own layout (--zookeeper), where "
+        "a change notification is written too, or behind Kafka's admin API "
+        "(--bootstrap-server: a cluster, or a proxy with --admin-principals). A user's SASL/SCRAM "
         "credentials (SCRAM-SHA-256, SCRAM-SHA-512) are managed the same way, salted as Kafka "
         "stores them, in the user znodes (--zookeeper) or in a credentials file "
         "(--credentials-file).",
@@ -52,6 +76,10 @@ def add_parser(sub):
         "  kthrottle quotas alter --zookeeper 127.0.0.1:2181 --entity-type users --entity-name alice "
         "--entity-type clients --entity-default --add-config consumer_byte_rate=2097152\n"
         "  kthrottle quotas describe --zookeeper 127.0.0.1:2181/kafka --entity-type users\n"
+        "  kthrottle quotas alter --quota-file quotas.toml --entity-type ips --entity-default "
+        "--add-config connection_creation_rate=10\n"
+        "  kthrottle quotas alter --bootstrap-server proxy:9092 --entity-type topics "
+        "--entity-name orders --add-config producer_byte_rate=1048576 --observe-only\n"
         "  kthrottle quotas delete --quota-file quotas.toml --entity-type clients --entity-name app\n"
         "  kthrottle quotas alter --credentials-file credentials.toml --entity-type users "
         "--entity-name alice --add-config 'SCRAM-SHA-512=[iterations=8192,password=alice-secret]'\n",
@@ -72,13 +100,19 @@ def add_parser(sub):
         ZOOKEEPER.replace(help="ZooKeeper of a ZooKeeper-mode Kafka cluster (or of the "
                           "proxies); SCRAM credentials go into the user znodes, as kafka-configs "
                           "does").add_to(where)
+        where.add_argument("--bootstrap-server", metavar="HOST:PORT[,HOST:PORT...]",
+                           help="Kafka's admin API (DescribeClientQuotas, AlterClientQuotas) of "
+                           "a cluster, or of a kthrottle proxy answering it (--admin-principals;"
+                           " topics only there)")
         p.add_argument("--credentials-file", metavar="PATH",
                        help="the TOML file of salted SCRAM credentials a proxy reads (with "
                        "--quota-file, or alone; not with --zookeeper)")
         p.add_argument("--entity-type", action="append", choices=ENTITY_TYPES, default=[],
-                       help="users or clients; give both for a <user, client-id> entity")
+                       help="users, clients, ips or topics; users and clients both for a "
+                       "<user, client-id> entity")
         p.add_argument("--entity-name", action=_EntityName, metavar="NAME", dest="entity_names",
-                       help="a user principal or client-id, paired in order with --entity-type")
+                       help="a user principal, client-id, ip address or topic, paired in order "
+                       "with --entity-type")
         p.add_argument("--entity-default", action=_EntityName, nargs=0, dest="entity_names",
                        help="the <default> entity of the --entity-type in the same position")
         if name == "alter":
@@ -87,25 +121,50 @@ def add_parser(sub):
                            "%s=[password=...] or [iterations=N,password=...] (salted "
                            "before it is written)" % (", ".join(QUOTA_KEYS),
                                                       "|".join(SCRAM_MECHANISMS)))
+            dry = p.add_mutually_exclusive_group()
+            dry.add_argument("--observe-only", action="store_true",
+                             help="make the entity's quotas a dry run: measured and reported, "
+                             "delaying no one (sets observe_only=true)")
+            dry.add_argument("--enforce", action="store_true",
+                             help="enforce the entity's quotas again (removes observe_only)")
         if name in ("alter", "delete"):
             p.add_argument("--delete-config", metavar="K[,K...]",
                            help="quota keys or SCRAM mechanisms to remove")
+        SECURITY.add_to(p)
+    from . import recommendations
+
+    recommendations.add_parser(actions)  # its own flags: read, not alter
     return quotas
 
 
 def _entity(args, parser, need_names):
+    """(named {entity type: name or DEFAULT}, types, path or None when not
+    every type is named)."""
     types = args.entity_type
     names = args.entity_names or []
-    if len(types) > 2 or len(set(types)) != len(types):
-        parser.error("give --entity-type users, clients, or both once each")
+    if len(types) > 2 or len(set(types)) != len(types) or (
+            len(types) == 2 and set(types) != {"users", "clients"}):
+        parser.error("give --entity-type users, clients, or both once each; or ips or "
+                     "topics alone")
     if len(names) > len(types):
         parser.error("each --entity-name/--entity-default needs an --entity-type before it")
     if need_names and (not types or len(names) < len(types)):
         parser.error("name the entity: --entity-type with --entity-name NAME or "
                      "--entity-default for each")
-    named = dict(zip(types, names))
     # kafka-configs accepts the types in either order; the entity is the same
-    return named.get("users"), named.get("clients"), types
+    named = dict(zip(types, names))
+    path = None
+    try:
+        if "ips" in named:
+            path = ip_path(named["ips"])
+            named["ips"] = parse_entity(path)["ip"]
+        elif "topics" in named:
+            path = topic_path(named["topics"])
+        elif named and len(named) == len(types):
+            path = entity_path(user=named.get("users"), client_id=named.get("clients"))
+    except ValueError as exc:
+        parser.error(str(exc))
+    return named, types, path
 
 
 def _split_outside_brackets(text, sep):
@@ -164,23 +223,28 @@ def _scram_text(entry):
                      for m in SCRAM_MECHANISMS if m in entry)
 
 
+_WORDS = {"user": "user-principal", "client-id": "client-id", "ip": "ip", "topic": "topic"}
+
+
 def _describe_entity(path):
-    user, client_id = parse_entity_path(path)
     parts = []
-    if user is not None:
-        parts.append("the default user-principal" if user == DEFAULT else "user-principal '%s'" % user)
-    if client_id is not None:
-        parts.append("the default client-id" if client_id == DEFAULT else "client-id '%s'" % client_id)
+    for kind, name in parse_entity(path).items():
+        word = _WORDS[kind]
+        parts.append("the default %s" % word if name == DEFAULT else "%s '%s'" % (word, name))
     return ", ".join(parts)
 
 
 def _config_text(config):
-    return ",".join("%s=%s" % (k, format_value(config[k])) for k in QUOTA_KEYS if k in config)
+    return ",".join("%s=%s" % (k, format_value(config[k], k)) for k in QUOTA_KEYS if k in config)
 
 
 def _open_stores(args):
     """(quota store or None, credentials store or None); with --zookeeper
     both are one connection."""
+    if args.bootstrap_server:
+        from .sources.kafka_quotas import AdminApiQuotaStore
+
+        return AdminApiQuotaStore(args.bootstrap_server, args.security), None
     if args.zookeeper:
         from .sources.credentials import ZooKeeperCredentialStore
         from .sources.zookeeper import ZooKeeperQuotaStore
@@ -200,24 +264,53 @@ def _open_stores(args):
 
 
 def run(args, parser):
+    if args.action == "recommend":
+        from . import recommendations
+
+        return recommendations.run(args, parser)
     from .policy.quota_file import altered
     from .sources import QuotaStoreError
 
-    if not (args.quota_file or args.zookeeper or args.credentials_file):
-        parser.error("give --quota-file, --zookeeper or --credentials-file")
+    if not (args.quota_file or args.zookeeper or args.bootstrap_server or args.credentials_file):
+        parser.error("give --quota-file, --zookeeper, --bootstrap-server or --credentials-file")
     if args.zookeeper and args.credentials_file:
         parser.error("with --zookeeper, SCRAM credentials are in the user znodes: "
                      "--credentials-file does not go with it")
+    if args.bootstrap_server and args.credentials_file:
+        parser.error("with --bootstrap-server, SCRAM credentials are the cluster's: "
+                     "--credentials-file does not go with it")
+    if args.bootstrap_server:
+        from .options import ConfigError, parse_host_port
+
+        try:
+            args.bootstrap_server = [parse_host_port(s.strip(), "--bootstrap-server")
+                                     for s in args.bootstrap_server.split(",") if s.strip()]
+            args.security = SECURITY.resolve(vars(args))
+        except ConfigError as exc:
+            parser.error(str(exc))
     need_names = args.action != "describe"
-    user, client_id, types = _entity(args, parser, need_names)
+    named, types, path = _entity(args, parser, need_names)
+    user = named.get("users")
+    observe = getattr(args, "observe_only", False)
+    enforce = getattr(args, "enforce", False)
     if args.action == "alter":
-        if not args.add_config and not args.delete_config:
-            parser.error("alter needs --add-config and/or --delete-config")
+        if not args.add_config and not args.delete_config and not (observe or enforce):
+            parser.error("alter needs --add-config, --delete-config, --observe-only or "
+                         "--enforce")
     add = _parse_add(args.add_config, parser) if getattr(args, "add_config", None) else {}
     delete = [k.strip() for k in (getattr(args, "delete_config", None) or "").split(",") if k.strip()]
+    if observe or enforce:
+        if OBSERVE_ONLY in add or OBSERVE_ONLY in delete:
+            parser.error("--observe-only and --enforce set %s: it is not also in --add-config "
+                         "or --delete-config" % OBSERVE_ONLY)
+        if observe:
+            add[OBSERVE_ONLY] = "true"
+        else:
+            delete.append(OBSERVE_ONLY)
     if args.action == "delete" and not delete:
         # the quotas; with --credentials-file, a user's credentials there too
-        delete = (list(QUOTA_KEYS) if args.quota_file or args.zookeeper else []) + (
+        quota_store = args.quota_file or args.zookeeper or args.bootstrap_server
+        delete = (list(keys_for(path)) if quota_store else []) + (
             list(SCRAM_MECHANISMS) if args.credentials_file and types == ["users"]
             and user != DEFAULT else [])
     scram_add = {k: v for k, v in add.items() if k in SCRAM_MECHANISMS}
@@ -238,10 +331,11 @@ def run(args, parser):
             if both:
                 parser.error("%s is both added and deleted" % sorted(both)[0])
         if quotas:
-            if not (args.quota_file or args.zookeeper):
-                parser.error("quota keys go to --quota-file PATH or --zookeeper")
+            if not (args.quota_file or args.zookeeper or args.bootstrap_server):
+                parser.error("quota keys go to --quota-file PATH, --zookeeper or "
+                             "--bootstrap-server")
             try:
-                altered({}, quota_add, quota_delete)
+                altered({}, quota_add, quota_delete, path)
             except ValueError as exc:
                 parser.error(str(exc))
         scram_add = _scram_credentials(scram_add, parser)
@@ -252,8 +346,7 @@ def run(args, parser):
         return 1
     try:
         if args.action == "describe":
-            return _describe(quota_store, credential_store, user, client_id, types)
-        path = entity_path(user=user, client_id=client_id)
+            return _describe(quota_store, credential_store, named, types)
         try:
             if args.zookeeper and scram:
                 config, entry = _alter_znode(quota_store, path, quota_add, quota_delete,
@@ -295,7 +388,7 @@ def _alter_znode(store, path, quota_add, quota_delete, scram_add, scram_delete):
 
     def change(full):
         if quota_add or quota_delete:
-            full, new = with_quotas(full, quota_add, quota_delete)
+            full, new = with_quotas(full, quota_add, quota_delete, path)
             quotas.update(new)
         return with_scram(full, scram_add, scram_delete)
 
@@ -304,15 +397,25 @@ def _alter_znode(store, path, quota_add, quota_delete, scram_add, scram_delete):
     return (quotas if quota_add or quota_delete else None), entry
 
 
-def _describe(store, credential_store, user, client_id, types):
+_TYPE_OF = {"users": "user", "clients": "client-id", "ips": "ip", "topics": "topic"}
+_KIND_ORDER = {"user": 0, "client-id": 0, "ip": 1, "topic": 2}
+
+
+def _describe(store, credential_store, named, types):
     shown = 0
+    user = named.get("users")
     snapshot = store.read() if store is not None else {}
-    for path in sorted(p for p in snapshot if p != STATIC):
-        u, c = parse_entity_path(path)
+    wanted = {_TYPE_OF[t]: named.get(t) for t in types}
+
+    def order(path):
+        return _KIND_ORDER[next(iter(parse_entity(path)))], path
+
+    for path in sorted((p for p in snapshot if p != STATIC), key=order):
+        entity = parse_entity(path)
         if types:
-            if ("users" in types) != (u is not None) or ("clients" in types) != (c is not None):
+            if set(entity) != set(wanted):
                 continue
-            if user is not None and u != user or client_id is not None and c != client_id:
+            if any(name is not None and entity[t] != name for t, name in wanted.items()):
                 continue
         print("Quotas for %s are %s" % (_describe_entity(path), _config_text(snapshot[path])))
         shown += 1
@@ -332,7 +435,8 @@ def _describe(store, credential_store, user, client_id, types):
                   % (_describe_entity(entity_path(user=name)), _scram_text(entry)))
             shown += 1
     if not shown:
-        what = "quotas" if credential_store is None else (
+        scram = credential_store is not None and types in ([], ["users"])
+        what = "quotas" if not scram else (
             "SCRAM credentials" if store is None else "quotas or SCRAM credentials")
         print("No %s configured%s." % (what, " for that entity" if types else ""))
     return 0

@@ -18,13 +18,17 @@ Each cycle:
    ``cycle_seconds``), and the fleet's quota shares from the usage topic
    (read the same way);
 4. writes the shares and the snapshot in one ZooKeeper transaction: readers
-   see all of the old cycle or all of the new one.
+   see all of the old cycle or all of the new one;
+5. keeps the usage records read in step 3 as history and, every
+   --recommend-every, writes the quota recommendations (``recommend``):
+   a failure there is logged, the cycle's writes stand.
 
 A cycle that fails changes nothing in ZooKeeper, and its number is not used
 again; the next one tries again. One SparkSession and one ZooKeeper client
 serve every cycle.
 """
 import argparse
+import functools
 import json
 import logging
 import os
@@ -55,6 +59,7 @@ from ..security import (  # noqa: F401 (the names kafka_source keeps copies of)
     ClientSecurityOptions,
 )
 from ..sources.cluster_state import shares_znode
+from . import recommend
 
 log = logging.getLogger("kthrottle.spark_sync")
 
@@ -113,6 +118,29 @@ def _znode(text):
         raise argparse.ArgumentTypeError("--znode must be an absolute path like %s, got %r"
                                          % (DEFAULT_ZNODE, text))
     return text
+
+
+def _duration_or_off(text):
+    if str(text).strip().lower() in ("off", "0"):
+        return None
+    return _long_duration(text)
+
+
+@arg_type
+def _long_duration(text):
+    """A duration, days (``7d``) as well."""
+    m = re.match(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*d\s*$", str(text), re.I)
+    if m:
+        seconds = float(m.group(1)) * 86400.0
+        if seconds <= 0:
+            raise ValueError("a duration must be positive, got %r" % (text,))
+        return seconds
+    return parse_duration(text)
+
+
+@arg_type
+def _slot(text):
+    return recommend.check_slot(parse_duration(text))
 
 
 def _conf(text):
@@ -213,6 +241,32 @@ def add_parser(sub):
                    help="each proxy of a shared bucket gets at least this fraction of an equal "
                    "share, so that clients just arrived are not starved (default %g)"
                    % DEFAULT_FLOOR_FRACTION)
+    r = p.add_argument_group(
+        "quota recommendations (from the same usage reports)",
+        "Each cycle's new usage reports are kept under --state-dir; every --recommend-every "
+        "the job computes, per quota bucket, the p50, p95, p99 and peak of the fleet's rate "
+        "and demand per hour of day (UTC) over --recommend-window, and writes them as JSON "
+        "for `kthrottle quotas recommend`.")
+    r.add_argument("--recommend-every", type=_duration_or_off, default=recommend.DEFAULT_EVERY,
+                   metavar="DURATION|off",
+                   help="how often the recommendations are computed and written (default 1h): "
+                   "the first time that long after the document already written, else after "
+                   "the first cycle; off keeps no history")
+    r.add_argument("--recommend-window", type=_long_duration, default=recommend.DEFAULT_WINDOW,
+                   metavar="DURATION",
+                   help="the usage looked at, up to the cycle's time; older history is "
+                   "removed (default 7d; 12h, 30d ...)")
+    r.add_argument("--recommend-slot", type=_slot, default=recommend.DEFAULT_SLOT,
+                   metavar="DURATION",
+                   help="one sample of a bucket's fleet-wide rate per slot in which it was used "
+                   "(default 1m; it must divide an hour)")
+    r.add_argument("--recommend-znode", type=_znode, default=recommend.DEFAULT_ZNODE,
+                   metavar="PATH",
+                   help="znode the recommendations are written to, under the chroot if any "
+                   "(default %s)" % recommend.DEFAULT_ZNODE)
+    r.add_argument("--recommend-file", default=None, metavar="PATH",
+                   help="write the recommendations to this local file instead of the znode "
+                   "(replaced whole: written aside, then renamed)")
     p.add_argument("--state-dir", default=None, metavar="PATH",
                    help="where the job keeps, between cycles and across restarts, the latest "
                    "report of each key and the next offset of each partition, so that a cycle "
@@ -483,9 +537,10 @@ class ReportTopic:
             break
         self.loaded = True
 
-    def read(self, spark, settings, listed, topic_id, timeout_ms):
+    def read(self, spark, settings, listed, topic_id, timeout_ms, on_new=None):
         """This cycle's rows (one per (key, partition), collected) and
-        {"records", "bytes"} read from Kafka this cycle (new ones only)."""
+        {"records", "bytes"} read from Kafka this cycle (new ones only).
+        ``on_new`` is given the DataFrame of the new records first."""
         kafka_source = _source()
         from pyspark.sql import functions as F
 
@@ -502,6 +557,8 @@ class ReportTopic:
             log.warning("%s", note)
         new = kafka_source.load(spark, settings["bootstrap"], self.topic, ranges, timeout_ms,
                                 **{k: v for k, v in settings.items() if k != "bootstrap"})
+        if on_new is not None:
+            on_new(new)
         df = new.select(*STATE_COLUMNS).withColumn("new", F.lit(1))
         if self.latest is not None:
             old = self.latest
@@ -858,7 +915,10 @@ class SparkSync:
                  znode=DEFAULT_ZNODE, master=None, conf=(), security=None,
                  kafka_timeout=15.0, zookeeper_timeout=10.0, spark=None,
                  usage_topic=DEFAULT_USAGE_TOPIC, usage_freshness=30.0,
-                 share_floor=DEFAULT_FLOOR_FRACTION, state_dir=None):
+                 share_floor=DEFAULT_FLOOR_FRACTION, state_dir=None,
+                 recommend_every=recommend.DEFAULT_EVERY, recommend_window=recommend.DEFAULT_WINDOW,
+                 recommend_slot=recommend.DEFAULT_SLOT, recommend_znode=recommend.DEFAULT_ZNODE,
+                 recommend_file=None):
         self.source = _source()
         self.settings = self.source.client_settings(dict(security or {}, bootstrap=bootstrap))
         self.topic = topic
@@ -880,6 +940,13 @@ class SparkSync:
         self.topics = {}  # name -> ReportTopic
         self.leaders = {}
         self.topic_ids = {}
+        self.recommend_znode = recommend_znode
+        self.recommend_file = recommend_file
+        self.recommender = None if recommend_every is None else recommend.Recommender(
+            lambda spark: StateFiles(spark, self.state_dir),
+            usage_topic + "/history",
+            self.write_recommendations, recommend_every, recommend_window, recommend_slot,
+            self.recommendations_written_at)
 
     def session(self):
         if self.spark is None:
@@ -893,12 +960,65 @@ class SparkSync:
 
     def read_topic(self, topic, listed):
         """(rows, counts) of ``topic``: its latest record per (key,
-        partition), only what is new read from Kafka (ReportTopic)."""
+        partition), only what is new read from Kafka (ReportTopic); the new
+        usage records also go to the recommendations' history."""
         state = self.topics.get(topic)
         if state is None:
             state = self.topics[topic] = ReportTopic(topic, self.state_dir)
-        return state.read(self.session(), self.settings, listed, self.topic_ids.get(topic),
-                          self.timeout_ms)
+        spark = self.session()
+        on_new = None
+        if topic == self.usage_topic and self.recommender is not None:
+            on_new = functools.partial(self.recommender.append, spark)
+        return state.read(spark, self.settings, listed, self.topic_ids.get(topic),
+                          self.timeout_ms, on_new)
+
+    def recommend(self, now):
+        """Step 5, when due; a failure is logged, never raised."""
+        if self.recommender is None or not self.recommender.due(now):
+            return None
+        try:
+            doc = self.recommender.run(self.session(), now)
+        except Exception as exc:
+            log.error("quota recommendations not written (next try next cycle): %s",
+                      one_line(exc))
+            return None
+        log.info("quota recommendations for %d bucket(s) from %d usage report(s) of %d "
+                 "proxies (%s to %s) written to %s in %.1f s", len(doc["entities"]),
+                 doc["reports"], doc["proxies"], doc["window"]["start"], doc["window"]["end"],
+                 self.recommend_file or self.writer.hosts + self.recommend_znode,
+                 doc["compute_seconds"])
+        return doc
+
+    def recommendations_written_at(self):
+        """The generated_at of the document already written, None if none."""
+        if self.recommend_file:
+            try:
+                with open(os.path.expanduser(self.recommend_file), "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                return None
+        else:
+            from kazoo.exceptions import NoNodeError
+
+            self.writer.ensure_connected()
+            try:
+                data, _ = self.writer.zk.get_async(self.recommend_znode).get(
+                    timeout=self.writer.timeout)
+            except NoNodeError:
+                return None
+        document = decode_snapshot(data) if data else None
+        return document.get("generated_at") if isinstance(document, dict) else None
+
+    def write_recommendations(self, document):
+        data = encode_snapshot(document)
+        if self.recommend_file:
+            path = os.path.abspath(os.path.expanduser(self.recommend_file))
+            tmp = "%s.%d.tmp" % (path, os.getpid())
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        else:
+            self.writer.write(data, self.recommend_znode)
 
     def snapshot(self, now=None):
         """Steps 1-3: the snapshot dict (and what was read); (None, None)
@@ -961,6 +1081,7 @@ class SparkSync:
             if writes:
                 # the shares and the snapshot together, or neither
                 self.writer.commit(writes)
+            self.recommend(generated_at)
             if snap is None:
                 log.info("cycle %d: quota shares for %d proxies written; no volume reports",
                          cycle, len(shares))
@@ -1118,7 +1239,11 @@ def run(args):
                         conf=args.conf, security=security, kafka_timeout=args.kafka_timeout,
                         zookeeper_timeout=args.zookeeper_timeout, usage_topic=args.usage_topic,
                         usage_freshness=args.usage_freshness, share_floor=args.share_floor,
-                        state_dir=args.state_dir)
+                        state_dir=args.state_dir, recommend_every=args.recommend_every,
+                        recommend_window=args.recommend_window,
+                        recommend_slot=args.recommend_slot,
+                        recommend_znode=args.recommend_znode,
+                        recommend_file=args.recommend_file)
     except CycleError as exc:
         log.error("%s", exc)
         return 1
