@@ -418,9 +418,19 @@ def test_a_fully_configured_proxy_exports_what_metrics_lists(broker, zookeeper, 
                            "producer_byte_rate=%d,consumer_byte_rate=%d,request_rate=500"
                            % (QUOTA, 10 * QUOTA))
     assert out.returncode == 0, out.stderr
+    topic = "full-%s" % uuid.uuid4().hex[:8]
+    # every other kind of quota, each observe-only, so that every family has a
+    # series: alice's controller mutations, the topic's bytes, the address's
+    # connections
+    for entity, config in ((("users", "--entity-name", "alice"), "controller_mutation_rate=100"),
+                           (("topics", "--entity-name", topic),
+                            "producer_byte_rate=%d,consumer_byte_rate=%d" % (QUOTA, QUOTA)),
+                           (("ips", "--entity-default"), "connection_creation_rate=1000")):
+        out = kthrottle_quotas("alter", "--zookeeper", hosts, "--entity-type", *entity,
+                               "--add-config", config, "--observe-only")
+        assert out.returncode == 0, out.stderr
     creds = scram_credentials_file(tmp_path / "credentials.toml", {"alice": "alice-secret"},
                                    mechanisms=("SCRAM-SHA-256",))
-    topic = "full-%s" % uuid.uuid4().hex[:8]
     broker.create_topic(topic, partitions=1)
     admin = free_port()
     p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log", [
@@ -477,6 +487,11 @@ def test_a_fully_configured_proxy_exports_what_metrics_lists(broker, zookeeper, 
                 got.append(message.value())
         consumer.close()
         assert len(got) == 20
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin_client = AdminClient(_sasl_ssl(p.bootstrap, pki, "alice-secret"))
+        admin_client.create_topics([NewTopic(topic + "-new", 2, 1)])[topic + "-new"].result(30)
+        admin_client = None
         assert wait_until(lambda: "kthrottle_usage_reports_total 0.0" not in
                           get(admin, "/metrics")[1], 10)
         fams = families(get(admin, "/metrics")[1])
@@ -496,6 +511,11 @@ def test_a_fully_configured_proxy_exports_what_metrics_lists(broker, zookeeper, 
     assert value(fams, "kthrottle_produce_bytes_total", **tags) > 0
     assert value(fams, "kthrottle_fetch_bytes_total", **tags) > 0
     assert value(fams, "kthrottle_requests_total", **tags) > 0
+    assert value(fams, "kthrottle_controller_mutations_total", user="alice", client_id="") == 2
+    assert value(fams, "kthrottle_topic_produce_bytes_total", topic=topic) > 0
+    assert value(fams, "kthrottle_topic_fetch_bytes_total", topic=topic) > 0
+    assert value(fams, "kthrottle_connections_created_total", ip="127.0.0.1") >= 3
+    assert value(fams, "kthrottle_ip_observe_only_throttles_total", ip="127.0.0.1") == 0
     assert value(fams, "kthrottle_failed_authentication_total", mechanism="SCRAM-SHA-256") >= 1
     assert value(fams, "kthrottle_successful_authentication_total",
                  mechanism="SCRAM-SHA-256") >= 2

@@ -297,6 +297,24 @@ class Bucket:
             self._hold(value, now, ms)
         return ms
 
+    def charge(self, value, now):
+        """Count ``value`` with no throttle of its own: KIP-599's strict mode
+        lets the request that crosses the quota through whole, and the debt it
+        leaves refuses the next ones (debt_ms)."""
+        self.last_used = now
+        self.total += value
+        self.rate.record(value, now)
+        if self.tokens is not None:
+            self.tokens.record(value, now)
+
+    def note_refused(self, ms, now):
+        """A request refused in the broker's place for a violated quota: a
+        throttle of ``ms`` given, nothing recorded (Kafka checks the quota
+        before it records)."""
+        self.last_used = now
+        self.throttled += 1
+        self.throttle_ms_total += ms
+
     def unrecord(self, value, now):
         """Take back ``value`` just recorded and throttled: it was not taken
         (KIP-612 does not count a throttled connection, so a flood does not
@@ -321,8 +339,7 @@ class Bucket:
     def debt_ms(self, now):
         """The throttle time in ms the bucket is in violation by now, without
         recording anything (KIP-599's strict check: a request that comes while
-        its quota is violated is refused). 0 for an observe-only bucket (what
-        it would have refused is counted: note_observed)."""
+        its quota is violated is refused: note_refused)."""
         if self.limit is None:
             return 0
         if self.tokens is not None:
