@@ -4,7 +4,6 @@ recommend` on the document; a whole spark-sync cycle with a real Tansu
 broker (the usage topic) and a real ZooKeeper (the document)."""
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -20,6 +19,7 @@ pytest.importorskip("pyspark", reason="the spark extra is not installed")
 pytest.importorskip("pyarrow", reason="Python data sources need pyarrow (the spark extra)")
 
 from kthrottle.spark_sync import job, recommend  # noqa: E402
+from test_spark_sync import spark  # noqa: E402,F401  (the module's one Spark session)
 
 needs_zookeeper = pytest.mark.skipif(not zk_server.available(),
                                      reason="ZooKeeper (Debian package zookeeper) not installed")
@@ -32,31 +32,6 @@ WINDOW = 2 * DAY
 P = "producer_byte_rate"
 C = "consumer_byte_rate"
 R = "request_rate"
-
-
-@pytest.fixture(scope="module")
-def spark():
-    """One local[2] session for the module; its JVM is stopped by its PID."""
-    from pyspark import SparkContext
-
-    session = job.spark_session("local[2]")
-    gateway = SparkContext._gateway
-    yield session
-    session.stop()
-    proc = getattr(gateway, "proc", None)
-    try:
-        gateway.shutdown()
-    except Exception:
-        pass
-    SparkContext._gateway = None
-    SparkContext._jvm = None
-    if proc is not None and proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(10)
 
 
 def _bucket(key, user, client_id, rate, demand=None, quota=50000.0, entity="users/alice"):

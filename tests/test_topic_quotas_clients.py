@@ -20,9 +20,9 @@ import pytest
 
 from conftest import ProxyProcess
 from kthrottle.embedded import free_port
+from test_throttling import RECORD, aiokafka_producer
 
 QUOTA = 100_000  # bytes/s
-RECORD = b"x" * 1024
 STEADY_FROM, STEADY_TO = 2.0, 9.0
 # a response carries under a second of quota (Tansu answers a fetch up to its
 # max_bytes, whatever the partition's limit)
@@ -31,28 +31,6 @@ FETCH_BYTES = 64 * 1024
 
 def steady(events):
     return sum(n for t, n in events if STEADY_FROM <= t < STEADY_TO) / (STEADY_TO - STEADY_FROM)
-
-
-async def aiokafka_producer(bootstrap, topic, client_id, start, stop_at, events):
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, client_id=client_id, acks=1,
-                                linger_ms=5, max_batch_size=16384)
-    await producer.start()
-    try:
-        loop = asyncio.get_running_loop()
-        pending = set()
-        while loop.time() < stop_at:
-            fut = await producer.send(topic, RECORD, partition=0)
-            fut.add_done_callback(lambda f: events.append((loop.time() - start, len(RECORD))))
-            pending.add(fut)
-            if len(pending) > 200:
-                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        try:
-            await asyncio.wait_for(producer.stop(), 15)
-        except asyncio.TimeoutError:
-            pass
 
 
 async def aiokafka_consumer(bootstrap, topic, client_id, start, stop_at, events):
