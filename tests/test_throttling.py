@@ -66,11 +66,12 @@ async def aiokafka_producer(bootstrap, topic, client_id, start, stop_at, events)
         await producer.stop()
 
 
-async def aiokafka_consumer(bootstrap, topic, client_id, start, stop_at, events):
+async def aiokafka_consumer(bootstrap, topic, client_id, start, stop_at, events, **config):
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
+    config = dict({"max_partition_fetch_bytes": 64 * 1024}, **config)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, client_id=client_id,
-                                auto_offset_reset="earliest", max_partition_fetch_bytes=64 * 1024)
+                                auto_offset_reset="earliest", **config)
     await consumer.start()
     try:
         consumer.assign([TopicPartition(topic, 0)])

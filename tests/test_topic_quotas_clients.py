@@ -21,6 +21,7 @@ import pytest
 from conftest import ProxyProcess
 from kthrottle.embedded import free_port
 from test_throttling import RECORD, aiokafka_producer
+from test_throttling import aiokafka_consumer as _consumer
 
 QUOTA = 100_000  # bytes/s
 STEADY_FROM, STEADY_TO = 2.0, 9.0
@@ -29,27 +30,12 @@ STEADY_FROM, STEADY_TO = 2.0, 9.0
 FETCH_BYTES = 64 * 1024
 
 
+def aiokafka_consumer(*args):
+    return _consumer(*args, fetch_max_bytes=FETCH_BYTES, max_partition_fetch_bytes=FETCH_BYTES)
+
+
 def steady(events):
     return sum(n for t, n in events if STEADY_FROM <= t < STEADY_TO) / (STEADY_TO - STEADY_FROM)
-
-
-async def aiokafka_consumer(bootstrap, topic, client_id, start, stop_at, events):
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, client_id=client_id,
-                                auto_offset_reset="earliest", fetch_max_bytes=FETCH_BYTES,
-                                max_partition_fetch_bytes=FETCH_BYTES)
-    await consumer.start()
-    try:
-        consumer.assign([TopicPartition(topic, 0)])
-        loop = asyncio.get_running_loop()
-        while loop.time() < stop_at:
-            batch = await consumer.getmany(timeout_ms=500)
-            n = sum(len(m.value) for messages in batch.values() for m in messages)
-            if n:
-                events.append((loop.time() - start, n))
-    finally:
-        await consumer.stop()
 
 
 def confluent_producer(bootstrap, topic, client_id, start, stop_at, events):
