@@ -3,10 +3,13 @@ it measures.
 
 * a run: a temporary log directory, every process started (stopped by its own PID at the
   end, in reverse order), Ctrl-C and SIGTERM turned into one clean stop (``Run``);
-* servers on 127.0.0.1 and free ports: a Tansu broker, ZooKeeper, a local S3 server,
+* servers on 127.0.0.1 and free ports: a Tansu broker (optionally advertising another
+  address, for a relay in front of it), ZooKeeper, a local S3 server,
   ``python -m kthrottle proxy`` from this checkout or from another source tree
-  (``SourceTree``: ``--baseline-src`` / ``--proxy-src``), ``tansu proxy``;
-* measuring: process and machine CPU, latency percentiles, the proxy's /metrics;
+  (``SourceTree``: ``--baseline-src`` / ``--proxy-src``), ``tansu proxy``, the bare relay
+  (``bare_relay.py``);
+* measuring: process, process-tree and machine CPU, latency percentiles, the proxy's
+  /metrics;
 * client runners: aiokafka and confluent-kafka produce / consume / fixed-rate latency
   loops, raw Kafka frames and SASL logins, forked load-generator processes;
 * reporting: Markdown tables, JSON, plots (skipped with a message when matplotlib is not
@@ -49,6 +52,7 @@ if str(REPO / "tests") not in sys.path:
 from kthrottle.embedded import (  # noqa: E402
     MotoS3Server,
     TansuBroker,
+    _die_with_parent,
     free_port,
     tansu_binary,
     wait_for_port,
@@ -176,9 +180,14 @@ class Run:
     def path(self, name):
         return self.log_dir / name
 
-    def broker(self, name="tansu-broker", **kwargs):
-        """A started Tansu broker (in memory unless ``storage_url``/``env`` say otherwise)."""
-        broker = TansuBroker(log_path=str(self.path(name + ".log")), **kwargs)
+    def broker(self, name="tansu-broker", advertised_port=None, **kwargs):
+        """A started Tansu broker (in memory unless ``storage_url``/``env`` say otherwise);
+        with ``advertised_port`` it tells clients to connect to 127.0.0.1 on that port."""
+        if advertised_port is not None:
+            broker = AdvertisingTansuBroker(advertised_port, log_path=str(self.path(name + ".log")),
+                                            **kwargs)
+        else:
+            broker = TansuBroker(log_path=str(self.path(name + ".log")), **kwargs)
         self.procs.on_stop(broker.stop)
         return broker.start()
 
@@ -203,6 +212,10 @@ class Run:
 
     def tansu_proxy(self, broker):
         return start_tansu_proxy(broker, self.procs)
+
+    def bare_relay(self, port, upstream, name="bare-relay", tls=None):
+        """``start_bare_relay`` with this run's processes."""
+        return start_bare_relay(port, upstream, self.procs, name, tls)
 
     def finish(self, failed=False):
         """Exit status: 1 if ``failed``, interrupted or failed; the logs are kept then."""
@@ -335,7 +348,74 @@ def start_kthrottle(upstream, procs, extra_args=(), admin=False, name="kthrottle
             last_error = exc
             procs.stop(proc)
             print("    %s start attempt %d failed: %s" % (name, attempt + 1, exc), flush=True)
+            said = last_log_line(procs.log_dir / (name + ".log"))
+            if said:
+                last_error = "%s; its log ends with: %s" % (exc, said)
+                print("      its log ends with: %s" % said, flush=True)
     raise RuntimeError("%s did not start: %s (log in %s)" % (name, last_error, procs.log_dir))
+
+
+def last_log_line(path):
+    """The last line of a process's log that is not blank, or None."""
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((line.strip() for line in reversed(lines) if line.strip()), None)
+
+
+class AdvertisingTansuBroker(TansuBroker):
+    """A Tansu broker that advertises 127.0.0.1:``advertised_port`` instead of its own
+    listener: a relay there, which rewrites nothing, keeps the clients behind it."""
+
+    def __init__(self, advertised_port, **kwargs):
+        super().__init__(**kwargs)
+        self.advertised_port = advertised_port
+
+    def start(self):
+        url = "tcp://%s:%d" % (self.host, self.port)
+        env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
+        env.update(self.env)
+        with open(self.log_path or os.devnull, "ab") as out:
+            self.proc = subprocess.Popen(
+                [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url",
+                 "tcp://%s:%d" % (self.host, self.advertised_port),
+                 "--storage-engine", self.storage_url],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                preexec_fn=_die_with_parent)  # as TansuBroker starts its process
+        wait_for_port(self.host, self.port, proc=self.proc)
+        return self
+
+
+def start_bare_relay(port, upstream, procs, name="bare-relay", tls=None):
+    """``benchmarks/bare_relay.py`` on 127.0.0.1:``port`` in front of ``upstream`` (an
+    AdvertisingTansuBroker advertising that port), with TLS towards the clients if ``tls``
+    (``tls_files``) is given. Checks that a Metadata answer through it names the relay's own
+    address, so that clients stay behind it."""
+    argv = [sys.executable, str(Path(__file__).resolve().parent / "bare_relay.py"),
+            "--listen", "127.0.0.1:%d" % port, "--upstream", upstream.bootstrap]
+    if tls is not None:
+        argv += ["--ssl-cert", tls["cert"], "--ssl-key", tls["key"]]
+    proc = procs.spawn(name, argv)
+    bootstrap = "127.0.0.1:%d" % port
+    try:
+        wait_for_port("127.0.0.1", port, timeout=20, proc=proc)
+        cafile = tls["ca"] if tls is not None else None
+        seen = node_address("127.0.0.1", port, cafile=cafile)
+        if seen != ("127.0.0.1", port):
+            raise RuntimeError("Metadata through the relay on port %d names node %d at %s:%d: "
+                               "clients would leave the relay" % (port, TANSU_NODE_ID, *seen))
+    except Exception as exc:
+        procs.stop(proc)
+        said = last_log_line(procs.log_dir / (name + ".log"))
+        raise RuntimeError("%s did not start on port %d: %s%s" % (
+            name, port, exc, "; its log ends with: %s" % said if said else "")) from None
+    # the plain and the TLS relay take turns on one port
+    if tls is not None:
+        CLIENT_TLS[bootstrap] = tls["ca"]
+    else:
+        CLIENT_TLS.pop(bootstrap, None)
+    return Endpoint(name, bootstrap, proc)
 
 
 def start_tansu_proxy(broker, procs):
@@ -436,11 +516,12 @@ def metadata_probe(host, port, timeout=10.0, cafile=None, all_topics=True,
         return _recv_exact(sock, size)
 
 
-def node_address(host, port, node_id=TANSU_NODE_ID, timeout=10.0):
-    """The (host, port) that a Metadata answer from host:port gives node ``node_id``."""
+def node_address(host, port, node_id=TANSU_NODE_ID, timeout=10.0, cafile=None):
+    """The (host, port) that a Metadata answer from host:port (over TLS with ``cafile``)
+    gives node ``node_id``."""
     from kafka.protocol.metadata import MetadataResponse
 
-    answer = MetadataResponse[1].decode(metadata_probe(host, port, timeout,
+    answer = MetadataResponse[1].decode(metadata_probe(host, port, timeout, cafile=cafile,
                                                        all_topics=False)[4:])
     for b in answer.brokers:
         if b.node_id == node_id:
@@ -600,6 +681,67 @@ def cpu_seconds(proc, children=False):
     except psutil.Error:
         return None
     return t.user + t.system + ((t.children_user + t.children_system) if children else 0.0)
+
+
+def process_cpu_seconds(proc):
+    """User + system CPU seconds of a whole process (every thread, those gone included), to
+    the nanosecond where the kernel allows (Linux: the process's CPU clock) rather than in
+    the 10 ms ticks of /proc/PID/stat; None if it is gone. Children are not included."""
+    pid = proc.pid if isinstance(proc, psutil.Process) else proc
+    try:
+        return time.clock_gettime(((~pid) << 3) | 2)  # clock_getcpuclockid(pid): CPUCLOCK_SCHED
+    except OSError:
+        pass
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return t.user + t.system
+
+
+def tree_cpu_seconds(proc):
+    """CPU seconds of a process and all its descendants (a supervisor and its workers),
+    None if the process is gone. Each live process counts its own time and that of the
+    children it has reaped (in ticks), so a worker that exits between two readings is still
+    counted, by whoever reaped it (unless it is reaped during this reading)."""
+    try:
+        if not isinstance(proc, psutil.Process):
+            proc = psutil.Process(proc)
+        tree = [proc] + proc.children(recursive=True)
+    except psutil.Error:
+        return None
+    total = 0.0
+    for p in tree:
+        own = process_cpu_seconds(p)
+        try:
+            t = p.cpu_times()
+            reaped = t.children_user + t.children_system
+        except psutil.Error:
+            own = None
+        if own is None:
+            if p is proc:
+                return None
+            continue  # gone since it was listed: its reaper has its time
+        total += own + reaped
+    return total
+
+
+def tree_rss(proc):
+    """Resident bytes of a process and its descendants (pages they share count once per
+    process), None if the process is gone."""
+    try:
+        if not isinstance(proc, psutil.Process):
+            proc = psutil.Process(proc)
+        tree = [proc] + proc.children(recursive=True)
+        total = proc.memory_info().rss
+    except psutil.Error:
+        return None
+    for p in tree[1:]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
 
 
 class CpuSampler:

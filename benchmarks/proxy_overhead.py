@@ -4,8 +4,20 @@
 Compares ways for a Kafka client to reach the same broker:
 
 * ``direct``             - the client talks straight to a local Tansu broker;
-* ``kthrottle``          - through ``python -m kthrottle proxy`` from this checkout;
-* ``kthrottle-ssl``      - the same, with the clients speaking TLS to it
+* ``bare-relay``         - through ``benchmarks/bare_relay.py``, a uvloop relay that copies
+  bytes both ways and parses nothing: the floor a Python proxy can reach. It rewrites no
+  addresses; a second Tansu broker, started for these cells, advertises the relay's port,
+  so that clients stay behind it (checked with a Metadata request through every relay);
+* ``bare-relay-ssl``     - the same relay terminating TLS from the clients (the broker side
+  stays plaintext): the reference for ``kthrottle-ssl``;
+* ``kthrottle``          - through ``python -m kthrottle proxy`` from this checkout, no quotas;
+* ``kthrottle-quota``    - the same with a quota file giving every client-id quotas that never
+  bind (10 GB/s produce and fetch, 10^9 requests/s), so that every request takes the quota
+  path; each cell checks on /metrics that the quotas counted the client's bytes and that
+  nobody was throttled;
+* ``kthrottle-workers2`` - the same as ``kthrottle`` with ``--workers 2`` (two processes
+  sharing the listeners);
+* ``kthrottle-ssl``      - ``kthrottle`` with the clients speaking TLS to it
   (``--security-protocol SSL``, a certificate made for the run; the broker side stays
   plaintext): what encryption between clients and proxy costs;
 * ``tansu-proxy``        - through ``tansu proxy``, a pass-through proxy written in Rust;
@@ -19,11 +31,17 @@ process). Both use acks=1, the same linger, batch size, record size and partitio
 confluent-kafka's consumer has a fresh group and auto.offset.reset=earliest, with the
 partitions given by assign(): subscribe() would wait ~20 s for Tansu's group rebalance.
 
-One fresh Tansu broker (in-memory storage) serves the whole run. Every round measures each
-(client, configuration) once - configurations in rotated order, clients alternating - with
-a fresh proxy process and fresh topics: produce throughput, consume throughput, proxy CPU
-per MB moved and produce latency at a fixed rate. "vs direct" compares with direct for the
-same client in the same round (median over rounds). The table shows medians over rounds;
+One fresh Tansu broker (in-memory storage) serves the whole run, and a second one, which
+advertises the relay's port, the bare-relay cells (its CPU is measured as the first one's).
+Every round measures each (client, configuration) once - configurations in rotated order,
+clients alternating - with a fresh proxy (or relay) process and fresh topics: produce
+throughput, consume throughput, proxy CPU per MB moved (the proxy's whole process tree:
+with --workers, the supervisor and its workers) and produce latency at a fixed rate.
+"vs direct" compares with direct for the same client in the same round, "CPU vs relay" a
+proxy's CPU per MB with the bare relay's (``bare-relay-ssl``'s for the TLS configurations),
+median over rounds of those paired ratios; below the table come their ranges, the other
+paired comparisons and how the figures stand against the performance targets. The table
+shows medians over rounds;
 raw numbers go to JSON, a Markdown copy of the table and a PNG plot go next to it, in a new
 directory ``benchmarks/runs/proxy_overhead-<date>-<time>/`` (git ignores it; the path is
 printed at the end). ``--output-dir benchmarks/results`` replaces the committed results.
@@ -91,12 +109,13 @@ try:
         ck_producer,
         ck_read_from_start,
         ck_warm_up,
-        cpu_seconds,
         delete_topic,
         fmt,
+        free_port,
         in_thread,
         markdown_table,
         machine_facts,
+        metric_sum,
         names,
         new_runner,
         parser,
@@ -105,6 +124,8 @@ try:
         spread,
         stop_threads,
         tls_files,
+        tree_cpu_seconds,
+        tree_rss,
         write_results,
     )
 except ModuleNotFoundError as exc:  # before anything starts: what to install
@@ -113,8 +134,17 @@ except ModuleNotFoundError as exc:  # before anything starts: what to install
 
 # where a run writes unless told (.gitignore'd): never over the committed results
 RUNS = REPO / "benchmarks" / "runs"
-CONFIGS = ("direct", "kthrottle", "kthrottle-ssl", "tansu-proxy")
-SSL_CONFIG = "kthrottle-ssl"
+RELAY, RELAY_SSL = "bare-relay", "bare-relay-ssl"
+QUOTA_CONFIG, WORKERS_CONFIG, SSL_CONFIG = "kthrottle-quota", "kthrottle-workers2", "kthrottle-ssl"
+CONFIGS = ("direct", RELAY, RELAY_SSL, "kthrottle", QUOTA_CONFIG, WORKERS_CONFIG, SSL_CONFIG,
+           "tansu-proxy")
+# quotas that never bind, for every client-id: the per-request quota path without a throttle
+NON_BINDING_QUOTAS = """\
+[clients."<default>"]
+producer_byte_rate = 10000000000
+consumer_byte_rate = 10000000000
+request_rate = 1000000000
+"""
 BASELINE = "kthrottle-baseline"
 CLIENT_NAMES = ("aiokafka", "confluent-kafka")
 
@@ -158,6 +188,12 @@ class CellResult:
     latency_p50_ms: Optional[float] = None
     latency_p99_ms: Optional[float] = None
     latency_p999_ms: Optional[float] = None
+    # kthrottle-quota: what its quotas counted in the throughput phases (/metrics), and the
+    # responses they throttled in the whole cell
+    quota_produce_bytes: Optional[float] = None
+    quota_fetch_bytes: Optional[float] = None
+    quota_requests: Optional[float] = None
+    quota_throttled_responses: Optional[float] = None
 
     def fail(self, phase, exc):
         self.ok = False
@@ -173,8 +209,18 @@ def start_endpoint(config, broker, run, args):
     """Where the client under test connects for ``config`` (a fresh proxy, if any)."""
     if config == "direct":
         return Endpoint("direct", broker.bootstrap)
+    if config in (RELAY, RELAY_SSL):  # ``broker`` advertises the relay's port
+        tls = tls_files(run.log_dir) if config == RELAY_SSL else None
+        return run.bare_relay(broker.advertised_port, broker, name=config, tls=tls)
     if config == "kthrottle":
         return run.kthrottle(broker)
+    if config == QUOTA_CONFIG:
+        quota_file = run.path("non-binding-quotas.toml")
+        quota_file.write_text(NON_BINDING_QUOTAS)
+        return run.kthrottle(broker, name=QUOTA_CONFIG, admin=True,
+                             extra_args=("--quota-file", str(quota_file)))
+    if config == WORKERS_CONFIG:
+        return run.kthrottle(broker, name=WORKERS_CONFIG, extra_args=("--workers", "2"))
     if config == SSL_CONFIG:
         files = tls_files(run.log_dir)
         return run.kthrottle(broker, name=SSL_CONFIG, cafile=files["ca"], extra_args=(
@@ -315,13 +361,14 @@ CLIENTS = {
 
 
 async def measure(client, endpoint, broker, topics, args, result, profile_path, procs):
-    """Run phases a-d with ``client`` against one endpoint, filling ``result``."""
+    """Run phases a-d with ``client`` against one endpoint, filling ``result``. The proxy's
+    CPU is its whole process tree's (with --workers, the supervisor and its workers)."""
     proxy_ps = psutil.Process(endpoint.proc.pid) if endpoint.proc else None
     broker_ps = psutil.Process(broker.proc.pid)
     throughput_topic, latency_topic = topics
 
-    proxy_cpu0 = cpu_seconds(proxy_ps) if proxy_ps else None
-    broker_cpu0 = cpu_seconds(broker_ps)
+    proxy_cpu0 = tree_cpu_seconds(proxy_ps) if proxy_ps else None
+    broker_cpu0 = tree_cpu_seconds(broker_ps)
 
     spy = None
     if profile_path is not None:
@@ -361,10 +408,16 @@ async def measure(client, endpoint, broker, topics, args, result, profile_path, 
 
     moved_mb = (args.records * args.record_size + result.consume_bytes) / MB
     if proxy_ps is not None:
-        result.proxy_cpu_seconds = cpu_seconds(proxy_ps) - proxy_cpu0
+        result.proxy_cpu_seconds = tree_cpu_seconds(proxy_ps) - proxy_cpu0
         result.proxy_cpu_ms_per_mb = result.proxy_cpu_seconds * 1000.0 / moved_mb
-        result.proxy_rss_mb = proxy_ps.memory_info().rss / (1024 * 1024)
-    result.broker_cpu_ms_per_mb = (cpu_seconds(broker_ps) - broker_cpu0) * 1000.0 / moved_mb
+        result.proxy_rss_mb = tree_rss(proxy_ps) / (1024 * 1024)
+    result.broker_cpu_ms_per_mb = (tree_cpu_seconds(broker_ps) - broker_cpu0) * 1000.0 / moved_mb
+    check_quotas = result.config == QUOTA_CONFIG
+    if check_quotas:
+        try:
+            quota_counts(endpoint, args, result)
+        except Exception as exc:
+            result.fail("quota", exc)
 
     try:
         latencies, rate, late = await asyncio.wait_for(
@@ -378,10 +431,48 @@ async def measure(client, endpoint, broker, topics, args, result, profile_path, 
         result.latency_p999_ms = percentile(latencies, 99.9)
     except Exception as exc:
         result.fail("latency", exc)
+    if check_quotas:
+        try:
+            quota_throttles(endpoint, result)
+        except Exception as exc:
+            result.fail("quota", exc)
 
 
-def run_cell(runner, client, config, rnd, position, broker, run, args, profile_raw):
+def quota_counts(endpoint, args, result):
+    """kthrottle-quota, after the throughput phases: its quotas counted at least the record
+    bytes the client produced and consumed (series exist only for entities with a quota)."""
+    text = endpoint.metrics()
+    result.quota_produce_bytes = metric_sum(text, "kthrottle_produce_bytes_total")
+    result.quota_fetch_bytes = metric_sum(text, "kthrottle_fetch_bytes_total")
+    result.quota_requests = metric_sum(text, "kthrottle_requests_total")
+    produced = args.records * args.record_size if result.produce_seconds else 0
+    if (result.quota_produce_bytes or 0) < max(produced, 1) \
+            or (result.quota_fetch_bytes or 0) < max(result.consume_bytes, 1) \
+            or not result.quota_requests:
+        raise RuntimeError("the quotas counted %s produce bytes, %s fetch bytes and %s requests "
+                           "for %d bytes produced and %d consumed: the quota path was not taken"
+                           % (result.quota_produce_bytes, result.quota_fetch_bytes,
+                              result.quota_requests, produced, result.consume_bytes))
+
+
+def quota_throttles(endpoint, result):
+    """kthrottle-quota, at the end of the cell: nobody was throttled."""
+    text = endpoint.metrics()
+    result.quota_throttled_responses = sum(
+        metric_sum(text, "kthrottle_%s_throttled_responses_total" % kind) or 0.0
+        for kind in ("produce", "fetch", "request"))
+    if result.quota_throttled_responses:
+        raise RuntimeError("%d responses throttled by quotas that should never bind"
+                           % result.quota_throttled_responses)
+
+
+def run_cell(runner, client, config, rnd, position, broker, run, args, profile_raw,
+             relay_broker=None):
+    """One (client, configuration) cell; the bare-relay configurations use ``relay_broker``
+    (which advertises the relay's port), the others ``broker``."""
     result = CellResult(client=client.name, config=config, round=rnd, position=position)
+    if config in (RELAY, RELAY_SSL):
+        broker = relay_broker
     tag = "%s-%s-r%d" % (client.name, config, rnd)
     topics = ("tput-" + tag, "lat-" + tag)
     probe_topic = "probe-" + tag if rnd == 0 else None
@@ -423,7 +514,11 @@ def describe(r):
     if r.consume_mb_s is not None:
         parts.append("consume %.1f MB/s" % r.consume_mb_s)
     if r.proxy_cpu_ms_per_mb is not None:
-        parts.append("proxy CPU %.1f ms/MB" % r.proxy_cpu_ms_per_mb)
+        parts.append("proxy CPU %.2f ms/MB" % r.proxy_cpu_ms_per_mb)
+    if r.quota_produce_bytes is not None:
+        parts.append("quotas counted %.1f MB produced, %.1f MB fetched, %d requests, "
+                     "%d throttled" % (r.quota_produce_bytes / MB, (r.quota_fetch_bytes or 0) / MB,
+                                       r.quota_requests or 0, r.quota_throttled_responses or 0))
     if r.latency_p99_ms is not None:
         parts.append("latency p50 %.2f / p99 %.2f / p99.9 %.2f ms"
                      % (r.latency_p50_ms, r.latency_p99_ms, r.latency_p999_ms))
@@ -470,9 +565,20 @@ def paired(results, client, config, metric, base="direct", op=_ratio):
                   and (op is not _ratio or cells[base]))
 
 
+def relay_of(config, configs):
+    """The bare relay whose CPU per MB ``config``'s is compared with: bare-relay-ssl for
+    kthrottle-ssl, bare-relay for the other proxies; None for direct and the relays
+    themselves, or when that relay is not measured."""
+    if config in ("direct", RELAY, RELAY_SSL):
+        return None
+    base = RELAY_SSL if config == SSL_CONFIG else RELAY
+    return base if base in configs else None
+
+
 def summarize(results, clients, configs):
     """Per client and configuration: the median of every metric over the rounds where it
-    was measured, and the median of the paired (same round) comparisons with direct."""
+    was measured, and the median of the paired (same round) comparisons with direct and
+    (proxy CPU per MB) with the bare relay."""
     summary = {}
     for client in clients:
         for config in configs:
@@ -487,9 +593,32 @@ def summarize(results, clients, configs):
                                     ("p99_added_vs_direct_ms", "latency_p99_ms", _minus)):
                 values = paired(results, client, config, metric, op=op)
                 row[key] = statistics.median(values) if values else None
+            row["relay"] = relay_of(config, configs)
+            values = (paired(results, client, config, "proxy_cpu_ms_per_mb", base=row["relay"])
+                      if row["relay"] else [])
+            row["cpu_vs_relay"] = statistics.median(values) if values else None
             row["negotiated"] = next((r.negotiated for r in cells if r.negotiated), None)
             summary.setdefault(client, {})[config] = row
     return summary
+
+
+AB_METRICS = (  # what a paired comparison of two configurations shows
+    ("proxy_cpu_ms_per_mb", "proxy CPU/MB", _ratio, ".3f", "x"),
+    ("produce_mb_s", "produce", _ratio, ".3f", "x"),
+    ("consume_mb_s", "consume", _ratio, ".3f", "x"),
+    ("latency_p99_ms", "p99", _minus, "+.2f", " ms"),
+)
+
+
+def ab_text(results, client, config, base):
+    """'proxy CPU/MB 1.21x (1.10x to 1.30x), produce ...': ``config`` against ``base`` in
+    the same rounds with ``client``; None if they never shared a round."""
+    parts = []
+    for metric, label, op, spec, unit in AB_METRICS:
+        text = spread(paired(results, client, config, metric, base=base, op=op), spec, unit)
+        if text:
+            parts.append("%s %s" % (label, text))
+    return ", ".join(parts) or None
 
 
 def paired_lines(results, clients, configs):
@@ -508,29 +637,90 @@ def paired_lines(results, clients, configs):
     if lines:
         lines.insert(0, "Throughput relative to direct with the same client in the same round, "
                         "median (min to max):")
+    pairs = [(config, relay_of(config, configs)) for config in configs
+             if relay_of(config, configs)]
+    if RELAY in configs and RELAY_SSL in configs:
+        pairs.append((RELAY_SSL, RELAY))  # what TLS costs the floor itself
+    ab = ["- %s, %s against %s: %s" % (client, config, base, text)
+          for client in clients for config, base in pairs
+          for text in [ab_text(results, client, config, base)] if text]
+    if ab:
+        lines += ([""] if lines else []) + [
+            "Relative to the bare relay (%s for the TLS configurations), same client, same "
+            "round, median (min to max):" % RELAY_SSL] + ab
     for config, base, title in (
             ("kthrottle", BASELINE, "kthrottle (this checkout) relative to %s" % BASELINE),
             (SSL_CONFIG, "kthrottle", "TLS between clients and kthrottle (%s) relative to "
                                       "plaintext (kthrottle)" % SSL_CONFIG)):
         if config not in configs or base not in configs:
             continue
-        ab = []
-        for client in clients:
-            parts = []
-            for metric, label, op, spec, unit in (
-                    ("produce_mb_s", "produce", _ratio, ".3f", "x"),
-                    ("consume_mb_s", "consume", _ratio, ".3f", "x"),
-                    ("proxy_cpu_ms_per_mb", "proxy CPU/MB", _ratio, ".3f", "x"),
-                    ("latency_p99_ms", "p99", _minus, "+.2f", " ms")):
-                text = spread(paired(results, client, config, metric, base=base, op=op),
-                              spec, unit)
-                if text:
-                    parts.append("%s %s" % (label, text))
-            if parts:
-                ab.append("- %s: %s" % (client, ", ".join(parts)))
+        ab = ["- %s: %s" % (client, text) for client in clients
+              for text in [ab_text(results, client, config, base)] if text]
         if ab:
             lines += ([""] if lines else []) + [
                 "%s, same client, same round, median (min to max):" % title] + ab
+    return lines
+
+
+def target_lines(results, clients, configs, args):
+    """How the medians of the paired comparisons stand against the performance targets."""
+    def one(config, base, metric, op, limit, at_most, spec, unit, names=clients):
+        if config not in configs or base not in configs:
+            return []
+        out = []
+        for client in names:
+            if client not in clients:
+                continue
+            values = paired(results, client, config, metric, base=base, op=op)
+            if values:
+                value = statistics.median(values)
+                met = value <= limit if at_most else value >= limit
+                out.append("%s %s %s%s (%s)" % (client, config, format(value, spec), unit,
+                                                "met" if met else "not met"))
+        return out
+
+    checks = [
+        ("proxy CPU per MB at most 1.2x the bare relay's",
+         [t for config in ("kthrottle", QUOTA_CONFIG)
+          for t in one(config, RELAY, "proxy_cpu_ms_per_mb", _ratio, 1.2, True, ".2f", "x")]),
+        ("p99 added over direct at %d records/s at most +0.5 ms" % args.rate,
+         [t for config in ("kthrottle", QUOTA_CONFIG)
+          for t in one(config, "direct", "latency_p99_ms", _minus, 0.5, True, "+.2f", " ms")]),
+        ("TLS proxy CPU per MB at most 1.5x plaintext (%s against kthrottle)" % SSL_CONFIG,
+         one(SSL_CONFIG, "kthrottle", "proxy_cpu_ms_per_mb", _ratio, 1.5, True, ".2f", "x")),
+        ("confluent-kafka TLS produce at least 0.9x the TLS bare relay's (%s against %s)"
+         % (SSL_CONFIG, RELAY_SSL),
+         one(SSL_CONFIG, RELAY_SSL, "produce_mb_s", _ratio, 0.9, False, ".2f", "x",
+             names=("confluent-kafka",))),
+    ]
+    lines = ["- %s: %s" % (target, "; ".join(texts)) for target, texts in checks if texts]
+    if lines:
+        lines.insert(0, "Against the performance targets (median of the same-round "
+                        "comparisons):")
+    return lines
+
+
+def quota_lines(results, clients, args):
+    """kthrottle-quota: what its non-binding quotas counted, against the record bytes."""
+    lines = []
+    for client in clients:
+        cells = [r for r in results if r.client == client and r.config == QUOTA_CONFIG
+                 and r.quota_produce_bytes is not None]
+        if not cells:
+            continue
+        produce = sorted(r.quota_produce_bytes / (args.records * args.record_size)
+                         for r in cells)
+        fetch = sorted(r.quota_fetch_bytes / r.consume_bytes for r in cells
+                       if r.consume_bytes and r.quota_fetch_bytes is not None)
+        throttled = sum(r.quota_throttled_responses or 0 for r in cells)
+        lines.append("- %s: counted produce bytes %s and fetch bytes %s of the record bytes; "
+                     "%d throttled responses in %d cell(s)"
+                     % (client, spread(produce, ".3f", "x"), spread(fetch, ".3f", "x") or "-",
+                        throttled, len(cells)))
+    if lines:
+        lines.insert(0, "%s: what the quotas that never bind counted in the throughput "
+                        "phases (/metrics), against the record bytes, and the responses they "
+                        "throttled in the whole cell:" % QUOTA_CONFIG)
     return lines
 
 
@@ -575,9 +765,11 @@ def markdown_report(summary, clients, configs, facts, args, elapsed, results=())
         "%d partitions, at most %d records unacknowledged; latency at %d records/s for %g s "
         "with linger 0. confluent-kafka: no idempotence, Nagle off, consumer assign()ed with "
         "a fresh group and auto.offset.reset=earliest. Medians over rounds; MB = 10^6 "
-        "bytes; run took %.0f s."
+        "bytes; proxy CPU is the proxy's whole process tree; \"CPU vs relay\" is its CPU "
+        "per MB over %s's (%s's for %s) in the same round; run took %.0f s."
         % (args.rounds, args.records, args.record_size, args.linger_ms, args.batch_size,
-           args.partitions, args.max_in_flight, args.rate, args.latency_seconds, elapsed),
+           args.partitions, args.max_in_flight, args.rate, args.latency_seconds, RELAY,
+           RELAY_SSL, SSL_CONFIG, elapsed),
     ]
     negotiated = negotiated_lines(summary, clients, configs)
     if negotiated:
@@ -597,47 +789,63 @@ def markdown_report(summary, clients, configs, facts, args, elapsed, results=())
                 fmt(row["latency_p50_ms"], ".2f"), fmt(row["latency_p99_ms"], ".2f"),
                 fmt(row["latency_p999_ms"], ".2f"),
                 "-" if config == "direct" else fmt(row["p99_added_vs_direct_ms"], "+.2f"),
-                "-" if config == "direct" else fmt(row["proxy_cpu_ms_per_mb"], ".1f"),
+                "-" if config == "direct" else fmt(row["proxy_cpu_ms_per_mb"], ".2f"),
+                fmt(row["cpu_vs_relay"], ".2f") + ("x" if row["cpu_vs_relay"] else ""),
             ))
     lines += [""] + markdown_table(
         ("client", "configuration", "produce MB/s", "produce rec/s", "vs direct", "consume MB/s",
          "consume rec/s", "vs direct", "p50 ms", "p99 ms", "p99.9 ms",
-         "p99 added vs direct (ms)", "proxy CPU ms/MB"), rows, align="ll" + "r" * 11)
-    extra = paired_lines(results, clients, configs)
-    if extra:
-        lines += [""] + extra
+         "p99 added vs direct (ms)", "proxy CPU ms/MB", "CPU vs relay"), rows,
+        align="ll" + "r" * 12)
+    for extra in (paired_lines(results, clients, configs),
+                  target_lines(results, clients, configs, args),
+                  quota_lines(results, clients, args)):
+        if extra:
+            lines += [""] + extra
     return "\n".join(lines) + "\n"
 
 
 def draw_plot(summary, clients, configs):
-    """The figure's drawing function for harness.plot: throughput and latency per client."""
-    def draw(plt):
-        x = range(len(configs))
-        fig, axes = plt.subplots(len(clients), 2, figsize=(max(12, 3.2 * len(configs)),
-                                                           4.5 * len(clients)), squeeze=False)
+    """The figure's drawing function for harness.plot: throughput, latency and proxy CPU
+    per client."""
+    proxies = [c for c in configs if c != "direct"]
 
-        def bars(ax, rows, metrics, labels, ylabel, title):
+    def draw(plt):
+        width = 2 + 0.9 * (2 * len(configs) + len(proxies))
+        fig, axes = plt.subplots(len(clients), 3, figsize=(max(14, width), 4.8 * len(clients)),
+                                 gridspec_kw={"width_ratios": [len(configs), len(configs),
+                                                               max(len(proxies), 1)]},
+                                 squeeze=False)
+
+        def bars(ax, rows, names, metrics, labels, ylabel, title):
+            x = range(len(names))
             width = 0.8 / len(metrics)
             for i, (metric, label) in enumerate(zip(metrics, labels)):
                 offsets = [xi + (i - (len(metrics) - 1) / 2) * width for xi in x]
-                heights = [rows[c][metric] or 0 for c in configs]
+                heights = [rows[c][metric] or 0 for c in names]
                 drawn = ax.bar(offsets, heights, width, label=label)
                 ax.bar_label(drawn, fmt="%.1f" if "mb_s" in metric else "%.2f", fontsize=7)
-                for off, c in zip(offsets, configs):  # every round as a dot
+                for off, c in zip(offsets, names):  # every round as a dot
                     values = rows[c][metric + "_all"]
                     ax.plot([off] * len(values), values, "k.", markersize=3)
-            ax.set_xticks(list(x), configs)
+            ax.set_xticks(list(x), names, rotation=30, ha="right", fontsize=8)
             ax.set_ylabel(ylabel)
-            ax.set_title(title)
-            ax.legend(fontsize=8)
+            ax.set_title(title, fontsize=10)
+            if len(metrics) > 1:
+                ax.legend(fontsize=8)
 
-        for (left, right), client in zip(axes, clients):
+        for (left, middle, right), client in zip(axes, clients):
             rows = summary[client]
-            bars(left, rows, ("produce_mb_s", "consume_mb_s"), ("produce", "consume"), "MB/s",
-                 "%s: throughput (median; dots = rounds)" % client)
-            bars(right, rows, ("latency_p50_ms", "latency_p99_ms", "latency_p999_ms"),
+            bars(left, rows, configs, ("produce_mb_s", "consume_mb_s"), ("produce", "consume"),
+                 "MB/s", "%s: throughput (median; dots = rounds)" % client)
+            bars(middle, rows, configs, ("latency_p50_ms", "latency_p99_ms", "latency_p999_ms"),
                  ("p50", "p99", "p99.9"), "ms", "%s: produce latency at fixed rate (median)"
                  % client)
+            if proxies:
+                bars(right, rows, proxies, ("proxy_cpu_ms_per_mb",), ("proxy",), "ms per MB",
+                     "%s: proxy CPU per MB moved (median)" % client)
+            else:
+                right.set_axis_off()
         fig.tight_layout()
         return fig
 
@@ -696,17 +904,23 @@ LOAD_FLAGS = (
 def parse_args(argv=None):
     p = parser(
         "Measure the cost of a Kafka proxy: each client library against a local "
-        "Tansu broker directly, through kthrottle, through `tansu proxy` and (with "
-        "--baseline-src) through kthrottle from another source tree. Prints a table of "
-        "medians over rounds per (client, configuration) and writes "
-        "proxy_overhead.json/.md/.png into --output-dir.")
+        "Tansu broker directly, through a relay that parses nothing (the floor), through "
+        "kthrottle (plain, with quotas that never bind, with two workers, over TLS), through "
+        "`tansu proxy` and (with --baseline-src) through kthrottle from another source tree. "
+        "Prints a table of medians over rounds per (client, configuration), with ratios to "
+        "direct and to the relay, and writes proxy_overhead.json/.md/.png into --output-dir.")
     add_flags(p, LOAD_FLAGS)
     p.add_argument("--clients", default=",".join(CLIENT_NAMES),
                    help="comma-separated client libraries to measure every configuration "
                    "with: " + ", ".join(CLIENT_NAMES))
     p.add_argument("--configs", default=",".join(CONFIGS),
-                   help="comma-separated subset of: %s (%s is added by --baseline-src)"
-                   % (", ".join(CONFIGS), BASELINE))
+                   help="comma-separated subset of: %s (%s is added by --baseline-src). "
+                   "direct: straight to the broker; %s: a uvloop relay that parses nothing, "
+                   "with a second broker advertising its port; %s: the same terminating "
+                   "TLS; kthrottle: no quotas; %s: quotas that never bind on every client-id; "
+                   "%s: --workers 2; %s: TLS from the clients; tansu-proxy: the Rust "
+                   "pass-through" % (", ".join(CONFIGS), BASELINE, RELAY, RELAY_SSL,
+                                     QUOTA_CONFIG, WORKERS_CONFIG, SSL_CONFIG))
     p.add_argument("--baseline-src", type=Path, metavar="DIR",
                    help="also measure configuration %s: `python -m kthrottle proxy` run with "
                    "cwd and PYTHONPATH set to DIR, a kthrottle source tree such as `git "
@@ -757,7 +971,7 @@ def missing_from_bench_extra(args):
     needed = ["matplotlib", "aiokafka"]  # the plot is part of every run's output
     if "confluent-kafka" in args.clients:
         needed.append("confluent_kafka")
-    if SSL_CONFIG in args.configs:
+    if SSL_CONFIG in args.configs or RELAY_SSL in args.configs:
         needed.append("trustme")  # the run's certificate
     missing = [name.replace("_", "-") for name in needed if importlib.util.find_spec(name) is None]
     if args.profile and py_spy() is None:
@@ -807,6 +1021,13 @@ def main(argv=None):
         broker = run.broker()
         print("Tansu broker pid %d on %s; logs in %s"
               % (broker.proc.pid, broker.bootstrap, run.log_dir), flush=True)
+        relay_broker = None
+        if RELAY in args.configs or RELAY_SSL in args.configs:
+            # each relay cell starts its relay on this port, which the broker advertises
+            relay_broker = run.broker("tansu-broker-relayed", advertised_port=free_port())
+            print("Tansu broker pid %d on %s advertising 127.0.0.1:%d, the relays' port"
+                  % (relay_broker.proc.pid, relay_broker.bootstrap,
+                     relay_broker.advertised_port), flush=True)
         with new_runner() as runner:
             for rnd in range(args.rounds):
                 c_shift, k_shift = rnd % len(clients), rnd % len(args.configs)
@@ -817,10 +1038,11 @@ def main(argv=None):
                     profile = (profile_raw if rnd == 0 and config == "kthrottle"
                                and client is clients[0] else None)
                     results.append(run_cell(runner, client, config, rnd, position, broker,
-                                            run, args, profile))
-                    if broker.proc.poll() is not None:
-                        raise RuntimeError("the Tansu broker exited (code %s)"
-                                           % broker.proc.returncode)
+                                            run, args, profile, relay_broker))
+                    for b in (broker, relay_broker):
+                        if b is not None and b.proc.poll() is not None:
+                            raise RuntimeError("the Tansu broker on %s exited (code %s)"
+                                               % (b.bootstrap, b.proc.returncode))
     elapsed = run.elapsed
 
     if not results:
