@@ -988,3 +988,44 @@ def test_the_bounds_catch_a_loop_over_a_count_and_an_allocation_by_a_count():
             assert what in str(exc)
         else:
             raise AssertionError("run_bounded missed " + what)
+
+
+def _acks_outcome(read):
+    try:
+        return read()
+    except HeadTooShort as exc:
+        return ("HeadTooShort", exc.needed)
+    except ProtocolError as exc:
+        return ("ProtocolError",)
+
+
+@examples(300)
+@given(version=st.integers(0, PRODUCE_MAX_VERSION),
+       client_id=st.one_of(st.none(), st.text(max_size=40)),
+       transactional_id=st.one_of(st.none(), st.text(max_size=300)),
+       acks=st.sampled_from([0, 1, -1, 2, -32768]),
+       header_tags=st.booleans(), bad_utf8=st.booleans(), data=st.data())
+def test_acks_read_straight_from_the_head_matches_the_general_walk(
+        version, client_id, transactional_id, acks, header_tags, bad_utf8, data):
+    """RequestHead.acks' short cut (_acks_in_head) gives what the general walk
+    gives, or defers to it, for any Produce head cut at any length: the same
+    value, the same HeadTooShort, the same ProtocolError."""
+    req = ProduceRequest[version](transactional_id=transactional_id, acks=acks,
+                                  timeout_ms=30000, topic_data=[])
+    req.with_header(correlation_id=5, client_id=client_id)
+    frame = bytearray(req.encode(header=True, framed=True))
+    if bad_utf8 and client_id:
+        frame[14] = 0xFF  # the client-id's first byte: never valid UTF-8
+    if header_tags and request_header_flexible(apis.PRODUCE, version):
+        # one header tagged field (tag 3, 2 bytes) after the client-id
+        at = 14 + len((client_id or "").encode())
+        assert frame[at] == 0
+        frame[at:at + 1] = b"\x01\x03\x02ab"
+        INT32.pack_into(frame, 0, len(frame) - 4)
+    frame = bytes(frame)
+    cut = data.draw(st.integers(12, len(frame)))
+    fast = _acks_outcome(lambda: RequestHead(frame[:cut], len(frame)).acks)
+    walked = _acks_outcome(lambda: RequestHead(frame[:cut], len(frame))._acks_walked())
+    assert fast == walked
+    if cut == len(frame) and not (bad_utf8 and client_id):
+        assert fast == acks

@@ -133,25 +133,61 @@ class RequestHead:
         """Produce ``acks`` (0: the broker sends no response)."""
         acks = self._acks
         if acks is None:
-            if self.api_key != apis.PRODUCE:
-                raise ValueError("acks of a non-Produce request")
-            buf = self.buf
-            pos = self.body_offset
-            version = self.api_version
-            if version >= 3:  # transactional_id, nullable string
-                if version >= 9:
-                    try:
-                        n, pos = read_uvarint(buf, pos)
-                    except ProtocolError:
-                        self._more("Produce transactional_id")
-                    pos += max(n - 1, 0)
-                else:
-                    self._need(pos + 2, "Produce transactional_id")
-                    n = INT16.unpack_from(buf, pos)[0]
-                    pos += 2 + max(n, 0)
-            self._need(pos + 2, "Produce acks")
-            acks = self._acks = INT16.unpack_from(buf, pos)[0]
+            acks = self._acks = self._acks_in_head()
         return acks
+
+    def _acks_in_head(self):
+        """acks read straight from a head that holds it (every Produce a
+        client sends: a short client-id, no header tags, a short or null
+        transactional.id): a few slices instead of the general walk below,
+        which answers every other case (and every error) the same way."""
+        buf = self.buf
+        if self.api_key == apis.PRODUCE and self._client_id is _UNREAD:
+            n = len(buf)
+            if n >= 14:
+                size = buf[12] << 8 | buf[13]
+                pos = 14 + size
+                if size < 0x8000 and pos + 4 <= n:
+                    try:
+                        client_id = bytes(buf[14:pos]).decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise ProtocolError("request client_id is not UTF-8") from None
+                    version = self.api_version
+                    if version >= 9:  # header v2: no tags; compact transactional_id
+                        t = buf[pos + 1]
+                        if buf[pos] == 0 and t < 0x80:
+                            pos += 2 + (t - 1 if t > 1 else 0)
+                        else:
+                            pos = -1
+                    elif version >= 3:  # nullable string
+                        t = buf[pos] << 8 | buf[pos + 1]
+                        pos += 2 + (t if t < 0x8000 else 0)
+                    if 0 <= pos and pos + 2 <= n:
+                        self._client_id = client_id
+                        self._body = 14 + size + (1 if version >= 9 else 0)
+                        acks = buf[pos] << 8 | buf[pos + 1]
+                        return acks - 0x10000 if acks >= 0x8000 else acks
+        return self._acks_walked()
+
+    def _acks_walked(self):
+        if self.api_key != apis.PRODUCE:
+            raise ValueError("acks of a non-Produce request")
+        buf = self.buf
+        pos = self.body_offset
+        version = self.api_version
+        if version >= 3:  # transactional_id, nullable string
+            if version >= 9:
+                try:
+                    n, pos = read_uvarint(buf, pos)
+                except ProtocolError:
+                    self._more("Produce transactional_id")
+                pos += max(n - 1, 0)
+            else:
+                self._need(pos + 2, "Produce transactional_id")
+                n = INT16.unpack_from(buf, pos)[0]
+                pos += 2 + max(n, 0)
+        self._need(pos + 2, "Produce acks")
+        return INT16.unpack_from(buf, pos)[0]
 
     def _fetch_fields(self):
         fields = self._fetch

@@ -32,6 +32,8 @@ A response without tag 0 (the common case: brokers fill NodeEndpoints only for
 partitions answering NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH) comes out
 byte for byte as it came.
 """
+import functools
+
 from . import apis
 from .errors import ProtocolError
 from .rewrite import Node
@@ -67,8 +69,10 @@ def stream_rewriter(api_key, api_version, advertise):
         return None
     if api_version > apis.MAX_DECODABLE_VERSION[api_key]:
         raise ProtocolError("api_key %d v%d is newer than the proxy can decode" % (api_key, api_version))
-    walk = _walk_fetch() if api_key == apis.FETCH else _walk_produce(api_version)
-    return StreamRewriter(walk, advertise)
+    if api_key == apis.FETCH:
+        return StreamRewriter(_walk_fetch, advertise, _fetch_tail_at)
+    return StreamRewriter(functools.partial(_walk_produce, api_version), advertise,
+                          _produce_v13_tail_at if api_version >= 13 else _produce_tail_at)
 
 
 class StreamRewriter:
@@ -81,14 +85,16 @@ class StreamRewriter:
     """
 
     __slots__ = ("nodes", "done", "_advertise", "_walk", "_req", "_pos", "_end",
-                 "_size", "_varint", "_shift", "_tail")
+                 "_size", "_varint", "_shift", "_tail", "_tail_at")
 
-    def __init__(self, walk, advertise):
+    def __init__(self, walker, advertise, tail_at=None):
+        """``walker()``: a new walk of the structure (made when first needed)."""
         self.nodes = []
         self.done = False
         self._advertise = advertise
-        self._walk = walk
-        self._req = next(walk)  # what the walker waits for
+        self._walk = walker
+        self._tail_at = tail_at  # the whole frame's walk, for a frame in one chunk
+        self._req = None  # what the walker waits for
         self._pos = 0  # bytes of the frame fed so far
         self._end = None  # the frame's length, size prefix included, once known
         self._size = b""  # the size prefix, while it straddles chunks
@@ -113,6 +119,21 @@ class StreamRewriter:
         if end is None:  # the size prefix
             if self.done:
                 raise ValueError("the frame is already complete")
+            if (not base and n > 8 and self._tail_at is not None
+                    and (chunk[0] << 24 | chunk[1] << 16 | chunk[2] << 8 | chunk[3]) + 4 == n):
+                # the whole frame in one chunk (every Produce response, an
+                # empty Fetch): walked in one go
+                at = self._tail_at(chunk, n)
+                if at is not None:
+                    self._pos = n
+                    if at == n - 1 and chunk[at] == 0:  # no tagged fields: as it came
+                        out.append(chunk)
+                        self.done = True
+                    else:
+                        view = chunk if chunk.__class__ is memoryview else memoryview(chunk)
+                        out.append(view[:at])
+                        self._finish(view[at:], out)
+                    return
             i = 4 - len(self._size)
             self._size += bytes(chunk[:i])
             if len(self._size) < 4:
@@ -132,6 +153,9 @@ class StreamRewriter:
             return
 
         req = self._req
+        if req is None:  # the walk starts
+            walk = self._walk = self._walk()
+            req = next(walk)
         if req >> 2 >= n - i:  # the hot path: a skip (inside records) covers the chunk
             self._req = req - ((n - i) << 2)
             out.append(chunk)
@@ -259,6 +283,105 @@ def _walk_produce(version):
             yield from _tags(n - 1 if n > 1 else 0)  # current_leader lives here
         yield from _tags(0)
     yield 4 << 2 | _SKIP  # throttle_time_ms
+
+
+# -- the same walks over a whole frame ------------------------------------------
+#
+# Plain loops over a frame held in one chunk: what the walkers above do, without
+# a generator step per field. They return the tail's offset, or None for
+# anything unusual (a varint of several bytes where one is usual, a length past
+# the frame), which the walkers then take over from the start, with their errors.
+
+
+def _tags_at(buf, pos):
+    """The offset after a tagged-field section, or -1."""
+    count = buf[pos]
+    pos += 1
+    if count:
+        if count >= 0x80:
+            return -1
+        for _ in range(count):
+            if buf[pos] >= 0x80 or buf[pos + 1] >= 0x80:
+                return -1
+            pos += 2 + buf[pos + 1]
+    return pos
+
+
+def _produce_tail_at(buf, n, topic_ids=False):
+    """Produce v10+ (ProduceResponse.json): the tail's offset, or None."""
+    try:
+        pos = _tags_at(buf, 8)  # size, correlation_id; header tagged fields
+        topics = buf[pos] - 1
+        pos += 1
+        if topics >= 0x7F or pos < 0:
+            return None
+        for _ in range(topics):
+            if topic_ids:
+                pos += 16
+            else:
+                length = buf[pos]
+                if length >= 0x80:
+                    return None
+                pos += length if length else 1
+            partitions = buf[pos] - 1
+            pos += 1
+            if partitions >= 0x7F:
+                return None
+            for _ in range(partitions):
+                pos += 30  # index, error_code, base_offset, log_append_time_ms, log_start_offset
+                if buf[pos] != 1:  # record_errors: anything but empty
+                    return None
+                length = buf[pos + 1]  # error_message
+                if length >= 0x80:
+                    return None
+                pos = _tags_at(buf, pos + 2 + (length - 1 if length else 0))
+                if pos < 0:
+                    return None
+            pos = _tags_at(buf, pos)
+            if pos < 0:
+                return None
+        pos += 4  # throttle_time_ms
+    except IndexError:
+        return None
+    return pos if pos < n else None
+
+
+def _produce_v13_tail_at(buf, n):
+    return _produce_tail_at(buf, n, True)
+
+
+def _fetch_tail_at(buf, n):
+    """Fetch v16+ (FetchResponse.json): the tail's offset, or None."""
+    try:
+        pos = _tags_at(buf, 8)  # size, correlation_id; header tagged fields
+        if pos < 0:
+            return None
+        pos += 10  # throttle_time_ms, error_code, session_id
+        topics = buf[pos] - 1
+        pos += 1
+        if topics >= 0x7F:
+            return None
+        for _ in range(topics):
+            pos += 16  # topic_id
+            partitions = buf[pos] - 1
+            pos += 1
+            if partitions >= 0x7F:
+                return None
+            for _ in range(partitions):
+                pos += 30
+                if buf[pos] > 1:  # aborted_transactions: anything but null or empty
+                    return None
+                pos += 5  # that, preferred_read_replica
+                length, pos = read_uvarint(buf, pos)  # records
+                pos = _tags_at(buf, pos + (length - 1 if length else 0))
+                if pos < 0:
+                    return None
+            pos = _tags_at(buf, pos)
+            if pos < 0:
+                return None
+    except (IndexError, ProtocolError):
+        return None
+    return pos if pos < n else None
 
 
 # -- the tail ---------------------------------------------------------------
