@@ -6,6 +6,7 @@ import sys
 from . import __version__, quotas_command
 from .config import (
     BOOTSTRAP,
+    WORKERS,
     ConfigError,
     ProxyConfig,
     build_config,
@@ -13,20 +14,34 @@ from .config import (
     option_groups,
 )
 from .embedded import LOCAL_EXTRA_INSTALL, LOCAL_USER
-from .options import OptionGroup
+from .options import OptionGroup, arg_type
+
+
+def parse_worker(text):
+    """The hidden ``--worker INDEX:FD`` the supervisor gives each worker."""
+    index, sep, fd = str(text).partition(":")
+    if not (sep and index.isdigit() and fd.isdigit()):
+        raise ValueError("--worker is INDEX:FD, given by the supervisor of --workers N; got %r"
+                         % text)
+    return int(index), int(fd)
 
 
 def _add_proxy_flags(p, bootstrap_required_text):
     """Every declared option of the proxy (core and components), then
-    --config and --log-level; without --bootstrap-server when
+    --config and --log-level; without --bootstrap-server and --workers when
     ``bootstrap_required_text`` is None (kthrottle local: its own broker is
-    the upstream, so the flag would do nothing)."""
+    the upstream, so the flag would do nothing, and it runs one process)."""
     helps = {BOOTSTRAP.name: BOOTSTRAP.help + " " + (bootstrap_required_text or "")}
     for group in option_groups():
-        if bootstrap_required_text is None and BOOTSTRAP in group.options:
+        if bootstrap_required_text is None and (BOOTSTRAP in group.options
+                                                or WORKERS in group.options):
             group = OptionGroup(group.title, group.description,
-                                [o for o in group.options if o is not BOOTSTRAP])
+                                [o for o in group.options if o not in (BOOTSTRAP, WORKERS)])
         group.add_to(p, helps)
+    if bootstrap_required_text is not None:
+        # a worker process of --workers N: its index and its end of the
+        # supervisor's hub (proxy/workers.py); not for people to give
+        p.add_argument("--worker", type=arg_type(parse_worker), help=argparse.SUPPRESS)
     p.add_argument(
         "--config", metavar="FILE",
         help="TOML file with the same keys as the long flags (bootstrap-server = [...], "
@@ -80,6 +95,7 @@ def _flag_values(args):
 
 def main(argv=None):
     parser = make_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.command == "quotas":
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -90,9 +106,11 @@ def main(argv=None):
         from .spark_sync import agent, job
 
         return (agent if args.command == "volume-agent" else job).run(args)
+    worker = getattr(args, "worker", None)  # (index, hub fd): a worker of --workers N
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format="%(asctime)s %(levelname)s " + ("[worker %d] " % worker[0] if worker else "")
+        + "%(name)s: %(message)s",
     )
     try:
         file_values = load_toml(args.config) if args.config else {}
@@ -104,6 +122,15 @@ def main(argv=None):
     if args.command == "proxy":
         from .proxy.app import run_loop, serve
 
+        if worker is not None:
+            from .proxy.workers import WorkerHub
+
+            run_loop(lambda: serve(config, worker=WorkerHub(*worker)))
+            return 0
+        if config.workers > 1:  # this process supervises them, serving no client
+            from .proxy.workers import supervise
+
+            return supervise(argv, config)
         run_loop(lambda: serve(config))
         return 0
     return _local(parser, file_values, flags)
@@ -128,6 +155,9 @@ def _local(parser, file_values, flags):
             values.update({k: v for k, v in flags.items() if v is not None})
             flags.update(listener.fill(vars(ProxyConfig(**values))))
             config = build_config(file_values, flags)
+            if config.workers > 1:
+                raise ConfigError("workers %d: kthrottle local runs one proxy process (workers "
+                                  "is for kthrottle proxy)" % config.workers)
         except ConfigError as exc:
             parser.exit(2, "kthrottle: error: %s\n" % exc)
         return run_local(config, listener)

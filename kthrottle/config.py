@@ -4,6 +4,7 @@ Every setting is declared once, as an ``Option`` of one of the groups below
 or of a component in ``COMPONENTS``: that gives its flag (``--NAME``), its
 TOML key (``NAME``), its ProxyConfig attribute and its default.
 """
+import os
 import re
 import tomllib
 
@@ -128,6 +129,23 @@ def _whole(value):
     return None
 
 
+def parse_workers(value, what="workers"):
+    """``N`` (1 or more) or ``auto``: as many as the CPUs this process may
+    run on (its affinity mask, which taskset and cgroup cpusets narrow)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            try:
+                return len(os.sched_getaffinity(0))
+            except AttributeError:  # not Linux
+                return os.cpu_count() or 1
+        value = int(text) if text.isdigit() else value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError("%s must be a number of processes (1 or more) or \"auto\", got %r"
+                          % (what, value))
+    return value
+
+
 def parse_sni_pattern(value, what="sni-broker-pattern"):
     """Checked now (a ConfigError at start); the proxy reads it again."""
     from .proxy.addressing import SniPattern
@@ -155,6 +173,12 @@ def _parse_refresh(value, what):
 BOOTSTRAP = Option("bootstrap-server", HostPorts(), attr="bootstrap_servers", default=[],
                    repeat=True, metavar="HOST:PORT",
                    help="an upstream broker to bootstrap from; repeat for several.")
+WORKERS = Option("workers", Parsed(parse_workers), default=1, metavar="N|auto",
+                 help="processes serving clients (default 1; auto: one per CPU this process "
+                 "may use). With more than one, every worker listens on every port "
+                 "(SO_REUSEPORT) and the kernel spreads the connections over them; the quotas "
+                 "hold across the workers as one, and one worker follows the cluster state "
+                 "and the fleet shares and serves --admin-listen for the machine")
 MAIN = OptionGroup(None, None, (
     BOOTSTRAP,
     Option("listen", HOST_PORT, default=("127.0.0.1", 9092), metavar="HOST:PORT",
@@ -188,6 +212,12 @@ MAIN = OptionGroup(None, None, (
     Option("upstream-connect-timeout-ms", INTEGER, default=10_000, metavar="MS",
            help="how long one broker address may take to accept a connection before the next "
            "is tried (default 10000, Kafka's socket.connection.setup.timeout.ms)"),
+    WORKERS,
+    Option("zero-copy", SWITCH, default=False,
+           help="Linux, plaintext connections: the rest of a large request or response that "
+           "nothing needs to read (64 KiB or more, the connection not throttled) goes from "
+           "socket to socket with splice(2) instead of through the proxy's memory; "
+           "kthrottle_zero_copy_bytes_total counts it (default off)"),
 ))
 
 QUOTAS = OptionGroup("quotas (KIP-55 <user, client-id> byte-rate and request-rate quotas)", None, (
@@ -458,6 +488,9 @@ class ProxyConfig:
                               % self.drain_timeout_ms)
         if self.node_port_base is not None and not 0 < self.node_port_base < 65536:
             raise ConfigError("node-port-base must be a port number")
+        if self.workers > 1 and self.listen[1] == 0:
+            raise ConfigError("workers %d: every worker listens on the same ports; give --listen "
+                              "a port other than 0" % self.workers)
         self._validate_addressing()
         self._validate_quota_source()
         check_listener(self)

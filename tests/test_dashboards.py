@@ -26,6 +26,8 @@ NOT_ON_THE_DASHBOARD = {
     "kthrottle_produce_throttle_time_ms_total",
     "kthrottle_fetch_throttle_time_ms_total",
     "kthrottle_request_throttle_time_ms_total",
+    # an experiment behind --zero-copy, off by default
+    "kthrottle_zero_copy_bytes_total",
     # facts rather than series to watch
     "process_virtual_memory_bytes",
     "process_start_time_seconds",

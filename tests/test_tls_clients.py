@@ -268,3 +268,29 @@ def test_requested_client_certificates_are_optional(broker, tmp_path, pki):
         assert set(without) == {"ANONYMOUS"}
     finally:
         p.stop()
+
+
+class _Recorded:
+    """A transport's write calls, as a TLS transport receives them."""
+
+    def __init__(self):
+        self.calls = []
+
+    def write(self, data):
+        self.calls.append(("write", bytes(data)))
+
+    def writelines(self, chunks):
+        self.calls.append(("writelines", [bytes(c) for c in chunks]))
+
+
+def test_small_pieces_of_a_frame_go_to_tls_as_one_write():
+    from kthrottle.proxy.connection import TLS_JOIN_MAX, tls_writes
+
+    t = _Recorded()
+    head, tail = b"\x00\x00\x00\x10" + b"h" * 8, memoryview(b"t" * 8)
+    tls_writes(t, [head, tail])  # one record instead of two
+    tls_writes(t, [head])
+    big = [b"x" * TLS_JOIN_MAX, b"y"]  # large: no copy, records of their own anyway
+    tls_writes(t, big)
+    assert t.calls == [("write", head + b"t" * 8), ("writelines", [head]),
+                       ("writelines", big)]

@@ -104,6 +104,26 @@ class FrameCutter:
         """True between frames (nothing of a next frame seen yet)."""
         return not self._left and not self._head
 
+    @property
+    def passing(self):
+        """Bytes still to come of the frame in progress when they are to be
+        forwarded exactly as they arrive (PASS: no stream reads them, nothing
+        gathers them, nothing stops after the frame); 0 otherwise."""
+        mode = self._mode
+        if mode.__class__ is int and mode == PASS and not self.stop_after_frame:
+            return self._left
+        return 0
+
+    def skip(self, nbytes):
+        """``nbytes`` of the frame in progress were forwarded without going
+        through ``feed`` (socket to socket), after ``passing`` offered them
+        (a stop after the frame may have been asked for since)."""
+        mode = self._mode
+        left = self._left if mode.__class__ is int and mode == PASS else 0
+        if not 0 <= nbytes <= left:
+            raise ValueError("skip(%d) with %d bytes of a passed frame left" % (nbytes, left))
+        self._left = left - nbytes
+
     def take_partial(self, out, limit):
         """The bytes of a frame still in progress that ``feed`` put in
         ``out``, cut from it, when the frame is at most ``limit`` bytes long

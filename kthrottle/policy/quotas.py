@@ -207,7 +207,8 @@ class Bucket:
     __slots__ = ("key", "user_tag", "client_tag", "quota", "limit", "entity", "settings",
                  "rate", "tokens", "cap", "last_used", "throttle_ms_total", "throttled",
                  "total", "held", "observe_only", "observed", "observed_ms_total",
-                 "observed_last_ms")
+                 "observed_last_ms", "others_total", "others_throttle_ms", "others_throttled",
+                 "others_observed", "others_observed_ms")
 
     def __init__(self, key, resolution, settings, limit=None):
         self.key = key
@@ -240,6 +241,14 @@ class Bucket:
         # throttled requests of the last window or so, (recorded at, released
         # at, value): for the rate let through (released); made when needed
         self.held = None
+        # what the other worker processes counted in their bucket of this
+        # identity (--workers, add_others): apart from the counters above,
+        # which are what this process sends them
+        self.others_total = 0
+        self.others_throttle_ms = 0
+        self.others_throttled = 0
+        self.others_observed = 0
+        self.others_observed_ms = 0
         self.set_limit(resolution, limit)
 
     def set_limit(self, resolution, limit=None):
@@ -306,6 +315,23 @@ class Bucket:
         self.rate.record(value, now)
         if self.tokens is not None:
             self.tokens.record(value, now)
+
+    def add_others(self, value, now, throttle_ms=0, throttled=0, observed=0, observed_ms=0):
+        """Usage another worker process of this proxy counted in its bucket
+        of the same identity (--workers): in the rate and the token bucket
+        here too, so that the clients of every worker are held to the quota
+        together, but no throttle of its own (that worker gave its client
+        the throttle). Kept apart from ``total`` and the other own counters,
+        so it is never sent back."""
+        self.last_used = now
+        self.rate.record(value, now)
+        if self.tokens is not None:
+            self.tokens.record(value, now)
+        self.others_total += value
+        self.others_throttle_ms += throttle_ms
+        self.others_throttled += throttled
+        self.others_observed += observed
+        self.others_observed_ms += observed_ms
 
     def note_refused(self, ms, now):
         """A request refused in the broker's place for a violated quota: a
@@ -483,6 +509,12 @@ class ClientQuotas:
         return fetch.max_in_window()
 
 
+# The kinds of buckets (QuotaManager.buckets_of): a bucket's identity across
+# the worker processes is its kind, key and tags.
+CLIENT_BUCKETS = "c"  # (key, user tag, client tag)
+TOPIC_BUCKETS = "t"  # (key, topic): topic in the client tag
+IP_BUCKETS = "i"  # ip: connection_creation_rate, the address in the client tag
+
 # What a bucket's applied limit follows (QuotaManager.sharing).
 CONFIGURED = "configured"  # the configured quota: not a fleet member, or fail-safe "whole"
 SHARES = "shares"  # this proxy's share; prior x quota for a bucket not listed
@@ -574,6 +606,34 @@ class QuotaManager:
         return self._named_bucket(self.ip_buckets, ip, CONNECTION_CREATION_RATE,
                                   self.config.resolve_ip(ip))
 
+    # worker processes (--workers) ----------------------------------------------------
+
+    def buckets_of(self, kind):
+        """The buckets of one kind: CLIENT_BUCKETS, TOPIC_BUCKETS or IP_BUCKETS."""
+        return (self.buckets if kind == CLIENT_BUCKETS else self.topic_buckets
+                if kind == TOPIC_BUCKETS else self.ip_buckets)
+
+    def bucket_for_others(self, kind, key, user_tag, client_tag, entity):
+        """The bucket another worker process counted usage in (its kind, key,
+        tags and entity), made here if this process has none yet: its
+        clients and the fleet reports then see that usage from the first
+        request. None when this process's quotas have no such entity (its
+        quota source has not caught up, or has moved on): nothing to hold."""
+        buckets = self.buckets_of(kind)
+        bucket_key = ((key, user_tag, client_tag) if kind == CLIENT_BUCKETS
+                      else (key, client_tag) if kind == TOPIC_BUCKETS else client_tag)
+        bucket = buckets.get(bucket_key)
+        if bucket is not None:
+            return bucket
+        cfg = self.config.snapshot.get(entity)  # "static": {key: value} too
+        quota = cfg.get(key) if isinstance(cfg, dict) else None
+        if quota is None:
+            return None
+        resolution = Resolution(quota, entity, user_tag, client_tag, bool(cfg.get(OBSERVE_ONLY)))
+        limit = self.applied_limit(bucket_key, quota) if kind == CLIENT_BUCKETS else None
+        bucket = buckets[bucket_key] = Bucket(key, resolution, self.settings, limit)
+        return bucket
+
     # fleet shares ----------------------------------------------------------------
 
     def applied_limit(self, bucket_key, quota):
@@ -658,6 +718,7 @@ class QuotaManager:
 
 
 __all__ = [
+    "CLIENT_BUCKETS", "IP_BUCKETS", "TOPIC_BUCKETS",
     "CONFIGURED", "EQUAL", "NO_DELAY", "QUOTA_KEYS", "SHARES", "Bucket", "ClientQuotas", "Decision", "QuotaConfig",
     "QuotaManager", "QuotaSettings", "Resolution", "TOKEN_BUCKET", "WINDOW",
     "client_quotas_apply", "request_quota_applies",

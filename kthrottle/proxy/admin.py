@@ -128,6 +128,7 @@ SOURCES = "Quota sources"
 CREDENTIALS = "Credential stores (--credentials-file, or ZooKeeper)"
 ZK = "ZooKeeper sessions (quotas, credentials, cluster state or shares followed there)"
 STORAGE = "Storage-aware throttling (--zookeeper, --storage-scope not off)"
+ZERO_COPY = "Zero-copy pass-through (--zero-copy)"
 FLEET = "Fleet members (--proxy-id)"
 PROCESS = "The process (prometheus_client's process and platform collectors)"
 
@@ -302,6 +303,9 @@ METRICS = [
            "published", (), FLEET),
     Metric("kthrottle_fleet_shares_rejected_total", "counter", "Quota shares documents refused "
            "(malformed, or for another proxy)", (), FLEET),
+    Metric("kthrottle_zero_copy_bytes_total", "counter", "Bytes of requests (to_broker) and "
+           "responses (to_client) moved from socket to socket with splice(2), never read by "
+           "the proxy", ("direction",), ZERO_COPY),
     # the process (as prometheus_client names and describes them)
     Metric("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", (),
            PROCESS),
@@ -425,6 +429,12 @@ class ProxyCollector:
             yield from _storage_metrics(storage, self.cluster_state)
         if self.fleet is not None:
             yield from _fleet_metrics(self.fleet, shown)
+        zero_copy = getattr(server, "zero_copy", None)
+        if zero_copy is not None:
+            moved = family("kthrottle_zero_copy_bytes_total")
+            for direction, count in sorted(zero_copy.bytes.items()):
+                moved.add_metric([direction], count)
+            yield moved
 
     def _shown_buckets(self, manager):
         """The buckets in use that get series: those of the first
@@ -514,12 +524,13 @@ def _bucket_metrics(shown, omitted, now):
             released.add_metric(tags, bucket.released(now))
         if bucket.quota is not None:
             get(key, "quota").add_metric(tags + [bucket.entity or ""], bucket.quota)
-        get(key, "counted").add_metric(tags, bucket.total)
-        throttle.add_metric(tags + [key], bucket.throttle_ms_total / 1000.0)
+        get(key, "counted").add_metric(tags, bucket.total + bucket.others_total)
+        throttle_ms_total = bucket.throttle_ms_total + bucket.others_throttle_ms
+        throttle.add_metric(tags + [key], throttle_ms_total / 1000.0)
         throttle_ms = get(key, "throttle_ms")
         if throttle_ms is not None:
-            throttle_ms.add_metric(tags, bucket.throttle_ms_total)
-            get(key, "throttled").add_metric(tags, bucket.throttled)
+            throttle_ms.add_metric(tags, throttle_ms_total)
+            get(key, "throttled").add_metric(tags, bucket.throttled + bucket.others_throttled)
     yield from made.values()
     yield throttle
     yield family("kthrottle_metrics_omitted_entities", omitted)
@@ -551,8 +562,9 @@ def _topic_metrics(shown, now):
     for (key, topic), bucket in shown:
         rate[key].add_metric([topic], bucket.measure(now))
         quota[key].add_metric([topic, bucket.entity or ""], bucket.quota)
-        counted[key].add_metric([topic], bucket.total)
-        throttle.add_metric([topic, key], bucket.throttle_ms_total / 1000.0)
+        counted[key].add_metric([topic], bucket.total + bucket.others_total)
+        throttle.add_metric([topic, key],
+                            (bucket.throttle_ms_total + bucket.others_throttle_ms) / 1000.0)
     for families in (rate, quota, counted):
         yield from families.values()
     yield throttle
@@ -566,8 +578,8 @@ def _ip_metrics(shown, now):
     for ip, bucket in shown:
         rate.add_metric([ip], bucket.measure(now))
         quota.add_metric([ip, bucket.entity or ""], bucket.quota)
-        counted.add_metric([ip], bucket.total)
-        throttle.add_metric([ip], bucket.throttle_ms_total / 1000.0)
+        counted.add_metric([ip], bucket.total + bucket.others_total)
+        throttle.add_metric([ip], (bucket.throttle_ms_total + bucket.others_throttle_ms) / 1000.0)
     yield from (rate, quota, counted, throttle)
 
 
@@ -580,23 +592,27 @@ def _observed_metrics(shown, topics, ips):
         count = family("kthrottle_observe_only_throttles_total")
         seconds = family("kthrottle_observe_only_throttle_seconds_total")
         for (key, user, client), bucket in clients:
-            count.add_metric([user, client, key], bucket.observed)
-            seconds.add_metric([user, client, key], bucket.observed_ms_total / 1000.0)
+            count.add_metric([user, client, key], bucket.observed + bucket.others_observed)
+            seconds.add_metric([user, client, key], _observed_seconds(bucket))
         yield from (count, seconds)
     if topics:
         count = family("kthrottle_topic_observe_only_throttles_total")
         seconds = family("kthrottle_topic_observe_only_throttle_seconds_total")
         for (key, topic), bucket in topics:
-            count.add_metric([topic, key], bucket.observed)
-            seconds.add_metric([topic, key], bucket.observed_ms_total / 1000.0)
+            count.add_metric([topic, key], bucket.observed + bucket.others_observed)
+            seconds.add_metric([topic, key], _observed_seconds(bucket))
         yield from (count, seconds)
     if ips:
         count = family("kthrottle_ip_observe_only_throttles_total")
         seconds = family("kthrottle_ip_observe_only_throttle_seconds_total")
         for ip, bucket in ips:
-            count.add_metric([ip], bucket.observed)
-            seconds.add_metric([ip], bucket.observed_ms_total / 1000.0)
+            count.add_metric([ip], bucket.observed + bucket.others_observed)
+            seconds.add_metric([ip], _observed_seconds(bucket))
         yield from (count, seconds)
+
+
+def _observed_seconds(bucket):
+    return (bucket.observed_ms_total + bucket.others_observed_ms) / 1000.0
 
 
 def _sasl_metrics(filters):
@@ -743,13 +759,15 @@ def _bucket_report(bucket, now):
         "entity": bucket.entity,
         "rate": round(bucket.measure(now), 3),
         "released_rate": round(bucket.released(now), 3),
-        "throttled": bucket.throttled,
-        "throttle_ms_total": bucket.throttle_ms_total,
+        # every worker's (--workers), as the rate
+        "throttled": bucket.throttled + bucket.others_throttled,
+        "throttle_ms_total": bucket.throttle_ms_total + bucket.others_throttle_ms,
         "observe_only": bucket.observe_only,
     }
     if bucket.observe_only:  # what it would have done
-        report["observed"] = {"throttles": bucket.observed,
-                              "throttle_ms_total": bucket.observed_ms_total,
+        report["observed"] = {"throttles": bucket.observed + bucket.others_observed,
+                              "throttle_ms_total": (bucket.observed_ms_total
+                                                    + bucket.others_observed_ms),
                               "last_throttle_ms": bucket.observed_last_ms}
     return report
 

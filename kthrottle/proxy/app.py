@@ -33,16 +33,20 @@ async def _started(stack, component, start, *args):
     return component
 
 
-async def serve(config, on_ready=None):
+async def serve(config, on_ready=None, worker=None):
+    """``worker``: this process's workers.WorkerHub, when it is one of
+    several (--workers); None: the proxy is this process alone."""
     from contextlib import AsyncExitStack
 
     async with AsyncExitStack() as stack:
-        await _serve(config, on_ready, stack)
+        await _serve(config, on_ready, stack, worker)
 
 
-async def _serve(config, on_ready, stack):
+async def _serve(config, on_ready, stack, worker=None):
     """Everything started is stopped by ``stack``, in reverse order, however
-    this ends (an error at start, a signal)."""
+    this ends (an error at start, a signal). With ``worker`` other than the
+    primary, the cluster state and the fleet shares come from the primary
+    through the hub, and the admin endpoint is the primary's."""
     from ..policy.quotas import QuotaManager
     from ..sources import CREDENTIAL_STORES, QUOTA_SOURCES, build_source
     from .admin import AdminServer
@@ -51,7 +55,12 @@ async def _serve(config, on_ready, stack):
     from .server import ProxyServer
 
     followed = []  # what SIGHUP re-reads at once (files; ZooKeeper sends its changes)
-    _on_sighup(stack, followed)
+    reload = _on_sighup(stack, followed)
+    primary = worker is None or worker.primary
+    if worker is not None:
+        await worker.start()
+        stack.push_async_callback(worker.close)
+        worker.on_reload = reload
     services = Services()
     if (config.upstream_security_protocol or "").startswith("SASL_") and not config.passthrough \
             and config.upstream_sasl_mechanism == "OAUTHBEARER":
@@ -74,6 +83,8 @@ async def _serve(config, on_ready, stack):
         if hasattr(source, "reload"):
             followed.append(source)
     services.quota_source = source
+    if worker is not None:  # the other workers' usage counts from now on
+        worker.manager = services.quotas
     terminate = config.sasl_enabled and config.sasl_mode == "terminate"
     # the store the terminating filter verifies clients with, or the users the
     # admin API manages for other proxies (none with OAUTHBEARER alone)
@@ -101,25 +112,50 @@ async def _serve(config, on_ready, stack):
         server = ProxyServer(config, services)
     except ValueError as exc:  # the TLS files
         raise SystemExit("kthrottle: error: %s" % exc) from None
+    if worker is not None:
+        server.reuse_port = True
     manager, storage, cluster_state = services.quotas, server.storage, None
     if storage is not None:
+        from ..policy.storage import ClusterState
         from ..sources.cluster_state import ClusterStateSource
+        from .workers import CLUSTER_STATE
 
         def new_state(state):
             storage.policy.update(state)
             storage.refresh(time.time(), asyncio.get_running_loop().time())
 
-        cluster_state = ClusterStateSource(config.zookeeper, config.cluster_state_znode)
-        await _started(stack, cluster_state, cluster_state.start, new_state)
-        # from now on the first snapshot is awaited: none in storage-max-age-ms is unknown
-        storage.refresh(time.time(), asyncio.get_running_loop().time())
+        if primary:
+            cluster_state = ClusterStateSource(config.zookeeper, config.cluster_state_znode)
+            if worker is not None:
+                cluster_state.forward = worker.forwarder(CLUSTER_STATE)
+            await _started(stack, cluster_state, cluster_state.start, new_state)
+        else:
+            worker.follow(CLUSTER_STATE, ClusterState.from_json, new_state)
     fleet = None
     if config.fleet_enabled:
         from .fleet import FleetMember
+        from .workers import SHARES, ForwardedShares
 
-        fleet = FleetMember(config, manager, token=services.upstream_token)
-        # the shares are in force before the first client is accepted
-        await _started(stack, fleet, fleet.start)
+        if primary:
+            fleet = FleetMember(config, manager, token=services.upstream_token)
+            if worker is not None:
+                fleet.watch.forward = worker.forwarder(SHARES)
+            # the shares are in force before the first client is accepted
+            await _started(stack, fleet, fleet.start)
+        else:
+            fleet = ForwardedShares(config, manager, worker)
+    if worker is not None and (storage is not None or fleet is not None):
+        from .workers import PRIMARY_STARTED
+
+        if primary:
+            worker.send(PRIMARY_STARTED)
+        else:  # what the primary follows is in force here too before the first client
+            await worker.primary_started()
+            if fleet is not None:
+                fleet.tick()
+    if storage is not None:
+        # from now on the first snapshot is awaited: none in storage-max-age-ms is unknown
+        storage.refresh(time.time(), asyncio.get_running_loop().time())
     stack.push_async_callback(server.close)
     tls = server.tls_files()
     if tls is not None:  # the certificate, key and CA just loaded, followed from now on
@@ -135,7 +171,7 @@ async def _serve(config, on_ready, stack):
         contact = BrokerContact(server)
         contact.start()
         stack.push_async_callback(contact.stop)
-        if config.admin_listen:
+        if config.admin_listen and primary:  # the primary's serves the machine
             try:  # the token file and the TLS files: start errors of their own
                 admin = AdminServer(server, *config.admin_listen, source=source,
                                     cluster_state=cluster_state, fleet=fleet,
@@ -155,15 +191,27 @@ async def _serve(config, on_ready, stack):
     loop = asyncio.get_running_loop()
     stopping = []  # the signal that started the drain
 
+    def begin_stop(why):
+        if not stopping:
+            stopping.append(why)
+            stop.set()
+
     def on_stop(sig):
         if stopping:
             server.cut_drain(sig.name)
         else:
-            stopping.append(sig.name)
-            stop.set()
+            begin_stop(sig.name)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_stop, sig)
+    if worker is not None:
+        # the supervisor's: one stop whether or not this process got the
+        # signal itself too (a terminal's Ctrl-C, systemd's control group)
+        worker.on_stop = begin_stop
+        worker.on_cut = lambda why: server.cut_drain(why) if stopping else begin_stop(why)
+        if worker.stop_requested is not None:
+            begin_stop(worker.stop_requested)
+        worker.serving(manager)
     if fleet is not None:
         fleet.start_reports(server)
     if on_ready is not None:
@@ -198,6 +246,7 @@ def _on_sighup(stack, followed):
 
     loop.add_signal_handler(signal.SIGHUP, on_reload)
     stack.callback(lambda: [task.cancel() for task in list(reloads)])
+    return on_reload
 
 
 async def _admin_tls_files(stack, config, admin):

@@ -7,6 +7,7 @@ returns. Backpressure: each side stops reading while the other side's write
 buffer is over its high mark.
 """
 import asyncio
+import functools
 import logging
 import socket
 
@@ -27,6 +28,7 @@ from .pipeline import (
     SendToClient,
     SessionDeadline,
 )
+from .zero_copy import TO_BROKER, TO_CLIENT, Splice, unsupported_error
 
 log = logging.getLogger("kthrottle.proxy")
 
@@ -34,6 +36,21 @@ log = logging.getLogger("kthrottle.proxy")
 # 64 KiB mark (asyncio's default) would pause the broker side on every one.
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITE_LOW_WATER = 1024 * 1024
+# Over TLS every write is at least one record (its own header, tag and cipher
+# call, and one more decryption for the peer): a frame's small pieces (a patched
+# head, a rewritten tail) are joined into one write.
+TLS_JOIN_MAX = 64 * 1024
+
+
+def tls_writes(transport, chunks):
+    """Write ``chunks`` to a TLS transport: joined when they are small together."""
+    if len(chunks) > 1 and sum(map(len, chunks)) <= TLS_JOIN_MAX:
+        transport.write(b"".join(chunks))
+    else:
+        transport.writelines(chunks)
+
+# the reading pause of a side whose bytes go socket to socket (--zero-copy)
+ZERO_COPY = "zero-copy"
 
 
 def no_delay(transport):
@@ -85,6 +102,18 @@ class _Side:
             self.transport.resume_reading()
 
 
+class _Move:
+    """The rest of one frame going socket to socket (--zero-copy)."""
+
+    __slots__ = ("from_client", "nbytes", "draining", "splice")
+
+    def __init__(self, from_client, nbytes):
+        self.from_client = from_client
+        self.nbytes = nbytes
+        self.draining = False  # waiting for the destination's write buffer to empty
+        self.splice = None
+
+
 class ClientConnection(asyncio.Protocol):
     """Protocol for a client socket accepted on one of the proxy's listeners."""
 
@@ -98,6 +127,7 @@ class ClientConnection(asyncio.Protocol):
                                    config.sasl_server_max_receive_size)
         self.client = _Side()
         self.upstream = _Side()
+        self.client_tls = False  # the client's side encrypts (small writes joined)
         self.loop = server.loop
         self.peer = None
         self.address = None  # the client's IP address (connection limits)
@@ -110,6 +140,12 @@ class ClientConnection(asyncio.Protocol):
         self._client_timer = None
         self._hold_timer = None
         self._session_timer = None  # KIP-368: the session's end
+        # --zero-copy (plaintext both ways only): the ZeroCopy of the proxy,
+        # and the frame moving socket to socket per direction (index: from
+        # the client)
+        self.zero_copy = (getattr(server, "zero_copy", None)
+                          if server.upstream_ssl_context is None else None)
+        self._moves = [None, None]
 
     # what the admin endpoint reads
     @property
@@ -134,6 +170,9 @@ class ClientConnection(asyncio.Protocol):
 
     def _accepted(self, transport):
         self.client.transport = transport
+        if transport.get_extra_info("ssl_object") is not None:
+            self.zero_copy = None  # its bytes are decrypted here
+            self.client_tls = True
         no_delay(transport)
         transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
         self.accepted_at = self.loop.time()
@@ -207,6 +246,9 @@ class ClientConnection(asyncio.Protocol):
                             % round(handshake * 1000))
             return
         moved = p.bytes_from_client + p.bytes_from_broker
+        for move in self._moves:
+            if move is not None and move.splice is not None:
+                moved += move.splice.taken
         count, since = self._activity
         if moved != count or since is None:
             self._activity = (moved, now)
@@ -240,6 +282,8 @@ class ClientConnection(asyncio.Protocol):
                 self.conn_id, self.peer, self.listener_name, self.upstream_addr,
             )
             self._run(self.pipeline.broker_connected(self.loop.time()))
+            if self.zero_copy is not None:  # what the client sent meanwhile, replayed
+                self._pass_through(True)
             return
         errors = errors or ["no address known"]
         listener = self.server.listener_named(self.listener_name)
@@ -266,6 +310,8 @@ class ClientConnection(asyncio.Protocol):
         actions = self.pipeline.client_data(data, self.loop.time())
         if actions:
             self._run(actions)
+        if self.zero_copy is not None:
+            self._pass_through(True)
 
     def eof_received(self):
         self._run(self.pipeline.client_eof())
@@ -279,6 +325,8 @@ class ClientConnection(asyncio.Protocol):
 
     def resume_writing(self):
         self.upstream.resume("client write buffer full")
+        if self._moves[0] is not None:
+            self._drained(False)
 
     # broker side -------------------------------------------------------
 
@@ -286,6 +334,127 @@ class ClientConnection(asyncio.Protocol):
         actions = self.pipeline.broker_data(data, self.loop.time())
         if actions:
             self._run(actions)
+        if self.zero_copy is not None:
+            self._pass_through(False)
+
+    # --zero-copy --------------------------------------------------------
+
+    def _pass_through(self, from_client):
+        """The rest of a large frame that the pipeline passes on as it is
+        goes from socket to socket: the source is not read meanwhile, and
+        the move starts once the destination's write buffer is empty."""
+        zc = self.zero_copy
+        if self.closed or not zc.enabled or self._moves[from_client] is not None:
+            return
+        nbytes = self.pipeline.passing_through(from_client)
+        if nbytes < zc.min_bytes:
+            return
+        src, dst = (self.client, self.upstream) if from_client else (self.upstream, self.client)
+        if dst.transport is None or dst.transport.is_closing():
+            return
+        move = self._moves[from_client] = _Move(from_client, nbytes)
+        src.pause(ZERO_COPY)
+        if not from_client and self.pipeline.holding_response:
+            # the client sees it only once whole: all of it into the pipe first
+            self._start_move(move, whole_first=True)
+        else:
+            self._when_drained(move)
+
+    def _when_drained(self, move):
+        """Start writing once the destination's write buffer is empty: what
+        the pipeline handed it first goes first."""
+        transport = (self.upstream if move.from_client else self.client).transport
+        if transport.get_write_buffer_size():
+            # no mark but empty: resume_writing says when the last byte has gone
+            move.draining = True
+            transport.set_write_buffer_limits(0, 0)
+        elif move.splice is None:
+            self._start_move(move)
+        else:
+            move.splice.drain()
+
+    def _drained(self, from_client):
+        """The destination of a move waiting for its write buffer is empty."""
+        move = self._moves[from_client]
+        if move is not None and move.draining:
+            move.draining = False
+            dst = self.upstream if from_client else self.client
+            dst.transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
+            self._when_drained(move)
+
+    def _start_move(self, move, whole_first=False):
+        from_client = move.from_client
+        src, dst = (self.client, self.upstream) if from_client else (self.upstream, self.client)
+        try:
+            move.splice = Splice(self.loop, src.transport.get_extra_info("socket").fileno(),
+                                 dst.transport.get_extra_info("socket").fileno(), move.nbytes,
+                                 functools.partial(self._guarded, self._moved, move),
+                                 (functools.partial(self._guarded, self._filled)
+                                  if whole_first else None), self.zero_copy.bytes,
+                                 TO_BROKER if from_client else TO_CLIENT)
+        except OSError as exc:  # out of descriptors, say: this frame the usual way
+            log.debug("connection %d: no zero-copy pass-through for a frame: %s",
+                      self.conn_id, exc)
+            self._moves[from_client] = None
+            src.resume(ZERO_COPY)
+            return
+        move.splice.start()
+
+    def _guarded(self, callback, *args):
+        """A move's callbacks come from the loop: a bug there closes this
+        connection rather than leaving it paused."""
+        try:
+            callback(*args)
+        except Exception as exc:
+            log.error("connection %d: zero-copy pass-through failed", self.conn_id, exc_info=exc)
+            self.close("internal error in a zero-copy pass-through: %s" % exc)
+
+    def _filled(self, splice):
+        """A held response is all in the pipe: what came before it goes out,
+        then the rest, once that has gone."""
+        held = self.pipeline.release_held_response()
+        if held:
+            self.client.transport.writelines(held)
+        self._when_drained(self._moves[0])
+
+    def _moved(self, move, splice, error):
+        """A move is over: the pipeline counts its bytes and goes on after
+        the frame, and the source is read again."""
+        from_client = move.from_client
+        self._moves[from_client] = None
+        if self.closed:
+            return
+        src = self.client if from_client else self.upstream
+        zc = self.zero_copy
+        if splice.spilled is not None:
+            # the pipe filled up before the frame was in: the usual way from here
+            actions = self.pipeline.broker_data(splice.spilled, self.loop.time())
+            if actions:
+                self._run(actions)
+            if not self.closed:
+                src.resume(ZERO_COPY)
+            return
+        if error is not None and not splice.taken:
+            # nothing left the source: the usual reads find what is there (an
+            # end of stream, an error) and the frame goes the usual way
+            if unsupported_error(error):
+                zc.unsupported(error)
+            src.resume(ZERO_COPY)
+            return
+        actions = self.pipeline.passed_through(from_client, splice.moved, self.loop.time())
+        if error is not None:
+            if (splice.failed == "source") == from_client:
+                who = "client disconnected"
+            else:
+                who = "broker connection lost"
+            self.close("%s in the middle of a %s passed through with splice (%d of %d bytes "
+                       "moved): %s" % (who, "request" if from_client else "response",
+                                       splice.moved, splice.nbytes, error.strerror or error))
+            return
+        if actions:
+            self._run(actions)
+        if not self.closed:
+            src.resume(ZERO_COPY)
 
     # carrying out the pipeline's actions -------------------------------
 
@@ -296,9 +465,15 @@ class ClientConnection(asyncio.Protocol):
                 if self.upstream.transport is None:  # never: a filter let a request through early
                     self._closed("internal error: a request before the broker connection")
                     return
-                self.upstream.transport.writelines(action.chunks)
+                if self.server.upstream_ssl_context is None:
+                    self.upstream.transport.writelines(action.chunks)
+                else:
+                    tls_writes(self.upstream.transport, action.chunks)
             elif kind is SendToClient:
-                self.client.transport.writelines(action.chunks)
+                if self.client_tls:
+                    tls_writes(self.client.transport, action.chunks)
+                else:
+                    self.client.transport.writelines(action.chunks)
             elif kind is PauseClient:
                 self.client.pause("throttled")
                 if action.until is not None:  # None: until a job is done
@@ -361,6 +536,8 @@ class ClientConnection(asyncio.Protocol):
             return
         try:
             self._run(self.pipeline.tick(self.loop.time()))
+            if self.zero_copy is not None:  # bytes read during a mute, replayed
+                self._pass_through(True)
         except Exception as exc:  # a bug: never leave a paused client and two sockets open
             log.error("connection %d: a timer failed", self.conn_id, exc_info=exc)
             self.close("internal error after a timer: %s" % exc)
@@ -381,6 +558,9 @@ class ClientConnection(asyncio.Protocol):
         for timer in (self._client_timer, self._hold_timer, self._session_timer):
             if timer is not None:
                 timer.cancel()
+        for move in self._moves:
+            if move is not None and move.splice is not None:
+                move.splice.cancel()
         task = self._connect_task
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
@@ -475,4 +655,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.owner.client.pause("broker write buffer full")
 
     def resume_writing(self):
-        self.owner.client.resume("broker write buffer full")
+        owner = self.owner
+        owner.client.resume("broker write buffer full")
+        if owner._moves[1] is not None:
+            owner._drained(True)

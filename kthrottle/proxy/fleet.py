@@ -74,7 +74,8 @@ class UsageTracker:
         totals = {}
         buckets = []
         for sk, bucket in self.manager.buckets.items():
-            total = bucket.throttle_ms_total
+            # with --workers, the other workers' throttles too: a report covers the machine
+            total = bucket.throttle_ms_total + bucket.others_throttle_ms
             totals[sk] = (bucket, total)
             used = bucket.last_used
             if used is None or used < self.since or bucket.quota is None:

@@ -50,13 +50,16 @@ CHECK_INTERVAL_SECONDS = 1.0
 REFUSED_BROKER_UNREACHABLE = "broker_unreachable"
 
 
-def bound_socket(host, port, listening=True):
+def bound_socket(host, port, listening=True, reuse_port=False):
     """A TCP socket bound to (host, port); listening, or only holding the
-    port (connections to it are refused)."""
+    port (connections to it are refused). ``reuse_port``: shared with the
+    other worker processes (--workers), SO_REUSEPORT."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         if listening:
             sock.listen(LISTEN_BACKLOG)
@@ -161,7 +164,8 @@ class Listener(asyncio.AbstractServer):
                 pass
             sock.close()
         try:
-            self.sock = bound_socket(host, port, listening=False)
+            self.sock = bound_socket(host, port, listening=False,
+                                     reuse_port=self.server.reuse_port)
         except OSError as exc:  # taken meanwhile: bound again when the brokers answer
             self.sock = None
             log.error("%s listener: cannot hold %s:%d while the brokers are down: %s",
@@ -183,7 +187,8 @@ class Listener(asyncio.AbstractServer):
         host, port = self.address
         try:
             if self.sock is None:
-                self.sock = bound_socket(host, port, listening=False)
+                self.sock = bound_socket(host, port, listening=False,
+                                         reuse_port=self.server.reuse_port)
             self.sock.listen(LISTEN_BACKLOG)
             self._serving = await self.server._serve(self.sock.dup(), self.name, self.route)
         except OSError as exc:

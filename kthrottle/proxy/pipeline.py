@@ -694,6 +694,46 @@ class Connection:
             self._read_unread(actions)
         return actions
 
+    def passing_through(self, from_client):
+        """Bytes still to come of the frame in progress from the client (or
+        the broker) that may go from socket to socket without being read here
+        (--zero-copy): the frame is passed on as it is and nothing is held,
+        throttled, gathered or waited for. 0 otherwise."""
+        if (self.phase is not _READY or self._unread is not None or self._mute_due
+                or self._wait_due or self._jobs or self._internal or self._held is not None
+                or self._hold_from is not None or self.raw_request is not None
+                or self._raw_in_flight):
+            return 0
+        if from_client:
+            return self.requests_in.passing
+        if self._streaming is not None or self._gathering is not None:
+            return 0  # a response read or rewritten
+        return self.responses_in.passing
+
+    @property
+    def holding_response(self):
+        """A response part-way in is held until whole (WHOLE_RESPONSE_MAX): a
+        move of its rest takes it all in before sending any of it."""
+        return self._partial is not None
+
+    def release_held_response(self):
+        """The held response's bytes so far, for the adapter to send right
+        before its rest (its rest all in, passed through)."""
+        partial, self._partial = self._partial, None
+        return partial
+
+    def passed_through(self, from_client, nbytes, now):
+        """``nbytes`` of the frame that passing_through offered went from
+        socket to socket: counted, then what follows the frame as if they
+        had been fed."""
+        if from_client:
+            self.requests_in.skip(nbytes)
+            self.bytes_from_client += nbytes
+            return self.client_data(b"", now)
+        self.responses_in.skip(nbytes)
+        self.bytes_from_broker += nbytes
+        return self.broker_data(b"", now)
+
     def client_eof(self):
         """The client closed its side."""
         self._actions = []

@@ -35,6 +35,7 @@ from .limits import (
     RefusalLog,
 )
 from .pipeline import FilterTable
+from .zero_copy import ZeroCopy
 
 log = logging.getLogger("kthrottle.proxy")
 
@@ -87,6 +88,7 @@ class ProxyServer:
         self.tls_handshakes = {"completed": 0, "failed": 0}  # kthrottle_tls_handshakes_total
         self._sweeper = None
         self.storage = self.filters.get("storage")  # the StorageThrottle filter, or None
+        self.zero_copy = ZeroCopy.configured(config)  # --zero-copy, or None
         self.ssl_context = self._with_sni(tls_context(config)) if config.tls_enabled else None
         self.upstream_ssl_context = (
             upstream_tls_context(config)
@@ -98,6 +100,9 @@ class ProxyServer:
             self.principal_mapper = PrincipalMapper(config.ssl_principal_mapping_rules)
         self._ids = itertools.count(1)
         self._starting = set()
+        # --workers: every worker binds every port (SO_REUSEPORT), the kernel
+        # spreading the connections over them
+        self.reuse_port = getattr(config, "workers", 1) > 1
 
     def next_connection_id(self):
         return next(self._ids)
@@ -173,7 +178,8 @@ class ProxyServer:
         bootstrap = list(self.config.bootstrap_servers)
         # bound (and listening: connections wait in the kernel's queue) now;
         # served once the layout is known to serve the cluster's nodes
-        listener = Listener(self, "bootstrap", bound_socket(host, port), lambda: bootstrap)
+        listener = Listener(self, "bootstrap", bound_socket(host, port, reuse_port=self.reuse_port),
+                            lambda: bootstrap)
         try:
             listen_port = listener.address[1]
             self.node_ports.bootstrap_port = listen_port
@@ -235,7 +241,7 @@ class ProxyServer:
             return
         host = self.config.listen[0]
         try:
-            sock = bound_socket(host, port)
+            sock = bound_socket(host, port, reuse_port=self.reuse_port)
         except OSError as exc:
             self.listeners[node_id] = None  # do not retry on every response
             log.error("cannot listen for node %d on %s:%d: %s", node_id, host, port, exc)

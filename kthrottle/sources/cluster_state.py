@@ -54,6 +54,9 @@ class ZnodeWatch:
         self.updates = 0
         self.disconnects = 0  # connections to ZooKeeper lost (suspended or expired)
         self.seen = False  # a good value was read at least once
+        # on the event loop, with each good version's bytes as read: the
+        # other worker processes (--workers) are given them to parse
+        self.forward = None
         self._loop = None
         self._on_update = None
         self._last_bad = None
@@ -142,6 +145,8 @@ class ZnodeWatch:
         self.seen = True
         self.updates += 1
         self._loop.call_soon_threadsafe(self._on_update, value)
+        if self.forward is not None:
+            self._loop.call_soon_threadsafe(self.forward, bytes(data))
         return None
 
 
