@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""What does the proxy's Python cost per request, with no sockets?
+
+In-process: the connection pipeline (``proxy.pipeline.Connection``, a fake clock, the standard
+chain of filters) fed ``--requests`` requests with their responses, each in 64 KiB reads, for
+the versions the benchmarked clients speak:
+
+* Produce v7 (aiokafka) and v10 (confluent-kafka; KIP-951: its response ends in broker
+  addresses the proxy rewrites), ``--partitions`` x ``--record-bytes`` per request;
+* Fetch v11 (aiokafka) and v16 (confluent-kafka: the same), the same records per response;
+
+each with no quota and with a client quota that never binds (every request counted, none
+delayed). With ``--baseline-src DIR`` the same is measured with the kthrottle imported from DIR
+(a git worktree of another commit), in a process of its own, the trees taking turns; median of
+``--repeats`` runs of each. This is the per-frame work that ``proxy_overhead.py``'s "CPU vs
+relay" ratio pays beyond a relay that parses nothing.
+
+Writes ``frame_cost.md`` into ``--output-dir`` (default: a new directory under
+``benchmarks/runs/``).
+
+Example (about a minute)::
+
+    git worktree add --detach /tmp/kthrottle-before HEAD~3
+    python benchmarks/frame_cost.py --baseline-src /tmp/kthrottle-before
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+# Run in a child process whose kthrottle comes from the tree measured (PYTHONPATH).
+CHILD = r'''
+import json, sys, time, uuid, warnings, gc
+sys.path.append(%(bench)r)
+warnings.simplefilter("ignore")
+from kafka.protocol.consumer import FetchRequest, FetchResponse
+from kafka.protocol.producer import ProduceRequest, ProduceResponse
+from kthrottle.policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE
+from kthrottle.policy.quotas import QuotaManager
+from kthrottle.proxy.filters import standard_filters
+from kthrottle.proxy.pipeline import Connection, FilterTable
+
+TOPIC_ID = uuid.UUID(int=0x0DE5)
+BATCH = 512  # correlation ids per connection
+
+def framed(message, cid, client_id="bench"):
+    message.with_header(correlation_id=cid, **({"client_id": client_id} if client_id else {}))
+    return bytes(message.encode(header=True, framed=True))
+
+def produce_request(cid, v, parts, size):
+    D = ProduceRequest.TopicProduceData
+    data = [D.PartitionProduceData(index=p, records=b"r" * size) for p in range(parts)]
+    return framed(ProduceRequest[v](transactional_id=None, acks=1, timeout_ms=30000,
+                  topic_data=[D(name="orders", topic_id=TOPIC_ID, partition_data=data)]), cid)
+
+def produce_response(cid, v, parts):
+    T = ProduceResponse.TopicProduceResponse
+    P = T.PartitionProduceResponse
+    resp = ProduceResponse[v](responses=[T(name="orders", topic_id=TOPIC_ID, partition_responses=[
+        P(index=p, error_code=0, base_offset=5, log_append_time_ms=-1, log_start_offset=0,
+          record_errors=[], error_message=None) for p in range(parts)])],
+        throttle_time_ms=0, node_endpoints=[])
+    return framed(resp, cid, None)
+
+def fetch_request(cid, v, parts):
+    F = FetchRequest
+    ps = [F.FetchTopic.FetchPartition(partition=p, fetch_offset=5, partition_max_bytes=1 << 20)
+          for p in range(parts)]
+    return framed(F[v](replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=50 << 20,
+                       isolation_level=0, session_id=0, session_epoch=-1,
+                       topics=[F.FetchTopic(topic="orders", topic_id=TOPIC_ID, partitions=ps)],
+                       forgotten_topics_data=[], rack_id=""), cid)
+
+def fetch_response(cid, v, parts, size):
+    T = FetchResponse.FetchableTopicResponse
+    P = T.PartitionData
+    ps = [P(partition_index=p, error_code=0, high_watermark=10, last_stable_offset=10,
+            log_start_offset=0, aborted_transactions=[], preferred_read_replica=-1,
+            records=b"r" * size) for p in range(parts)]
+    return framed(FetchResponse[v](throttle_time_ms=0, error_code=0, session_id=9,
+                  node_endpoints=[], responses=[T(topic="orders", topic_id=TOPIC_ID,
+                  partitions=ps)]), cid, None)
+
+def reads(frame):
+    return [frame[i:i + 65536] for i in range(0, len(frame), 65536)]
+
+def advertise(node_id):
+    return ("127.0.0.1", 40000 + node_id)
+
+def cost(api, version, quota, n, parts, size):
+    manager = None
+    if quota:
+        manager = QuotaManager({"clients/<default>": {
+            PRODUCER_BYTE_RATE: 1e15, CONSUMER_BYTE_RATE: 1e15, REQUEST_RATE: 1e12}})
+    table = FilterTable(standard_filters(advertise, manager))
+    if api == "Produce":
+        pairs = [(reads(produce_request(i, version, parts, size)),
+                  reads(produce_response(i, version, parts))) for i in range(BATCH)]
+    else:
+        pairs = [(reads(fetch_request(i, version, parts)),
+                  reads(fetch_response(i, version, parts, size))) for i in range(BATCH)]
+    def connection():
+        conn = Connection(table, 100 * 1024 * 1024, manager)
+        conn.broker_connected(0.0)
+        return conn
+    conn, now = connection(), 0.0
+    gc.collect()
+    start = time.perf_counter_ns()
+    for k in range(n):
+        j = k %% BATCH
+        if j == 0 and k:
+            conn = connection()
+        now += 0.0001
+        requests, responses = pairs[j]
+        for data in requests:
+            conn.client_data(data, now)
+        for data in responses:
+            conn.broker_data(data, now)
+    elapsed = time.perf_counter_ns() - start
+    assert conn.muted_until == 0.0, "a request was delayed"
+    assert conn.phase.name != "CLOSED", "the connection closed"
+    return elapsed / n
+
+args = json.loads(sys.argv[1])
+print(json.dumps({"%%s %%d %%s" %% (api, v, q): cost(api, v, q == "quota", args["requests"],
+                  args["partitions"], args["record_bytes"])
+                  for api, v in (("Produce", 7), ("Produce", 10), ("Fetch", 11), ("Fetch", 16))
+                  for q in ("none", "quota")}))
+'''
+
+EXCHANGES = [("Produce", 7, "aiokafka"), ("Produce", 10, "confluent-kafka"),
+             ("Fetch", 11, "aiokafka"), ("Fetch", 16, "confluent-kafka")]
+
+
+def measure(tree, args):
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    code = CHILD % {"bench": str(HERE)}
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(vars(args), default=str)],
+                         env=env, cwd=str(tree), capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        sys.exit("frame_cost.py: the child for %s failed:\n%s" % (tree, out.stderr[-2000:]))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=20000, help="exchanges per run")
+    p.add_argument("--partitions", type=int, default=4, help="partitions per request")
+    p.add_argument("--record-bytes", type=int, default=16384, help="record bytes per partition")
+    p.add_argument("--repeats", type=int, default=5, help="runs per tree (median)")
+    p.add_argument("--baseline-src", type=Path, metavar="DIR",
+                   help="also measure the kthrottle in DIR (a git worktree), in turns")
+    p.add_argument("--output-dir", type=Path, default=None,
+                   help="where frame_cost.md goes (default: a new benchmarks/runs/ directory)")
+    args = p.parse_args(argv)
+    trees = [("this checkout", REPO)]
+    if args.baseline_src:
+        trees.insert(0, ("baseline", args.baseline_src.resolve()))
+    runs = {label: [] for label, _ in trees}
+    for r in range(args.repeats):
+        for label, tree in trees:
+            runs[label].append(measure(tree, args))
+            print("run %d/%d %s done" % (r + 1, args.repeats, label), flush=True)
+    rows = []
+    for api, version, client in EXCHANGES:
+        for quota in ("none", "quota"):
+            key = "%s %d %s" % (api, version, quota)
+            cells = ["%s v%d (%s)%s" % (api, version, client,
+                                        ", client quota" if quota == "quota" else "")]
+            for label, _ in trees:
+                cells.append("%.1f" % (statistics.median(run[key] for run in runs[label]) / 1000))
+            rows.append(cells)
+    header = ["exchange, %d x %d bytes" % (args.partitions, args.record_bytes)] + [
+        "%s (us)" % label for label, _ in trees]
+    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * len(trees) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    table = "\n".join(lines)
+    print(table)
+    out_dir = args.output_dir or REPO / "benchmarks" / "runs" / time.strftime(
+        "frame_cost-%Y%m%d-%H%M%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    command = "python benchmarks/frame_cost.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    (out_dir / "frame_cost.md").write_text(
+        "# Per-request pipeline cost\n\n`%s`, median of %d runs; microseconds per request and "
+        "its response, in process.\n\n%s\n" % (command, args.repeats, table))
+    print("wrote frame_cost.md in %s" % out_dir)
+
+
+if __name__ == "__main__":
+    main()
