@@ -490,28 +490,25 @@ def strace_calls(path):
     return calls
 
 
-def perf_dsos(path, top=8):
-    """[(shared object, share of samples)] from a perf.data file (perf report --sort dso)."""
-    out = subprocess.run(["perf", "report", "-i", path, "--stdio", "--sort", "dso", "-q"],
+def _perf_report(path, sort):
+    """perf report's rows for a perf.data file: (share of samples, the other columns)."""
+    out = subprocess.run(["perf", "report", "-i", path, "--stdio", "--sort", sort, "-q"],
                          capture_output=True, text=True, timeout=120).stdout
-    dsos = []
     for line in out.splitlines():
         parts = line.split()
         if len(parts) >= 2 and parts[0].endswith("%"):
-            dsos.append((" ".join(parts[1:]), float(parts[0].rstrip("%")) / 100))
-    return dsos[:top]
+            yield float(parts[0].rstrip("%")) / 100, parts[1:]
+
+
+def perf_dsos(path, top=8):
+    """[(shared object, share of samples)] from a perf.data file (perf report --sort dso)."""
+    return [(" ".join(cols), share) for share, cols in _perf_report(path, "dso")][:top]
 
 
 def perf_symbols(path, top=15):
     """[(symbol, shared object, share)] from a perf.data file."""
-    out = subprocess.run(["perf", "report", "-i", path, "--stdio", "--sort", "dso,sym", "-q"],
-                         capture_output=True, text=True, timeout=120).stdout
-    syms = []
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[0].endswith("%"):
-            syms.append((" ".join(parts[3:]), parts[1], float(parts[0].rstrip("%")) / 100))
-    return syms[:top]
+    return [(" ".join(cols[2:]), cols[0], share)
+            for share, cols in _perf_report(path, "dso,sym") if len(cols) >= 3][:top]
 
 
 def py_spy_summary(path, top=12):
