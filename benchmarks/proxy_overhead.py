@@ -20,6 +20,9 @@ Compares ways for a Kafka client to reach the same broker:
 * ``kthrottle-ssl``      - ``kthrottle`` with the clients speaking TLS to it
   (``--security-protocol SSL``, a certificate made for the run; the broker side stays
   plaintext): what encryption between clients and proxy costs;
+* ``kthrottle-zero-copy`` - ``kthrottle`` with ``--zero-copy``: the rest of a large frame
+  passed on untouched goes from socket to socket with splice(2) (frames of 64 KiB or more:
+  raise ``--batch-size`` to see it on produce);
 * ``tansu-proxy``        - through ``tansu proxy``, a pass-through proxy written in Rust;
 * ``kthrottle-baseline`` - only with ``--baseline-src DIR``: ``python -m kthrottle proxy``
   imported from DIR (e.g. a git worktree of an older commit), so that a change is compared
@@ -136,8 +139,9 @@ except ModuleNotFoundError as exc:  # before anything starts: what to install
 RUNS = REPO / "benchmarks" / "runs"
 RELAY, RELAY_SSL = "bare-relay", "bare-relay-ssl"
 QUOTA_CONFIG, WORKERS_CONFIG, SSL_CONFIG = "kthrottle-quota", "kthrottle-workers2", "kthrottle-ssl"
+ZERO_COPY_CONFIG = "kthrottle-zero-copy"
 CONFIGS = ("direct", RELAY, RELAY_SSL, "kthrottle", QUOTA_CONFIG, WORKERS_CONFIG, SSL_CONFIG,
-           "tansu-proxy")
+           ZERO_COPY_CONFIG, "tansu-proxy")
 # quotas that never bind, for every client-id: the per-request quota path without a throttle
 NON_BINDING_QUOTAS = """\
 [clients."<default>"]
@@ -221,6 +225,8 @@ def start_endpoint(config, broker, run, args):
                              extra_args=("--quota-file", str(quota_file)))
     if config == WORKERS_CONFIG:
         return run.kthrottle(broker, name=WORKERS_CONFIG, extra_args=("--workers", "2"))
+    if config == ZERO_COPY_CONFIG:
+        return run.kthrottle(broker, name=ZERO_COPY_CONFIG, extra_args=("--zero-copy",))
     if config == SSL_CONFIG:
         files = tls_files(run.log_dir)
         return run.kthrottle(broker, name=SSL_CONFIG, cafile=files["ca"], extra_args=(
@@ -918,9 +924,10 @@ def parse_args(argv=None):
                    "direct: straight to the broker; %s: a uvloop relay that parses nothing, "
                    "with a second broker advertising its port; %s: the same terminating "
                    "TLS; kthrottle: no quotas; %s: quotas that never bind on every client-id; "
-                   "%s: --workers 2; %s: TLS from the clients; tansu-proxy: the Rust "
+                   "%s: --workers 2; %s: TLS from the clients; %s: --zero-copy (large "
+                   "frames moved with splice(2); see --batch-size); tansu-proxy: the Rust "
                    "pass-through" % (", ".join(CONFIGS), BASELINE, RELAY, RELAY_SSL,
-                                     QUOTA_CONFIG, WORKERS_CONFIG, SSL_CONFIG))
+                                     QUOTA_CONFIG, WORKERS_CONFIG, SSL_CONFIG, ZERO_COPY_CONFIG))
     p.add_argument("--baseline-src", type=Path, metavar="DIR",
                    help="also measure configuration %s: `python -m kthrottle proxy` run with "
                    "cwd and PYTHONPATH set to DIR, a kthrottle source tree such as `git "
