@@ -8,7 +8,7 @@ bytes through it and then consume them back:
 * ``kthrottle`` / ``kthrottle-ssl`` - ``python -m kthrottle proxy`` from each ``--src``
   tree, plaintext or ``--security-protocol SSL`` towards the clients (the broker side
   stays plaintext);
-* ``relay`` / ``relay-ssl`` - a bare uvloop relay defined in this file: one
+* ``relay`` / ``relay-ssl`` - ``benchmarks/bare_relay.py``, a uvloop relay: one
   ``transport.write(data)`` per ``data_received``, parsing nothing, with TLS terminated
   like kthrottle's (same certificate, same context defaults). It forwards to a second Tansu
   broker that advertises the relay's port, so the clients stay behind it.
@@ -194,103 +194,37 @@ def run_probed_kthrottle(argv):
 
 # --------------------------------------------------------------------------- bare relay
 
-RELAY_HIGH_WATER = 4 * 1024 * 1024
-RELAY_LOW_WATER = 1024 * 1024
-
-
 def run_relay(argv):
-    """``python tls_path.py --relay LISTEN_PORT UPSTREAM_PORT [CERT KEY] [--probe]``."""
-    import asyncio
-    import ssl
-
-    import uvloop
+    """``python tls_path.py --relay LISTEN_PORT UPSTREAM_PORT [CERT KEY] [--probe]``:
+    benchmarks/bare_relay.py, with the probe's counts around its reads when asked."""
+    import bare_relay  # next to this file, first on sys.path
 
     probe = "--probe" in argv
     argv = [a for a in argv if a != "--probe"]
-    listen_port, upstream_port = int(argv[0]), int(argv[1])
-    context = None
+    relay_argv = ["--listen", "127.0.0.1:%s" % argv[0], "--upstream", "127.0.0.1:%s" % argv[1]]
     if len(argv) > 2:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(argv[2], argv[3])
+        relay_argv += ["--ssl-cert", argv[2], "--ssl-key", argv[3]]
     if probe:
         _install_ssl_probe()
         signal.signal(signal.SIGUSR2, _dump)
+        from_client = bare_relay.ClientHalf.data_received
+        from_broker = bare_relay.Half.data_received  # ClientHalf has its own
 
-    class Upstream(asyncio.Protocol):
-        def __init__(self, owner):
-            self.owner = owner
+        def client_recv(self, data):
+            COUNTS.add("client_recv", 1, len(data), hist=True)
+            COUNTS.add("to_broker_writes", 1, len(data))
+            COUNTS.add("to_broker_chunks", 1, len(data), hist=True)
+            from_client(self, data)
 
-        def connection_made(self, transport):
-            transport.set_write_buffer_limits(RELAY_HIGH_WATER, RELAY_LOW_WATER)
-            self.transport = transport
+        def broker_recv(self, data):
+            COUNTS.add("broker_recv", 1, len(data), hist=True)
+            COUNTS.add("to_client_writes", 1, len(data))
+            COUNTS.add("to_client_chunks", 1, len(data), hist=True)
+            from_broker(self, data)
 
-        def data_received(self, data):
-            if probe:
-                COUNTS.add("broker_recv", 1, len(data), hist=True)
-                COUNTS.add("to_client_writes", 1, len(data))
-                COUNTS.add("to_client_chunks", 1, len(data), hist=True)
-            self.owner.transport.write(data)
-
-        def connection_lost(self, exc):
-            self.owner.transport.close()
-
-        def pause_writing(self):
-            self.owner.transport.pause_reading()
-
-        def resume_writing(self):
-            self.owner.transport.resume_reading()
-
-    class Client(asyncio.Protocol):
-        def connection_made(self, transport):
-            transport.set_write_buffer_limits(RELAY_HIGH_WATER, RELAY_LOW_WATER)
-            self.transport = transport
-            self.upstream = None
-            self.early = []
-            asyncio.get_running_loop().create_task(self.connect())
-
-        async def connect(self):
-            loop = asyncio.get_running_loop()
-            try:
-                _, self.upstream = await loop.create_connection(
-                    lambda: Upstream(self), "127.0.0.1", upstream_port)
-            except OSError:
-                self.transport.close()
-                return
-            self.upstream.transport.writelines(self.early)
-            self.early = None
-
-        def data_received(self, data):
-            if probe:
-                COUNTS.add("client_recv", 1, len(data), hist=True)
-                COUNTS.add("to_broker_writes", 1, len(data))
-                COUNTS.add("to_broker_chunks", 1, len(data), hist=True)
-            if self.upstream is None:
-                self.early.append(data)
-            else:
-                self.upstream.transport.write(data)
-
-        def connection_lost(self, exc):
-            if self.upstream is not None:
-                self.upstream.transport.close()
-
-        def pause_writing(self):
-            if self.upstream is not None:
-                self.upstream.transport.pause_reading()
-
-        def resume_writing(self):
-            if self.upstream is not None:
-                self.upstream.transport.resume_reading()
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(Client, "127.0.0.1", listen_port, ssl=context)
-        stop = asyncio.Event()
-        loop.add_signal_handler(signal.SIGTERM, stop.set)
-        await stop.wait()
-        server.close()
-
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main())
+        bare_relay.ClientHalf.data_received = client_recv
+        bare_relay.Half.data_received = broker_recv
+    sys.exit(bare_relay.main(relay_argv))
 
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--probed-kthrottle":
