@@ -128,6 +128,7 @@ class ClientConnection(asyncio.Protocol):
         self.client = _Side()
         self.upstream = _Side()
         self.client_tls = False  # the client's side encrypts (small writes joined)
+        self.upstream_tls = server.upstream_ssl_context is not None  # and the broker's
         self.loop = server.loop
         self.peer = None
         self.address = None  # the client's IP address (connection limits)
@@ -415,7 +416,7 @@ class ClientConnection(asyncio.Protocol):
         held = self.pipeline.release_held_response()
         if held:
             self.client.transport.writelines(held)
-        self._when_drained(self._moves[0])
+        self._when_drained(self._moves[False])  # a response
 
     def _moved(self, move, splice, error):
         """A move is over: the pipeline counts its bytes and goes on after
@@ -465,10 +466,10 @@ class ClientConnection(asyncio.Protocol):
                 if self.upstream.transport is None:  # never: a filter let a request through early
                     self._closed("internal error: a request before the broker connection")
                     return
-                if self.server.upstream_ssl_context is None:
-                    self.upstream.transport.writelines(action.chunks)
-                else:
+                if self.upstream_tls:
                     tls_writes(self.upstream.transport, action.chunks)
+                else:
+                    self.upstream.transport.writelines(action.chunks)
             elif kind is SendToClient:
                 if self.client_tls:
                     tls_writes(self.client.transport, action.chunks)
