@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -394,3 +395,49 @@ def test_the_cluster_state_and_shares_the_primary_follows_reach_the_other_worker
         _stop_all(p, pids.values())
         zk.stop()
         zk.close()
+
+
+def test_hostile_clients_meet_every_worker_as_one_process(broker, tmp_path):
+    """SASL terminated by two workers: frames before authentication and wrong
+    passwords are refused on whichever worker the kernel picks, no password
+    reaches the log, and a good client then produces."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaError
+    from quota_clients import scram_credentials_file
+    from test_pipeline import produce_req
+
+    creds = scram_credentials_file(tmp_path / "credentials.toml", {"alice": "alice-secret"})
+    p = _start(broker, tmp_path, ["--security-protocol", "SASL_PLAINTEXT",
+                                  "--credentials-file", str(creds)])
+    try:
+        for _ in range(12):  # both workers get some (each lands on one: 2 in 2**12)
+            with socket.create_connection(("127.0.0.1", p.port), timeout=10) as s:
+                s.sendall(produce_req(1))
+                assert s.recv(100) == b""  # closed, nothing answered
+        # each worker says its first refusal for the address (the rest are summed up)
+        assert wait_until(lambda: set(re.findall(
+            r"\[worker (\d)\] .*refused \(unauthenticated_request\): request api key 0 v8 "
+            r"before authentication", p.log())) == {"0", "1"}, 10)
+
+        async def login(password):
+            producer = AIOKafkaProducer(
+                bootstrap_servers=p.bootstrap, security_protocol="SASL_PLAINTEXT",
+                sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="alice",
+                sasl_plain_password=password, request_timeout_ms=5000)
+            try:
+                await producer.start()
+                await producer.send_and_wait(topic, b"v", partition=0)
+            finally:
+                await producer.stop()
+
+        topic = "wh-%s" % uuid.uuid4().hex[:8]
+        broker.create_topic(topic)
+        for _ in range(6):
+            with pytest.raises(KafkaError):
+                asyncio.run(login("not-her-password-%d" % _))
+        asyncio.run(login("alice-secret"))
+        p.wait_for_log("SCRAM-SHA-256 login for user 'alice': wrong password")
+        log = p.log()
+        assert "alice-secret" not in log and "not-her-password" not in log
+    finally:
+        _stop_all(p, worker_pids(p).values())
