@@ -22,7 +22,7 @@ each optional in its own pass so that it does not weigh on the CPU figures:
   own code is imported) that counts, per request the clients sent: ``data_received`` calls
   and their sizes on both sides, the writes towards the client and the broker (one
   ``writelines`` per SendToClient/SendToBroker action, its number of chunks and their
-  sizes), ``SSLObject.read``/``write`` calls, the ``SSLWantReadError`` raised, and the TLS
+  sizes; one write of the bytes read for a read the pipeline passes the short way), ``SSLObject.read``/``write`` calls, the ``SSLWantReadError`` raised, and the TLS
   records written (``ceil(n / 16384)`` per SSL write of n bytes: OpenSSL never joins two
   writes into one record). It also prints the negotiated protocol and cipher.
 * ``--strace``: ``strace -c -f`` attached to the proxy during each phase: syscalls per
@@ -136,8 +136,22 @@ def _count_actions(actions):
 
 
 def _install_kthrottle_probe():
-    from kthrottle.proxy import connection
+    from kthrottle.proxy import connection, pipeline
 
+    short = pipeline.Connection
+    pass_request, pass_response = short.pass_request, short.pass_response
+
+    def counted(passes, side):
+        def wrapper(self, data):
+            if not passes(self, data):
+                return False
+            COUNTS.add(side + "_writes", 1, len(data))  # the adapter writes ``data`` itself
+            COUNTS.add(side + "_chunks", 1, len(data), hist=True)
+            return True
+        return wrapper
+
+    short.pass_request = counted(pass_request, "to_broker")
+    short.pass_response = counted(pass_response, "to_client")
     cls = connection.ClientConnection
     init, run, client_data, upstream_data = (cls.__init__, cls._run, cls.data_received,
                                              cls.upstream_data)

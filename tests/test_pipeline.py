@@ -16,6 +16,7 @@ from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.pipeline import (
     ANONYMOUS,
     HEAD,
+    NOTHING,
     Close,
     Connection,
     ConnectUpstream,
@@ -31,6 +32,7 @@ from kthrottle.proxy.pipeline import (
     WHOLE_RESPONSE_MAX,
     SendToBroker,
     SendToClient,
+    Throttle,
 )
 
 with warnings.catch_warnings():
@@ -107,7 +109,8 @@ def generic_resp(cid, body=b"\x00\x00\x00\x00\x00\x00"):
 
 class Harness:
     def __init__(self, snapshot=None, settings=None, filters=None, connect=True,
-                 whole_response_max=WHOLE_RESPONSE_MAX):
+                 whole_response_max=WHOLE_RESPONSE_MAX, short_way=True):
+        self.short_way = short_way  # try pass_request/pass_response first, as the adapter
         self.manager = QuotaManager(snapshot, settings) if snapshot is not None else None
         table = FilterTable(filters if filters is not None
                             else standard_filters(advertise, self.manager))
@@ -172,11 +175,22 @@ class Harness:
 
     def client(self, data, chunk=None):
         for i in range(0, len(data), chunk or max(len(data), 1)):
-            self.run(self.conn.client_data(data[i : i + (chunk or len(data))], self.now))
+            piece = data[i : i + (chunk or len(data))]
+            if self.short_way and self.conn.pass_request(piece):  # as the adapter does
+                self.log.append("pass_request")
+                self.to_broker += piece
+                continue
+            self.run(self.conn.client_data(piece, self.now))
 
     def broker(self, data, chunk=None):
         for i in range(0, len(data), chunk or max(len(data), 1)):
-            self.run(self.conn.broker_data(data[i : i + (chunk or len(data))], self.now))
+            piece = data[i : i + (chunk or len(data))]
+            if self.short_way and self.conn.pass_response(piece):
+                self.log.append("pass_response")
+                assert self.closed is None
+                self.to_client += piece
+                continue
+            self.run(self.conn.broker_data(piece, self.now))
 
     def at(self, t):
         self.now = t
@@ -251,6 +265,126 @@ def test_garbage_replayed_after_connecting_closes_instead_of_leaving_the_client_
     h.run(h.conn.broker_connected(0.0))
     assert h.closed and "too small" in h.closed
     assert "ResumeClient" not in h.log
+
+
+# the short way: a read that is one plain frame ---------------------------
+
+def _plain_exchanges():
+    """(request, response) pairs, each read whole: the plain ones take the short way."""
+    return [(produce_req(1, nbytes=5000), produce_resp(1)),
+            (fetch_req(2), fetch_resp(2, records=b"f" * 4000)),
+            (produce_req(3, version=10), produce_resp(3, version=10)),  # response walked
+            (metadata_req(4), metadata_resp(4)),  # response rewritten
+            (produce_req(5, acks=0), None),  # awaits nothing
+            (produce_req(6, version=3, transactional_id="tx"), produce_resp(6, version=3)),
+            (fetch_req(7, version=16), fetch_resp(7, version=16, records=b"g" * 3000)),
+            (produce_req(8, version=9, client_id=""), produce_resp(8, version=9))]
+
+
+@pytest.mark.parametrize("snapshot", [None, {"clients/app-1": {PRODUCER_BYTE_RATE: 1e12}}])
+def test_a_read_of_one_plain_frame_takes_the_short_way_with_the_same_result(snapshot):
+    short, long = Harness(snapshot), Harness(snapshot, short_way=False)
+    for h in (short, long):
+        for request, response in _plain_exchanges():
+            h.client(request)
+            if response is not None:
+                h.broker(response)
+        assert h.closed is None and not h.conn.pending
+    assert short.take_broker() == long.take_broker()
+    assert short.take_client() == long.take_client()
+    for counter in ("requests", "bytes_from_client", "bytes_from_broker"):
+        assert getattr(short.conn, counter) == getattr(long.conn, counter)
+    if snapshot is None:  # no filter reads Produce v3+ acks=1 or Fetch v11 requests
+        assert short.log.count("pass_request") == 7  # all but acks=0
+        # Produce v8, v3 and v9, Fetch v11; not Produce v10 or Fetch v16 (their
+        # broker addresses), nor Metadata
+        assert short.log.count("pass_response") == 4
+    else:  # every request is counted against the quota: the long way
+        assert "pass_request" not in short.log
+        assert (ANONYMOUS, "app-1") in short.conn.client_quotas  # counted the long way
+
+
+def test_the_short_way_declines_what_the_long_way_must_see():
+    h = Harness()
+    assert not h.conn.pass_request(produce_req(1) + produce_req(2))  # two frames
+    assert not h.conn.pass_request(produce_req(1)[:-1])  # part of one
+    assert not h.conn.pass_request(produce_req(1, acks=0))
+    assert not h.conn.pass_request(raw_request(1, apis.PRODUCE, 7, b"\xff\xff\xff", b"\xff\xfe"))
+    assert not h.conn.pass_request(raw_request(1, 9999, 0))  # unknown API
+    assert h.conn.requests == 0 and not h.conn.pending
+    h.client(produce_req(1))
+    assert not h.conn.pass_response(produce_resp(2))  # not the response awaited
+    assert not h.conn.pass_response(produce_resp(1)[:-1])
+    assert h.conn.pass_response(produce_resp(1))
+
+
+def test_an_answer_of_the_proxys_own_behind_a_short_way_response_still_goes_out():
+    h = Harness()
+    h.client(produce_req(1))
+    assert h.log[-1] == "pass_request"
+    h.client(api_versions_req(2, version=apis.MAX_DECODABLE_VERSION[apis.API_VERSIONS] + 1))
+    assert h.take_client() == b""  # the proxy's answer waits for the response before it
+    h.broker(produce_resp(1))
+    assert cids(h.take_client()) == [1, 2]
+
+
+class ThrottleProduce(Filter):
+    name = "throttle-produce"
+
+    def request_need(self, api_key, api_version):
+        return HEAD if api_key == apis.PRODUCE else NOTHING
+
+    def on_request(self, ctx, head, inflight):
+        return Throttle(500, "a test's throttle")
+
+
+def test_while_muted_nothing_takes_the_short_way():
+    h = Harness(filters=[ThrottleProduce()])
+    h.client(produce_req(1))
+    assert h.client_paused_until == 0.5
+    assert not h.conn.pass_request(metadata_req(2))  # no filter reads it, but it must wait
+    h.client(metadata_req(2))
+    assert req_cids(h.take_broker()) == [1]
+    h.at(0.5)
+    assert req_cids(h.take_broker()) == [2]
+    assert h.conn.pass_request(metadata_req(3))
+
+
+def test_random_reads_give_the_same_stream_the_short_way_or_not():
+    rng = random.Random(5)
+    for trial in range(20):
+        exchanges = [rng.choice(_plain_exchanges()) for _ in range(12)]
+        exchanges = [(with_cid(q, i, 8), None if r is None else with_cid(r, i, 4))
+                     for i, (q, r) in enumerate(exchanges, 1)]
+        requests = b"".join(q for q, _ in exchanges)
+        responses = b"".join(r for _, r in exchanges if r is not None)
+        frames_first = rng.random() < 0.5  # reads along frame bounds, or anywhere
+        results = []
+        for short_way in (True, False):
+            h = Harness(short_way=short_way)
+            for stream, feed, parts in ((requests, h.client, [q for q, _ in exchanges]),
+                                        (responses, h.broker,
+                                         [r for _, r in exchanges if r is not None])):
+                if frames_first:
+                    for part in parts:
+                        feed(part)
+                else:
+                    pos, rs = 0, random.Random(trial)
+                    while pos < len(stream):
+                        n = rs.choice([1, 50, 4096, 9000])
+                        feed(stream[pos : pos + n])
+                        pos += n
+            assert h.closed is None and not h.conn.pending
+            results.append((h.take_broker(), h.take_client(), h.conn.requests,
+                            h.conn.bytes_from_client, h.conn.bytes_from_broker))
+        assert results[0] == results[1]
+        assert results[0][0] == requests
+
+
+def with_cid(frame, cid, at):
+    out = bytearray(frame)
+    struct.pack_into(">i", out, at, cid)
+    return bytes(out)
 
 
 # acks=0 -------------------------------------------------------------------

@@ -158,11 +158,12 @@ class FrameCutter:
             raise ProtocolError("frame size %d is too small for a header" % size)
         return size + 4
 
-    def _start(self, frame_start, total, available, out):
+    def _start(self, frame_start, total, available, out, whole=None):
         """Decide on a frame whose first ``available`` bytes are in
         ``frame_start``. Returns how many of them were used, or None when
         they are not enough for the head on_head asked for (the caller keeps
-        them and waits for more)."""
+        them and waits for more). ``whole``: the object read, when those
+        bytes are all of it and all of the frame (forwarded as it is)."""
         head_len = self._need if self._need < total else total
         mode = self.on_head(frame_start[:head_len], total)
         while mode.__class__ is NeedHead:
@@ -198,7 +199,7 @@ class FrameCutter:
         used = available if available < total else total
         if mode == PASS:
             if skip < used:
-                out.append(frame_start[skip:used])
+                out.append(whole if whole is not None and not skip else frame_start[skip:used])
         elif mode == WHOLE:
             if used == total:
                 result = self.on_whole(frame_start[:total])
@@ -208,7 +209,7 @@ class FrameCutter:
                 self._whole = bytearray(frame_start[:used])
         elif mode != DROP:  # a stream
             if skip < used:
-                mode.feed(frame_start[skip:used], out)
+                mode.feed(whole if whole is not None and not skip else frame_start[skip:used], out)
         if used < total:
             self._mode = mode
             self._left = total - used
@@ -253,12 +254,14 @@ class FrameCutter:
             if left:
                 take = n - pos if n - pos < left else left
                 mode = self._mode
+                # all of ``data`` goes on as the object read: a write of it
+                # costs less than one of a view on it
                 if mode == PASS:
-                    out.append(view[pos : pos + take])
+                    out.append(data if take == n else view[pos : pos + take])
                 elif mode == WHOLE:
                     self._whole += view[pos : pos + take]
                 elif mode != DROP:
-                    mode.feed(view[pos : pos + take], out)
+                    mode.feed(data if take == n else view[pos : pos + take], out)
                 pos += take
                 self._left = left - take
                 if left == take and mode == WHOLE:
@@ -271,7 +274,8 @@ class FrameCutter:
             if available >= 4:
                 total = self._size(data, pos)
                 if available >= total or available >= self._need:
-                    used = self._start(view[pos:], total, available, out)
+                    used = self._start(view[pos:], total, available, out,
+                                       data if not pos and available == total else None)
                     if used is not None:
                         if used == _DEFERRED:
                             self.rest = bytes(view[pos:])

@@ -43,6 +43,36 @@ def request_header_flexible(api_key, api_version):
     return versions is not None and versions[0] <= api_version <= versions[1]
 
 
+def produce_acks(buf, version):
+    """(acks, client_id, its length) of a Produce request at ``version`` from
+    ``buf``, its framed head, when that has the usual layout: a short UTF-8
+    client-id, no header tags, a short or null transactional.id; a few
+    slices instead of RequestHead's general walk. None otherwise."""
+    n = len(buf)
+    if n < 14:
+        return None
+    size = buf[12] << 8 | buf[13]
+    pos = 14 + size
+    if size >= 0x8000 or pos + 4 > n:
+        return None
+    try:
+        client_id = str(buf[14:pos], "utf-8")
+    except UnicodeDecodeError:
+        return None
+    if version >= 9:  # header v2: no tags; compact transactional_id
+        t = buf[pos + 1]
+        if buf[pos] or t >= 0x80:
+            return None
+        pos += 2 + (t - 1 if t > 1 else 0)
+    elif version >= 3:  # nullable string
+        t = buf[pos] << 8 | buf[pos + 1]
+        pos += 2 + (t if t < 0x8000 else 0)
+    if pos + 2 > n:
+        return None
+    acks = buf[pos] << 8 | buf[pos + 1]
+    return (acks - 0x10000 if acks >= 0x8000 else acks), client_id, size
+
+
 class RequestHead:
     """The first bytes of one framed request (size prefix included)."""
 
@@ -138,35 +168,14 @@ class RequestHead:
 
     def _acks_in_head(self):
         """acks read straight from a head that holds it (every Produce a
-        client sends: a short client-id, no header tags, a short or null
-        transactional.id): a few slices instead of the general walk below,
+        client sends; see produce_acks), else by the general walk below,
         which answers every other case (and every error) the same way."""
-        buf = self.buf
         if self.api_key == apis.PRODUCE and self._client_id is _UNREAD:
-            n = len(buf)
-            if n >= 14:
-                size = buf[12] << 8 | buf[13]
-                pos = 14 + size
-                if size < 0x8000 and pos + 4 <= n:
-                    try:
-                        client_id = bytes(buf[14:pos]).decode("utf-8")
-                    except UnicodeDecodeError:
-                        raise ProtocolError("request client_id is not UTF-8") from None
-                    version = self.api_version
-                    if version >= 9:  # header v2: no tags; compact transactional_id
-                        t = buf[pos + 1]
-                        if buf[pos] == 0 and t < 0x80:
-                            pos += 2 + (t - 1 if t > 1 else 0)
-                        else:
-                            pos = -1
-                    elif version >= 3:  # nullable string
-                        t = buf[pos] << 8 | buf[pos + 1]
-                        pos += 2 + (t if t < 0x8000 else 0)
-                    if 0 <= pos and pos + 2 <= n:
-                        self._client_id = client_id
-                        self._body = 14 + size + (1 if version >= 9 else 0)
-                        acks = buf[pos] << 8 | buf[pos + 1]
-                        return acks - 0x10000 if acks >= 0x8000 else acks
+            found = produce_acks(self.buf, self.api_version)
+            if found is not None:
+                acks, self._client_id, size = found
+                self._body = 14 + size + (1 if self.api_version >= 9 else 0)
+                return acks
         return self._acks_walked()
 
     def _acks_walked(self):

@@ -308,6 +308,9 @@ class ClientConnection(asyncio.Protocol):
             self.close("internal error while connecting to the broker: %s" % exc)
 
     def data_received(self, data):
+        if self.pipeline.pass_request(data):  # the common read: one request, passed as it is
+            self.upstream.transport.write(data)
+            return
         actions = self.pipeline.client_data(data, self.loop.time())
         if actions:
             self._run(actions)
@@ -332,6 +335,9 @@ class ClientConnection(asyncio.Protocol):
     # broker side -------------------------------------------------------
 
     def upstream_data(self, data):
+        if self.pipeline.pass_response(data):
+            self.client.transport.write(data)
+            return
         actions = self.pipeline.broker_data(data, self.loop.time())
         if actions:
             self._run(actions)

@@ -18,6 +18,7 @@ queues below are the pipeline's alone.
 """
 import enum
 from collections import deque
+from struct import Struct
 
 from ..codecs import ProtocolError
 from ..codecs.apis import ALL_RESPONSES, PRODUCE
@@ -31,7 +32,7 @@ from ..codecs.frames import (
     FrameCutter,
     NeedHead,
 )
-from ..codecs.request import HeadTooShort, RequestHead
+from ..codecs.request import HeadTooShort, RequestHead, produce_acks
 from ..codecs.throttle import (
     clients_back_off_from,
     raise_throttle_time,
@@ -97,6 +98,9 @@ class Phase(enum.Enum):
 
 # globals are read faster than Enum members (hot path)
 _READY = Phase.READY
+# a frame's size and request header, or its size and correlation id (pass_request/pass_response)
+_FRAME_HEAD = Struct(">ihhi")
+_RESPONSE_HEAD = Struct(">ii")
 _CONNECTING = Phase.CONNECTING
 _CLOSED = Phase.CLOSED
 
@@ -296,6 +300,9 @@ class FilterTable:
             for version in range(cls.max_version + 2):  # one past: a too-new client
                 self._entries[api_key, version] = self._build(api_key, version)
                 self._authenticating[api_key, version] = self._build(api_key, version, True)
+        # the entries no filter reads a request of (Connection.pass_request)
+        self.plain = {key: entry for key, entry in self._entries.items()
+                      if not entry[0] and not entry[1]}
 
     def _build(self, api_key, version, authenticating=False):
         if authenticating:
@@ -418,6 +425,7 @@ class Connection:
         self._request_gathered = None  # the entry of a request being gathered whole
         # each filter's view of this connection, in the table's order
         self.contexts = tuple(FilterContext(self, f, f.new_state()) for f in table.filters)
+        self._plain = table.plain
 
     # inputs -----------------------------------------------------------
 
@@ -511,6 +519,64 @@ class Connection:
             return
         if self._unread is None:
             actions.append(RESUME_CLIENT)
+
+    def pass_request(self, data):
+        """The short way for the common read: ``data`` is exactly one request
+        frame, the connection is in no special state, and no filter looks at
+        the request (FilterTable.plain). Then it is counted and awaited as
+        client_data would, and True says: forward ``data`` as it is. False:
+        nothing was done, call client_data (which also gives every error)."""
+        plain = self._plain
+        n = len(data)
+        if not plain or n < 12:
+            return False
+        cutter = self.requests_in
+        if (self.phase is not _READY or self._unread is not None or self._internal
+                or self._mute_due or self._wait_due or cutter._left or cutter._head
+                or cutter.stop_after_frame or self.raw_request is not None):
+            return False
+        size, api_key, api_version, correlation_id = _FRAME_HEAD.unpack_from(data)
+        entry = plain.get((api_key, api_version))
+        if (entry is None or size + 4 != n or size > cutter.max_frame_size
+                or size < cutter.min_frame_size):
+            return False
+        pending = self.pending
+        if pending and pending[0].answer is not None:
+            return False
+        if api_key == PRODUCE:
+            found = produce_acks(data, api_version)
+            if found is None or not found[0]:
+                return False  # acks=0 awaits nothing (client_data notes it); or unusual
+        self.bytes_from_client += n
+        self.requests += 1
+        pending.append(InFlight(correlation_id, api_key, api_version, entry[2], entry[3]))
+        return True
+
+    def pass_response(self, data):
+        """The same for a read that is exactly the response awaited next,
+        which nothing looks at: True, forward ``data`` as it is."""
+        pending = self.pending
+        if not pending:
+            return False
+        inflight = pending[0]
+        n = len(data)
+        if (inflight.response_need or inflight.throttle_ms or n < 8
+                or inflight.on_response is not None or inflight.answer is not None
+                or self._streaming is not None or self._held is not None
+                or self._hold_from is not None or self._partial is not None
+                or self._raw_in_flight or self._internal or self.phase is _CLOSED):
+            return False
+        cutter = self.responses_in
+        if cutter._left or cutter._head:
+            return False
+        size, correlation_id = _RESPONSE_HEAD.unpack_from(data)
+        if size + 4 != n or inflight.correlation_id != correlation_id or size > cutter.max_frame_size:
+            return False
+        if len(pending) > 1 and pending[1].answer is not None:
+            return False  # an answer of the proxy's own follows: broker_data sends it
+        pending.popleft()
+        self.bytes_from_broker += n
+        return True
 
     def client_data(self, data, now):
         """Bytes from the client."""
