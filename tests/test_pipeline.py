@@ -306,8 +306,10 @@ def test_a_read_of_one_plain_frame_takes_the_short_way_with_the_same_result(snap
 
 def test_the_short_way_declines_what_the_long_way_must_see():
     h = Harness()
-    assert not h.conn.pass_request(produce_req(1) + produce_req(2))  # two frames
-    assert not h.conn.pass_request(produce_req(1)[:-1])  # part of one
+    assert not h.conn.pass_request(produce_req(1) + produce_req(2, acks=0))
+    # the start of a frame shorter than the head the long way gathers first
+    assert not h.conn.pass_request(produce_req(1) + produce_req(2, nbytes=5000)[:300])
+    assert not h.conn.pass_request(produce_req(1) + fetch_req(2)[:11])
     assert not h.conn.pass_request(produce_req(1, acks=0))
     assert not h.conn.pass_request(raw_request(1, apis.PRODUCE, 7, b"\xff\xff\xff", b"\xff\xfe"))
     assert not h.conn.pass_request(raw_request(1, 9999, 0))  # unknown API
@@ -316,6 +318,32 @@ def test_the_short_way_declines_what_the_long_way_must_see():
     assert not h.conn.pass_response(produce_resp(2))  # not the response awaited
     assert not h.conn.pass_response(produce_resp(1)[:-1])
     assert h.conn.pass_response(produce_resp(1))
+
+
+def test_reads_of_several_frames_and_of_parts_of_frames_take_the_short_way():
+    h = Harness()
+    big = produce_req(3, nbytes=5000)
+    stream = produce_req(1) + fetch_req(2) + big + metadata_req(4)
+    cut = len(stream) - len(metadata_req(4)) - 3000  # within the third frame's records
+    h.client(stream[:cut])
+    assert h.log == ["ResumeClient", "pass_request"] or h.log[-1] == "pass_request"
+    assert [p.correlation_id for p in h.conn.pending] == [1, 2, 3]
+    assert h.conn.requests == 3 and h.conn.requests_in.passing == 3000
+    h.client(stream[cut : cut + 1000])  # the middle of that frame
+    assert h.conn.requests_in.passing == 2000 and h.conn.requests == 3
+    h.client(stream[cut + 1000 :])  # its end, then a whole frame
+    assert h.log[-3:] == ["pass_request"] * 3
+    assert [p.correlation_id for p in h.conn.pending] == [1, 2, 3, 4]
+    assert h.take_broker() == stream and h.conn.requests_in.at_boundary
+    assert h.conn.requests == 4 and h.conn.bytes_from_client == len(stream)
+    h.broker(produce_resp(1) + fetch_resp(2) + produce_resp(3) + metadata_resp(4))
+    assert cids(h.take_client()) == [1, 2, 3, 4] and not h.conn.pending
+    # a frame the long way must see, after the rest of one passed on
+    h.client(big[:4000])
+    h.client(big[4000:] + produce_req(5, acks=0))
+    assert h.log[-1] != "pass_request"
+    assert h.take_broker() == big + produce_req(5, acks=0)
+    assert [p.correlation_id for p in h.conn.pending] == [3]
 
 
 def test_an_answer_of_the_proxys_own_behind_a_short_way_response_still_goes_out():
@@ -352,6 +380,7 @@ def test_while_muted_nothing_takes_the_short_way():
 
 def test_random_reads_give_the_same_stream_the_short_way_or_not():
     rng = random.Random(5)
+    short_reads = 0
     for trial in range(20):
         exchanges = [rng.choice(_plain_exchanges()) for _ in range(12)]
         exchanges = [(with_cid(q, i, 8), None if r is None else with_cid(r, i, 4))
@@ -362,23 +391,31 @@ def test_random_reads_give_the_same_stream_the_short_way_or_not():
         results = []
         for short_way in (True, False):
             h = Harness(short_way=short_way)
+            states = []  # after every read: what went out, what is counted and awaited
             for stream, feed, parts in ((requests, h.client, [q for q, _ in exchanges]),
                                         (responses, h.broker,
                                          [r for _, r in exchanges if r is not None])):
                 if frames_first:
-                    for part in parts:
-                        feed(part)
+                    reads = parts
                 else:
-                    pos, rs = 0, random.Random(trial)
+                    reads, pos, rs = [], 0, random.Random(trial)
                     while pos < len(stream):
-                        n = rs.choice([1, 50, 4096, 9000])
-                        feed(stream[pos : pos + n])
+                        n = rs.choice([1, 50, 600, 4096, 9000, 30000])
+                        reads.append(stream[pos : pos + n])
                         pos += n
+                for read in reads:
+                    feed(read)
+                    states.append((len(h.to_broker), len(h.to_client), h.conn.requests,
+                                   h.conn.bytes_from_client, h.conn.bytes_from_broker,
+                                   [p.correlation_id for p in h.conn.pending]))
             assert h.closed is None and not h.conn.pending
-            results.append((h.take_broker(), h.take_client(), h.conn.requests,
-                            h.conn.bytes_from_client, h.conn.bytes_from_broker))
+            results.append((states, h.take_broker(), h.take_client()))
+            if short_way:
+                taken = h.log.count("pass_request")
         assert results[0] == results[1]
-        assert results[0][0] == requests
+        assert results[0][1] == requests
+        short_reads += taken
+    assert short_reads > 50  # the short way was taken, and gave the same
 
 
 def with_cid(frame, cid, at):

@@ -25,6 +25,7 @@ from ..codecs.apis import ALL_RESPONSES, PRODUCE
 from ..codecs.frames import (
     DEFER,
     DROP,
+    HEAD_SIZE,
     MIN_REQUEST_SIZE,
     MIN_RESPONSE_SIZE,
     PASS,
@@ -521,35 +522,61 @@ class Connection:
             actions.append(RESUME_CLIENT)
 
     def pass_request(self, data):
-        """The short way for the common read: ``data`` is exactly one request
-        frame, the connection is in no special state, and no filter looks at
-        the request (FilterTable.plain). Then it is counted and awaited as
-        client_data would, and True says: forward ``data`` as it is. False:
-        nothing was done, call client_data (which also gives every error)."""
+        """The short way for the common read: ``data`` holds the rest of a
+        request being passed on, whole requests, and the start of one whose
+        head is in, the connection is in no special state, and no filter
+        looks at these requests (FilterTable.plain). Then they are counted
+        and awaited as client_data would, and True says: forward ``data`` as
+        it is. False: nothing was done, call client_data (which also gives
+        every error)."""
         plain = self._plain
-        n = len(data)
-        if not plain or n < 12:
+        if not plain:
             return False
         cutter = self.requests_in
         if (self.phase is not _READY or self._unread is not None or self._internal
-                or self._mute_due or self._wait_due or cutter._left or cutter._head
+                or self._mute_due or self._wait_due or cutter._head
                 or cutter.stop_after_frame or self.raw_request is not None):
-            return False
-        size, api_key, api_version, correlation_id = _FRAME_HEAD.unpack_from(data)
-        entry = plain.get((api_key, api_version))
-        if (entry is None or size + 4 != n or size > cutter.max_frame_size
-                or size < cutter.min_frame_size):
             return False
         pending = self.pending
         if pending and pending[0].answer is not None:
-            return False
-        if api_key == PRODUCE:
-            found = produce_acks(data, api_version)
-            if found is None or not found[0]:
-                return False  # acks=0 awaits nothing (client_data notes it); or unusual
+            return False  # client_data sends it
+        n = len(data)
+        pos = cutter._left
+        if pos:  # the rest of a request already on its way
+            mode = cutter._mode
+            if mode.__class__ is not int or mode != PASS:
+                return False
+            if pos >= n:
+                cutter._left = pos - n
+                self.bytes_from_client += n
+                return True
+        max_size = cutter.max_frame_size
+        min_size = cutter.min_frame_size
+        admitted = []
+        while pos < n:
+            available = n - pos
+            if available < 12:
+                return False
+            size, api_key, api_version, correlation_id = _FRAME_HEAD.unpack_from(data, pos)
+            entry = plain.get((api_key, api_version))
+            if entry is None or size > max_size or size < min_size:
+                return False
+            end = pos + size + 4
+            if end > n and available < HEAD_SIZE:
+                return False  # the long way gathers this much first
+            if api_key == PRODUCE:
+                found = produce_acks(data if not pos and end == n else memoryview(data)[pos:end],
+                                     api_version)
+                if found is None or not found[0]:
+                    return False  # acks=0 awaits nothing (client_data notes it); or unusual
+            admitted.append(InFlight(correlation_id, api_key, api_version, entry[2], entry[3]))
+            pos = end
         self.bytes_from_client += n
-        self.requests += 1
-        pending.append(InFlight(correlation_id, api_key, api_version, entry[2], entry[3]))
+        self.requests += len(admitted)
+        pending.extend(admitted)
+        if pos > n:  # the last one goes on in the next reads
+            cutter._mode = PASS
+        cutter._left = pos - n
         return True
 
     def pass_response(self, data):
