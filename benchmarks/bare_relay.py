@@ -6,10 +6,11 @@ One listener, one upstream; every accepted connection gets its own connection to
 upstream, and what either side sends is written to the other as it arrives. It has what a
 proxy cannot do without and nothing else: kthrottle's write-buffer marks and backpressure
 (a side stops being read while the other side's write buffer is over the high mark),
-TCP_NODELAY, and with ``--ssl-cert``/``--ssl-key`` TLS towards the clients (the upstream side
-stays plaintext), as ``kthrottle proxy --security-protocol SSL`` does. It rewrites no
-addresses: the broker behind it must advertise the relay's address itself (Tansu's
-``--advertised-listener-url``) for clients to stay behind it.
+TCP_NODELAY, the malloc thresholds kthrottle sets, and with ``--ssl-cert``/``--ssl-key`` TLS
+towards the clients (the upstream side stays plaintext), as ``kthrottle proxy
+--security-protocol SSL`` does. It rewrites no addresses: the broker behind it must advertise
+the relay's address itself (Tansu's ``--advertised-listener-url``) for clients to stay behind
+it.
 
     python benchmarks/bare_relay.py --listen 127.0.0.1:9093 --upstream 127.0.0.1:9092
 
@@ -22,6 +23,7 @@ import signal
 import socket
 import ssl
 import sys
+from pathlib import Path
 
 import uvloop
 
@@ -136,9 +138,18 @@ def main(argv=None):
     p.add_argument("--ssl-cert", metavar="FILE", help="serve TLS to clients with this "
                    "certificate (chain); the upstream side stays plaintext")
     p.add_argument("--ssl-key", metavar="FILE", help="its private key")
+    p.add_argument("--malloc-defaults", action="store_true",
+                   help="leave glibc's malloc thresholds as they are; by default the relay "
+                   "sets them as kthrottle does (kthrottle/proxy/memory.py), so that the two "
+                   "differ only in what they do with the bytes")
     args = p.parse_args(argv)
     if bool(args.ssl_cert) != bool(args.ssl_key):
         p.error("--ssl-cert and --ssl-key go together")
+    if not args.malloc_defaults:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's
+        from kthrottle.proxy.memory import tune_allocator
+
+        tune_allocator()
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(serve(args))
     return 0

@@ -121,8 +121,10 @@ def main(argv=None):
         parser.exit(2, "kthrottle: error: %s\n" % exc)
     if args.command == "proxy":
         from .proxy.app import run_loop, serve
+        from .proxy.memory import tune_allocator
 
         if worker is not None:
+            tune_allocator()
             from .proxy.workers import WorkerHub
 
             run_loop(lambda: serve(config, worker=WorkerHub(*worker)))
@@ -131,6 +133,7 @@ def main(argv=None):
             from .proxy.workers import supervise
 
             return supervise(argv, config)
+        tune_allocator()
         run_loop(lambda: serve(config))
         return 0
     return _local(parser, file_values, flags)
@@ -160,6 +163,9 @@ def _local(parser, file_values, flags):
                                   "is for kthrottle proxy)" % config.workers)
         except ConfigError as exc:
             parser.exit(2, "kthrottle: error: %s\n" % exc)
+        from .proxy.memory import tune_allocator
+
+        tune_allocator()
         return run_local(config, listener)
 
 
