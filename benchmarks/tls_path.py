@@ -142,12 +142,12 @@ def _install_kthrottle_probe():
     pass_request, pass_response = short.pass_request, short.pass_response
 
     def counted(passes, side):
-        def wrapper(self, data):
-            if not passes(self, data):
-                return False
-            COUNTS.add(side + "_writes", 1, len(data))  # the adapter writes ``data`` itself
-            COUNTS.add(side + "_chunks", 1, len(data), hist=True)
-            return True
+        def wrapper(self, data, *now):
+            passed = passes(self, data, *now)
+            if passed:
+                COUNTS.add(side + "_writes", 1, len(data))  # the adapter writes ``data`` itself
+                COUNTS.add(side + "_chunks", 1, len(data), hist=True)
+            return passed
         return wrapper
 
     short.pass_request = counted(pass_request, "to_broker")

@@ -432,11 +432,14 @@ class Driver:
 
     def feed_client(self, n):
         chunk, self.client = bytes(self.client[:n]), self.client[n:]
-        if self.conn.pass_request(chunk):  # the adapter's short way
+        passed = self.conn.pass_request(chunk, self.now)
+        if passed:  # the adapter's short way
             assert self.connected and not self.closed
             if self.terminate:
                 assert self.conn.principal != ANONYMOUS
             self.broker.receive(chunk)
+            if passed is not True:  # a mute
+                self.run(passed)
             return
         self.call(self.conn.client_data, chunk, self.now)
 

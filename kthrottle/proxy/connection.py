@@ -308,8 +308,11 @@ class ClientConnection(asyncio.Protocol):
             self.close("internal error while connecting to the broker: %s" % exc)
 
     def data_received(self, data):
-        if self.pipeline.pass_request(data):  # the common read: one request, passed as it is
+        passed = self.pipeline.pass_request(data, self.loop.time())
+        if passed:  # the common read: requests passed as they are
             self.upstream.transport.write(data)
+            if passed is not True:  # a mute the last one earned
+                self._run(passed)
             return
         actions = self.pipeline.client_data(data, self.loop.time())
         if actions:

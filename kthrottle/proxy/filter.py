@@ -179,6 +179,23 @@ class Filter:
         correlation_id). Returns None or a verdict."""
         return None
 
+    # The short way (Connection.pass_request) for a request a filter judges
+    # from its client-id, length and acks alone, read with nothing else to do.
+
+    def quick(self, api_key, api_version):
+        """True when ``quick_request`` may stand for ``on_request`` for this
+        API and version (asked once, when the table is built)."""
+        return False
+
+    def quick_ready(self, ctx):
+        """Whether this request may take the short way now; False sends it
+        the long way (to on_request). Must change nothing."""
+        return True
+
+    def quick_request(self, ctx, client_id, frame_len, acks, inflight):
+        """``on_request`` for a request ``quick`` admits: None or Throttle."""
+        return None
+
     def on_response_head(self, ctx, inflight, head, frame_len):
         """The first bytes of the response to ``inflight``; None or Throttle."""
         return None

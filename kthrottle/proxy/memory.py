@@ -40,7 +40,9 @@ def tune_allocator(environ=None):
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
-    if not (mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
+    if not mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD):
+        return False
+    if not mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD):
         return False
     log.debug("allocator: blocks under %d MiB from the heap, up to %d MiB of freed heap kept",
               MMAP_THRESHOLD >> 20, TRIM_THRESHOLD >> 20)

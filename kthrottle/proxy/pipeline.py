@@ -304,6 +304,11 @@ class FilterTable:
         # the entries no filter reads a request of (Connection.pass_request)
         self.plain = {key: entry for key, entry in self._entries.items()
                       if not entry[0] and not entry[1]}
+        # and those whose filters all judge a request from its client-id,
+        # length and acks (Filter.quick)
+        self.quick = {key: entry for key, entry in self._entries.items()
+                      if entry[0] == HEAD and entry[1]
+                      and all(f.quick(*key) for f, _ in entry[1])}
 
     def _build(self, api_key, version, authenticating=False):
         if authenticating:
@@ -427,6 +432,7 @@ class Connection:
         # each filter's view of this connection, in the table's order
         self.contexts = tuple(FilterContext(self, f, f.new_state()) for f in table.filters)
         self._plain = table.plain
+        self._quick = table.quick
 
     # inputs -----------------------------------------------------------
 
@@ -521,16 +527,20 @@ class Connection:
         if self._unread is None:
             actions.append(RESUME_CLIENT)
 
-    def pass_request(self, data):
+    def pass_request(self, data, now=None):
         """The short way for the common read: ``data`` holds the rest of a
         request being passed on, whole requests, and the start of one whose
         head is in, the connection is in no special state, and no filter
-        looks at these requests (FilterTable.plain). Then they are counted
-        and awaited as client_data would, and True says: forward ``data`` as
-        it is. False: nothing was done, call client_data (which also gives
-        every error)."""
+        looks at these requests (FilterTable.plain), but for the last one,
+        which filters may judge quickly (FilterTable.quick; ``now`` given).
+        Then they are counted and awaited as client_data would, and the
+        answer says: forward ``data`` as it is (True), then carry out the
+        actions it is when it is a list (a mute the last request earned).
+        False: nothing was done, call client_data (which also gives every
+        error)."""
         plain = self._plain
-        if not plain:
+        quick = self._quick if now is not None else None
+        if not plain and not quick and not self.requests_in._left:
             return False
         cutter = self.requests_in
         if (self.phase is not _READY or self._unread is not None or self._internal
@@ -553,13 +563,21 @@ class Connection:
         max_size = cutter.max_frame_size
         min_size = cutter.min_frame_size
         admitted = []
+        judged = None  # the quick entry of the last request, and its client-id, length, acks
         while pos < n:
             available = n - pos
-            if available < 12:
-                return False
+            if available < 12 or judged is not None:
+                return False  # a judged request must be the last
             size, api_key, api_version, correlation_id = _FRAME_HEAD.unpack_from(data, pos)
             entry = plain.get((api_key, api_version))
-            if entry is None or size > max_size or size < min_size:
+            if entry is None:
+                if not quick:
+                    return False
+                entry = quick.get((api_key, api_version))
+                if entry is None:
+                    return False
+                judged = entry
+            if size > max_size or size < min_size:
                 return False
             end = pos + size + 4
             if end > n and available < HEAD_SIZE:
@@ -569,15 +587,45 @@ class Connection:
                                      api_version)
                 if found is None or not found[0]:
                     return False  # acks=0 awaits nothing (client_data notes it); or unusual
+                if judged is not None:
+                    judged = (entry, found[1], size + 4, found[0])
+            elif judged is not None:
+                return False  # FilterTable.quick admits Produce alone
             admitted.append(InFlight(correlation_id, api_key, api_version, entry[2], entry[3]))
             pos = end
+        if judged is not None:
+            contexts = self.contexts
+            for f, i in judged[0][1]:
+                if not f.quick_ready(contexts[i]):
+                    return False
         self.bytes_from_client += n
         self.requests += len(admitted)
         pending.extend(admitted)
         if pos > n:  # the last one goes on in the next reads
             cutter._mode = PASS
         cutter._left = pos - n
-        return True
+        if judged is None:
+            return True
+        return self._judge(admitted[-1], judged, now)
+
+    def _judge(self, inflight, judged, now):
+        """The quick filters on the last request pass_request took."""
+        self.now = now
+        entry, client_id, frame_len, acks = judged
+        contexts = self.contexts
+        delay = 0
+        for f, i in entry[1]:
+            verdict = f.quick_request(contexts[i], client_id, frame_len, acks, inflight)
+            if verdict is not None and verdict.delay_ms > delay:
+                delay = inflight.throttle_ms = verdict.delay_ms
+                inflight.throttle_reason = verdict.reason
+        if not delay:
+            return True
+        actions = self._actions = []
+        self._throttle_client(delay, reading_request=True)  # from the end of that request
+        if self.requests_in.at_boundary:
+            self._start_mute()
+        return actions or True
 
     def pass_response(self, data):
         """The same for a read that is exactly the response awaited next,

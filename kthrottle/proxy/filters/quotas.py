@@ -31,16 +31,22 @@ class QuotaAccounting(Filter):
 
     def on_request(self, ctx, head, inflight):
         api_key = head.api_key
+        if api_key == apis.PRODUCE:
+            return self.quick_request(ctx, head.client_id or "", head.frame_len, head.acks,
+                                      inflight)
         if api_key == apis.FETCH and not client_quotas_apply(api_key, head.replica_id):
             return None
         quotas = ctx.quotas_for(head.client_id or "")
         if api_key == apis.FETCH:  # its response counts too (on_response_head)
             ctx.note(inflight, quotas)
-        decision = quotas.on_request(api_key, head.frame_len,
-                                     head.acks if api_key == apis.PRODUCE else None, ctx.now)
-        if decision.delay_ms:
-            return Throttle(decision.delay_ms, decision.reason)
-        return None
+        return _verdict(quotas.on_request(api_key, head.frame_len, None, ctx.now))
+
+    def quick(self, api_key, api_version):
+        return api_key == apis.PRODUCE
+
+    def quick_request(self, ctx, client_id, frame_len, acks, inflight):
+        return _verdict(ctx.quotas_for(client_id).on_request(apis.PRODUCE, frame_len, acks,
+                                                             ctx.now))
 
     def on_response_head(self, ctx, inflight, head, frame_len):
         quotas = ctx.noted(inflight)
@@ -51,10 +57,11 @@ class QuotaAccounting(Filter):
         # records the broker counted as sent to an incremental fetch session
         # (KIP-227). The client is made to wait instead, and its fetch size is
         # capped (FetchCap).
-        decision = quotas.on_fetch_response(frame_len, ctx.now)
-        if decision.delay_ms:
-            return Throttle(decision.delay_ms, decision.reason)
-        return None
+        return _verdict(quotas.on_fetch_response(frame_len, ctx.now))
+
+
+def _verdict(decision):
+    return Throttle(decision.delay_ms, decision.reason) if decision.delay_ms else None
 
 
 class FetchCap(Filter):

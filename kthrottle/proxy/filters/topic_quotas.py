@@ -101,6 +101,14 @@ class TopicQuotas(Filter):
             return None
         return Observe(ProducePartitions(head.api_version), self._produced)
 
+    def quick(self, api_key, api_version):
+        return api_key == apis.PRODUCE  # nothing to do without topic quotas
+
+    def quick_ready(self, ctx):
+        if self.generation != self.manager.generation:
+            self._refresh()
+        return not self.active
+
     def _produced(self, ctx, reader):
         return self._decide(ctx, PRODUCER_BYTE_RATE, reader.topic_bytes)
 
