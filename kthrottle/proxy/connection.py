@@ -313,6 +313,8 @@ class ClientConnection(asyncio.Protocol):
             self.upstream.transport.write(data)
             if passed is not True:  # a mute the last one earned
                 self._run(passed)
+            if self.zero_copy is not None:  # the rest of the last one, socket to socket
+                self._pass_through(True)
             return
         actions = self.pipeline.client_data(data, self.loop.time())
         if actions:
