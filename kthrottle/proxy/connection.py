@@ -308,7 +308,8 @@ class ClientConnection(asyncio.Protocol):
             self.close("internal error while connecting to the broker: %s" % exc)
 
     def data_received(self, data):
-        passed = self.pipeline.pass_request(data, self.loop.time())
+        now = self.loop.time()
+        passed = self.pipeline.pass_request(data, now)
         if passed:  # the common read: requests passed as they are
             self.upstream.transport.write(data)
             if passed is not True:  # a mute the last one earned
@@ -316,7 +317,7 @@ class ClientConnection(asyncio.Protocol):
             if self.zero_copy is not None:  # the rest of the last one, socket to socket
                 self._pass_through(True)
             return
-        actions = self.pipeline.client_data(data, self.loop.time())
+        actions = self.pipeline.client_data(data, now)
         if actions:
             self._run(actions)
         if self.zero_copy is not None:
