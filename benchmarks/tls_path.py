@@ -145,8 +145,16 @@ def _install_kthrottle_probe():
         def wrapper(self, data, *now):
             passed = passes(self, data, *now)
             if passed:
-                COUNTS.add(side + "_writes", 1, len(data))  # the adapter writes ``data`` itself
-                COUNTS.add(side + "_chunks", 1, len(data), hist=True)
+                COUNTS.add(side + "_short", 1, len(data))
+                # the adapter writes ``data`` itself; for a response, nothing
+                # yet (held until whole) or the chunks of one made whole (a list)
+                chunks = [data]
+                if side == "to_client" and passed is not True:
+                    chunks = [] if passed.__class__ is str else passed
+                if chunks:
+                    COUNTS.add(side + "_writes", 1, sum(map(len, chunks)))
+                for c in chunks:
+                    COUNTS.add(side + "_chunks", 1, len(c), hist=True)
             return passed
         return wrapper
 

@@ -61,6 +61,7 @@ from kthrottle.proxy.pipeline import (
     Connection,
     ConnectUpstream,
     FilterTable,
+    HELD,
     HoldResponses,
     NodesSeen,
     PauseClient,
@@ -445,8 +446,11 @@ class Driver:
 
     def feed_broker(self, n):
         chunk, self.broker.tx = bytes(self.broker.tx[:n]), self.broker.tx[n:]
-        if self.conn.pass_response(chunk):
+        passed = self.conn.pass_response(chunk)
+        if passed:  # the adapter's short way: data, nothing yet, or a response made whole
             assert not self.closed
+            assert passed is True or passed is HELD or (
+                isinstance(passed, list) and b"".join(bytes(c) for c in passed))
             return
         self.call(self.conn.broker_data, chunk, self.now)
 

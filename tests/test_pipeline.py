@@ -22,6 +22,7 @@ from kthrottle.proxy.pipeline import (
     ConnectUpstream,
     Filter,
     FilterTable,
+    HELD,
     HoldResponses,
     NodesSeen,
     PauseClient,
@@ -188,10 +189,14 @@ class Harness:
     def broker(self, data, chunk=None):
         for i in range(0, len(data), chunk or max(len(data), 1)):
             piece = data[i : i + (chunk or len(data))]
-            if self.short_way and self.conn.pass_response(piece):
+            passed = self.short_way and self.conn.pass_response(piece)
+            if passed:  # as the adapter does
                 self.log.append("pass_response")
                 assert self.closed is None
-                self.to_client += piece
+                if passed is True:
+                    self.to_client += piece
+                elif passed is not HELD:
+                    self.to_client += b"".join(bytes(c) for c in passed)
                 continue
             self.run(self.conn.broker_data(piece, self.now))
 
@@ -381,6 +386,56 @@ def test_reads_of_several_frames_and_of_parts_of_frames_take_the_short_way():
     assert [p.correlation_id for p in h.conn.pending] == [3]
 
 
+@pytest.mark.parametrize("whole_max", [WHOLE_RESPONSE_MAX, 5000])
+def test_a_response_read_in_parts_takes_the_short_way_held_until_whole_or_streamed(whole_max):
+    h = Harness(whole_response_max=whole_max)
+    h.client(fetch_req(1) + produce_req(2))
+    response = fetch_resp(1, records=b"r" * 20000)
+    parts = [response[:600], response[600:9000], response[9000:-10], response[-10:]]
+    streamed = len(response) > whole_max
+    for i, part in enumerate(parts):
+        h.broker(part)
+        assert h.log[-1] == "pass_response"
+        last = i == len(parts) - 1
+        # a response up to whole_max reaches the client only once whole
+        expect = response[: sum(map(len, parts[: i + 1]))] if streamed or last else b""
+        assert bytes(h.to_client) == expect
+        assert h.conn.responses_in.at_boundary == last
+        assert h.conn.holding_response == (not streamed and not last)
+    assert h.conn.bytes_from_broker == len(response)
+    assert [p.correlation_id for p in h.conn.pending] == [2]
+    h.take_client()
+    # the end of a response and the next in one read: the long way, the same bytes
+    second = produce_resp(2)
+    h.client(fetch_req(3))
+    third = fetch_resp(3, records=b"s" * 3000)
+    h.broker(second + third[:700])
+    assert h.log[-1] != "pass_response"
+    h.broker(third[700:])
+    assert h.take_client() == second + third and not h.conn.pending
+
+
+def test_a_short_way_response_never_takes_a_start_shorter_than_the_long_way_reads():
+    h = Harness()
+    h.client(fetch_req(1))
+    response = fetch_resp(1, records=b"r" * 3000)
+    assert not h.conn.pass_response(response[:100])
+    h.broker(response[:100])
+    assert h.conn.responses_in.buffered == 100  # a head gathered, as before
+
+
+def test_an_answer_of_the_proxys_own_behind_a_response_in_parts_goes_out_after_it():
+    h = Harness()
+    h.client(fetch_req(1))
+    h.client(api_versions_req(2, version=apis.MAX_DECODABLE_VERSION[apis.API_VERSIONS] + 1))
+    response = fetch_resp(1, records=b"r" * 5000)
+    h.broker(response[:1000])
+    assert h.log[-1] == "pass_response" and h.take_client() == b""
+    h.broker(response[1000:])
+    assert h.log[-1] != "pass_response"  # the long way sends the answer behind it
+    assert cids(h.take_client()) == [1, 2] and not h.conn.pending
+
+
 def test_an_answer_of_the_proxys_own_behind_a_short_way_response_still_goes_out():
     h = Harness()
     h.client(produce_req(1))
@@ -413,33 +468,38 @@ def test_while_muted_nothing_takes_the_short_way():
     assert h.conn.pass_request(metadata_req(3))
 
 
+@pytest.mark.parametrize("whole_max", [WHOLE_RESPONSE_MAX, 3000])  # held until whole, or not
 @pytest.mark.parametrize("snapshot", [None, {"clients/app-1": {PRODUCER_BYTE_RATE: 1e12,
                                                                  REQUEST_RATE: 1e9}}])
-def test_random_reads_give_the_same_stream_the_short_way_or_not(snapshot):
+def test_random_reads_give_the_same_stream_the_short_way_or_not(snapshot, whole_max):
     rng = random.Random(5)
-    short_reads = 0
+    short_reads = short_responses = 0
     for trial in range(20):
         exchanges = [rng.choice(_plain_exchanges()) for _ in range(12)]
         exchanges = [(with_cid(q, i, 8), None if r is None else with_cid(r, i, 4))
                      for i, (q, r) in enumerate(exchanges, 1)]
         requests = b"".join(q for q, _ in exchanges)
         responses = b"".join(r for _, r in exchanges if r is not None)
-        frames_first = rng.random() < 0.5  # reads along frame bounds, or anywhere
+        # reads along frame bounds, anywhere, or parts of frames that end with them
+        cut = rng.choice(["frames", "anywhere", "within"])
         results = []
         for short_way in (True, False):
-            h = Harness(snapshot, short_way=short_way)
+            h = Harness(snapshot, short_way=short_way, whole_response_max=whole_max)
             states = []  # after every read: what went out, what is counted and awaited
             for stream, feed, parts in ((requests, h.client, [q for q, _ in exchanges]),
                                         (responses, h.broker,
                                          [r for _, r in exchanges if r is not None])):
-                if frames_first:
+                rs = random.Random(trial)
+                if cut == "frames":
                     reads = parts
                 else:
-                    reads, pos, rs = [], 0, random.Random(trial)
-                    while pos < len(stream):
-                        n = rs.choice([1, 50, 600, 4096, 9000, 30000])
-                        reads.append(stream[pos : pos + n])
-                        pos += n
+                    reads = []
+                    for part in [stream] if cut == "anywhere" else parts:
+                        pos = 0
+                        while pos < len(part):
+                            n = rs.choice([1, 50, 600, 4096, 9000, 30000])
+                            reads.append(part[pos : pos + n])
+                            pos += n
                 for read in reads:
                     feed(read)
                     states.append((len(h.to_broker), len(h.to_client), h.conn.requests,
@@ -450,10 +510,13 @@ def test_random_reads_give_the_same_stream_the_short_way_or_not(snapshot):
             results.append((states, h.take_broker(), h.take_client()))
             if short_way:
                 taken = h.log.count("pass_request")
+                taken_responses = h.log.count("pass_response")
         assert results[0] == results[1]
         assert results[0][1] == requests
         short_reads += taken
+        short_responses += taken_responses
     assert short_reads > (50 if snapshot is None else 20)  # the short way was taken, the same
+    assert short_responses > 50
 
 
 def with_cid(frame, cid, at):

@@ -17,6 +17,7 @@ from .pipeline import (
     Close,
     Connection,
     ConnectUpstream,
+    HELD,
     HoldResponses,
     NodesSeen,
     PauseClient,
@@ -341,8 +342,17 @@ class ClientConnection(asyncio.Protocol):
     # broker side -------------------------------------------------------
 
     def upstream_data(self, data):
-        if self.pipeline.pass_response(data):
-            self.client.transport.write(data)
+        passed = self.pipeline.pass_response(data)
+        if passed:  # the common read: a response, or part of one, passed as it is
+            if passed is True:
+                self.client.transport.write(data)
+            elif passed is not HELD:  # the chunks of a response held until whole
+                if self.client_tls:
+                    tls_writes(self.client.transport, passed)
+                else:
+                    self.client.transport.writelines(passed)
+            if self.zero_copy is not None:
+                self._pass_through(False)
             return
         actions = self.pipeline.broker_data(data, self.loop.time())
         if actions:

@@ -104,6 +104,8 @@ _FRAME_HEAD = Struct(">ihhi")
 _RESPONSE_HEAD = Struct(">ii")
 _CONNECTING = Phase.CONNECTING
 _CLOSED = Phase.CLOSED
+# pass_response: nothing to send the client yet
+HELD = "held"
 
 
 # Actions: what the adapter must do, in the order given. Plain values; small
@@ -628,30 +630,74 @@ class Connection:
         return actions or True
 
     def pass_response(self, data):
-        """The same for a read that is exactly the response awaited next,
-        which nothing looks at: True, forward ``data`` as it is."""
-        pending = self.pending
-        if not pending:
-            return False
-        inflight = pending[0]
-        n = len(data)
-        if (inflight.response_need or inflight.throttle_ms or n < 8
-                or inflight.on_response is not None or inflight.answer is not None
-                or self._streaming is not None or self._held is not None
-                or self._hold_from is not None or self._partial is not None
-                or self._raw_in_flight or self._internal or self.phase is _CLOSED):
+        """The same for the common read from the broker: the rest of a
+        response being passed on, or all of the response awaited next, or
+        its start (head in), when nothing looks at it and nothing is held.
+        The answer says what to send the client now: ``data`` as it is
+        (True), nothing yet (HELD: a response the long way would also send
+        only once whole, see WHOLE_RESPONSE_MAX), or the chunks of such a
+        response that ``data`` completes (a list). False: nothing was done,
+        call broker_data (which also gives every error)."""
+        if (self._streaming is not None or self._held is not None
+                or self._hold_from is not None or self._raw_in_flight or self._internal
+                or self.phase is _CLOSED):
             return False
         cutter = self.responses_in
-        if cutter._left or cutter._head:
+        if cutter._head:
+            return False
+        n = len(data)
+        pending = self.pending
+        left = cutter._left
+        if left:  # the rest of a response on its way
+            mode = cutter._mode
+            if n > left or mode.__class__ is not int or mode != PASS:
+                return False  # more frames follow in this read; or read by a filter
+            partial = self._partial
+            if n < left:
+                cutter._left = left - n
+                self.bytes_from_broker += n
+                if partial is None:
+                    return True
+                partial.append(data)
+                return HELD
+            if pending and pending[0].answer is not None:
+                return False  # an answer of the proxy's own follows: broker_data sends it
+            cutter._left = 0
+            self.bytes_from_broker += n
+            if partial is None:
+                return True
+            self._partial = None
+            partial.append(data)
+            return partial
+        if not pending or n < 8:
+            return False
+        inflight = pending[0]
+        if (inflight.response_need or inflight.throttle_ms or inflight.on_response is not None
+                or inflight.answer is not None):
             return False
         size, correlation_id = _RESPONSE_HEAD.unpack_from(data)
-        if size + 4 != n or inflight.correlation_id != correlation_id or size > cutter.max_frame_size:
+        total = size + 4
+        if (inflight.correlation_id != correlation_id or size > cutter.max_frame_size
+                or size < cutter.min_frame_size or total < n):
             return False
-        if len(pending) > 1 and pending[1].answer is not None:
-            return False  # an answer of the proxy's own follows: broker_data sends it
+        if total == n:
+            if len(pending) > 1 and pending[1].answer is not None:
+                return False  # an answer of the proxy's own follows: broker_data sends it
+            pending.popleft()
+            self.bytes_from_broker += n
+            return True
+        if n < HEAD_SIZE:
+            return False  # the long way gathers this much first
         pending.popleft()
         self.bytes_from_broker += n
-        return True
+        cutter._mode = PASS
+        cutter._left = total - n
+        cutter._frame_len = total
+        cutter._frame_out = 0
+        if total > self.whole_response_max:
+            return True  # streamed as it comes
+        self._partial = [data]
+        return HELD
 
     def client_data(self, data, now):
         """Bytes from the client."""
