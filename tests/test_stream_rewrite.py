@@ -120,6 +120,37 @@ def test_one_byte_reads(version):
     assert got == bare and nodes == []
 
 
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("endpoints", [False, True])
+def test_chunks_inside_records_pass_without_feed_and_change_nothing(case, endpoints):
+    api_key, version, build = case
+    frame = frame_response(api_key, version, build(BROKERS, endpoints))
+    passed = 0
+    for chunks in chunkings(frame, seed=version + 50):
+        expected = stream(api_key, version, chunks)[:2]
+        rewriter = stream_rewriter(api_key, version, advertise)
+        out = []
+        for i, chunk in enumerate(chunks):
+            if i and rewriter.passes(len(chunk)):  # as the proxy's short way: no feed
+                out.append(chunk)
+                passed += 1
+            else:
+                rewriter.feed(chunk, out)
+        assert rewriter.done
+        assert (b"".join(bytes(o) for o in out), rewriter.nodes) == expected
+    if api_key == apis.FETCH:  # its records are long enough for whole reads inside them
+        assert passed
+
+
+def test_a_chunk_that_ends_the_frame_never_passes_without_feed():
+    frame = frame_response(apis.FETCH, 16, fetch_many(16, BROKERS, False))
+    rewriter = stream_rewriter(apis.FETCH, 16, advertise)
+    out = []
+    rewriter.feed(frame[:600], out)
+    assert not rewriter.passes(len(frame) - 600)  # its tail must be walked
+    assert rewriter._pos == 600
+
+
 # -- NodeEndpoints present ----------------------------------------------------
 
 

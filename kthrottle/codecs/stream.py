@@ -102,6 +102,19 @@ class StreamRewriter:
         self._shift = 0  # and the shift of its next byte
         self._tail = None  # the tail gathered so far, once it straddles chunks
 
+    def passes(self, n):
+        """True when the next ``n`` bytes of the frame all lie inside data the
+        walk skips (records) and are not its last: they are taken as fed, and
+        go on as they are. False: nothing was done, ``feed`` them."""
+        req = self._req
+        pos = self._pos + n
+        if req is None or req >> 2 < n or self._tail is not None or self._end is None \
+                or pos >= self._end or self._shift:
+            return False
+        self._req = req - (n << 2)
+        self._pos = pos
+        return True
+
     def feed(self, chunk, out):
         """chunk: the next bytes of ONE framed response (bytes or memoryview),
         starting with its 4-byte size prefix on the first call; chunks never

@@ -34,6 +34,7 @@ from ..codecs.frames import (
     NeedHead,
 )
 from ..codecs.request import HeadTooShort, RequestHead, produce_acks
+from ..codecs.stream import StreamRewriter
 from ..codecs.throttle import (
     clients_back_off_from,
     raise_throttle_time,
@@ -638,9 +639,8 @@ class Connection:
         only once whole, see WHOLE_RESPONSE_MAX), or the chunks of such a
         response that ``data`` completes (a list). False: nothing was done,
         call broker_data (which also gives every error)."""
-        if (self._streaming is not None or self._held is not None
-                or self._hold_from is not None or self._raw_in_flight or self._internal
-                or self.phase is _CLOSED):
+        if (self._held is not None or self._hold_from is not None or self._raw_in_flight
+                or self._internal or self.phase is _CLOSED):
             return False
         cutter = self.responses_in
         if cutter._head:
@@ -650,8 +650,13 @@ class Connection:
         left = cutter._left
         if left:  # the rest of a response on its way
             mode = cutter._mode
-            if n > left or mode.__class__ is not int or mode != PASS:
-                return False  # more frames follow in this read; or read by a filter
+            if n > left:
+                return False  # more frames follow in this read
+            if mode.__class__ is not int or mode != PASS:
+                # read by a filter; but records that a NodeEndpoints rewrite
+                # skips go on as they are
+                if mode.__class__ is not StreamRewriter or n == left or not mode.passes(n):
+                    return False
             partial = self._partial
             if n < left:
                 cutter._left = left - n
@@ -669,7 +674,7 @@ class Connection:
             self._partial = None
             partial.append(data)
             return partial
-        if not pending or n < 8:
+        if not pending or n < 8 or self._streaming is not None:
             return False
         inflight = pending[0]
         if (inflight.response_need or inflight.throttle_ms or inflight.on_response is not None
