@@ -7,7 +7,8 @@ bytes through it and then consume them back:
 
 * ``kthrottle`` / ``kthrottle-ssl`` - ``python -m kthrottle proxy`` from each ``--src``
   tree, plaintext or ``--security-protocol SSL`` towards the clients (the broker side
-  stays plaintext);
+  stays plaintext); ``kthrottle-quota`` is ``kthrottle`` with a quota file giving every
+  client-id quotas that never bind, so that every request takes the quota path;
 * ``relay`` / ``relay-ssl`` - ``benchmarks/bare_relay.py``, a uvloop relay: one
   ``transport.write(data)`` per ``data_received``, parsing nothing, with TLS terminated
   like kthrottle's (same certificate, same context defaults). It forwards to a second Tansu
@@ -31,7 +32,12 @@ each optional in its own pass so that it does not weigh on the CPU figures:
   profile of the proxy per phase into DIR, and a summary of where its samples sit;
 * ``--perf DIR``: ``perf record -e cpu-clock`` of the proxy per phase into DIR (a software
   clock: works where the VM has no hardware counters), and its split by shared object
-  (libcrypto, libssl, the interpreter, uvloop, the kernel) and top symbols.
+  (libcrypto, libssl, the interpreter, uvloop, the kernel) and top symbols;
+* ``--callgrind DIR``: every proxy runs under ``valgrind --tool=callgrind``, its counts
+  zeroed before each phase and dumped after it into DIR: the instructions it ran in user
+  space per MB. They do not move with the machine's load as CPU time does, so two trees
+  compare in one pass; ``callgrind_annotate DIR/FILE`` says where they went. The proxy
+  runs some 50 times slower there, so read sizes and batching differ from the CPU passes.
 
 Hardware counters are not available on every VM (``perf stat -e instructions`` says
 "not supported" here), so CPU is process time: use several ``--rounds`` on a shared
@@ -46,6 +52,7 @@ Examples::
 
 Every server binds 127.0.0.1 on a free port and is stopped by its PID at the end.
 """
+import glob
 import json
 import math
 import os
@@ -291,11 +298,60 @@ from harness import (  # noqa: E402
     wait_for_port,
 )
 
-CONFIGS = ("kthrottle", "kthrottle-ssl", "relay", "relay-ssl")
+CONFIGS = ("kthrottle", "kthrottle-ssl", "kthrottle-quota", "relay", "relay-ssl")
+# kthrottle-quota: every client-id under quotas that never bind (the per-request quota path)
+NON_BINDING_QUOTAS = """\
+[clients."<default>"]
+producer_byte_rate = 10000000000
+consumer_byte_rate = 10000000000
+request_rate = 1000000000
+"""
 CLIENTS = ("aiokafka", "confluent")
 PHASES = ("produce", "consume")
 HERE = Path(__file__).resolve()
 PROXY_ENV = {}  # --proxy-env: the proxies' environment on top of this one
+CALLGRIND = {}  # --callgrind: {"dir": DIR} while its pass runs
+STARTUP_TIMEOUT = 20.0  # seconds for a proxy to listen (more under valgrind)
+
+
+def under_callgrind(argv, label):
+    """``argv`` run under valgrind's callgrind in the --callgrind pass: it counts the
+    instructions the process runs in user space (the kernel's work is not counted), the
+    same for the same work whatever else the machine is doing."""
+    if not CALLGRIND:
+        return argv
+    out = os.path.join(CALLGRIND["dir"], "%s.callgrind" % label)
+    return ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out, *argv]
+
+
+def callgrind_zero(pid):
+    """Start counting afresh (the phase to come)."""
+    subprocess.run(["callgrind_control", "--zero", str(pid)], check=True, timeout=120,
+                   stdout=subprocess.DEVNULL)
+
+
+def callgrind_dump(pid, label):
+    """Dump what was counted since callgrind_zero; (instructions, the dump's path)."""
+    out = os.path.join(CALLGRIND["dir"], "%s.callgrind" % label)
+    before = set(glob.glob(out + ".*"))
+    subprocess.run(["callgrind_control", "--dump", str(pid)], check=True, timeout=120,
+                   stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        new = sorted(set(glob.glob(out + ".*")) - before, key=os.path.getmtime)
+        if new:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError("callgrind wrote no dump for %s" % label)
+        time.sleep(0.2)
+    path = new[-1]
+    for _ in range(50):  # the file is written whole before "totals:" / "summary:"
+        with open(path) as f:
+            for line in f:
+                if line.startswith(("summary:", "totals:")):
+                    return int(line.split()[1]), path
+        time.sleep(0.2)
+    raise RuntimeError("no instruction total in %s" % path)
 
 
 @dataclass
@@ -308,7 +364,7 @@ class Load:
     max_in_flight: int = 10_000
 
 
-def start_kthrottle(run, broker, tree, tls, files, probe, label):
+def start_kthrottle(run, broker, tree, tls, files, probe, label, quota=False):
     """kthrottle from ``tree`` in front of ``broker`` (optionally under the probe)."""
     for attempt in range(3):
         listen, node_port = free_port(), free_port()
@@ -320,16 +376,23 @@ def start_kthrottle(run, broker, tree, tls, files, probe, label):
         if tls:
             args += ["--security-protocol", "SSL", "--ssl-cert", files["cert"],
                      "--ssl-key", files["key"]]
+        if quota:
+            quota_file = run.path("non-binding-quotas.toml")
+            quota_file.write_text(NON_BINDING_QUOTAS)
+            args += ["--quota-file", str(quota_file)]
         env = dict(tree.env, **PROXY_ENV)
         if probe:
             env["TLS_PATH_PROBE_OUT"] = str(run.path("%s.counts.json" % label))
             argv = [sys.executable, str(HERE), "--probed-kthrottle", *args]
         else:
             argv = [sys.executable, "-m", "kthrottle", *args]
+        argv = under_callgrind(argv, label)
         proc = run.procs.spawn(label, argv, env=env, cwd=tree.src)
         try:
-            wait_for_port("127.0.0.1", listen, timeout=20, proc=proc)
-            metadata_probe("127.0.0.1", listen, cafile=files["ca"] if tls else None)
+            wait_for_port("127.0.0.1", listen, timeout=STARTUP_TIMEOUT * (15 if CALLGRIND else 1),
+                          proc=proc)
+            metadata_probe("127.0.0.1", listen, timeout=60 if CALLGRIND else 10,
+                           cafile=files["ca"] if tls else None)
             wait_for_port("127.0.0.1", node_port, timeout=5, proc=proc)
         except Exception as exc:
             run.procs.stop(proc)
@@ -359,8 +422,9 @@ def start_relay(run, tls, files, probe, label):
     if probe:
         argv.append("--probe")
         env["TLS_PATH_PROBE_OUT"] = str(run.path("%s.counts.json" % label))
-    proc = run.procs.spawn(label, argv, env=env)
-    wait_for_port("127.0.0.1", relay_port, timeout=20, proc=proc)
+    proc = run.procs.spawn(label, under_callgrind(argv, label), env=env)
+    wait_for_port("127.0.0.1", relay_port, timeout=STARTUP_TIMEOUT * (15 if CALLGRIND else 1),
+                  proc=proc)
     bootstrap = "127.0.0.1:%d" % relay_port
     if tls:
         CLIENT_TLS[bootstrap] = files["ca"]
@@ -514,7 +578,8 @@ async def measure_cell(run, args, load, broker, files, config, tree_label, tree,
     if config.startswith("relay"):
         endpoint, topic_at, relay_broker = start_relay(run, tls, files, probe, label)
     else:
-        endpoint = start_kthrottle(run, broker, tree, tls, files, probe, label)
+        endpoint = start_kthrottle(run, broker, tree, tls, files, probe, label,
+                                   quota=config.endswith("-quota"))
         topic_at = broker.bootstrap
     counts_path = str(run.path("%s.counts.json" % label))
     rows = []
@@ -535,6 +600,8 @@ async def measure_cell(run, args, load, broker, files, config, tree_label, tree,
                                                                      % (label, client, phase)))
                            }[mode]
                     attached = Attached(mode, endpoint.proc.pid, out, args.native)
+                if mode == "callgrind":
+                    callgrind_zero(proc.pid)
                 cpu0, faults0 = cpu_ns(proc.pid), minor_faults(proc.pid)
                 try:
                     seconds = await asyncio.wait_for(
@@ -555,6 +622,10 @@ async def measure_cell(run, args, load, broker, files, config, tree_label, tree,
                     row["syscalls"] = strace_calls(attached.out)
                 if mode in ("py-spy", "perf"):
                     row["profile"] = attached.out
+                if mode == "callgrind":
+                    row["instructions"], row["profile"] = callgrind_dump(proc.pid, label)
+                    print("    %s: %.0f million instructions per MB in user space"
+                          % (Path(row["profile"]).name, row["instructions"] / 1e6 / mb))
                 rows.append(row)
                 print("    %-14s %-8s %-10s %-8s %-6s %6.2f ms/MB  %6.1f MB/s  %5.0f faults/MB"
                       % (config, row["src"], client, phase, mode, row["cpu_ms_per_mb"],
@@ -655,6 +726,17 @@ def report(rows, args):
             ", ".join("%s %.0f%%" % (d, v * 100) for d, v in perf_dsos(r["profile"]))))
         for sym, dso, share in perf_symbols(r["profile"]):
             lines.append("  %5.1f%%  %-40s %s" % (share * 100, sym, dso))
+    ground = [r for r in rows if r["mode"] == "callgrind"]
+    if ground:
+        lines.append("\nUser-space instructions per MB (valgrind --tool=callgrind; the kernel's "
+                     "work is not counted):\n")
+        table = []
+        for r in ground:
+            table.append([r["client"], r["phase"], r["config"], r["src"],
+                          "%.2f M" % (r["instructions"] / 1e6 / r["mb"]),
+                          os.path.basename(r["profile"])])
+        lines.extend(markdown_table(["client", "phase", "config", "src", "instructions/MB",
+                                     "dump (callgrind_annotate)"], table))
     spied = [r for r in rows if r["mode"] == "py-spy"]
     for r in spied:
         if not os.path.exists(r["profile"]):
@@ -687,11 +769,17 @@ async def main(args):
         if args.perf:
             Path(args.perf).mkdir(parents=True, exist_ok=True)
             modes.append("perf")
+        if args.callgrind:
+            Path(args.callgrind).mkdir(parents=True, exist_ok=True)
+            modes.append("callgrind")
         cells = [(c, label, tree) for c in args.configs
                  for label, tree in (trees if c.startswith("kthrottle") else trees[:1])]
         for i, mode in enumerate(modes):
             print("pass %d/%d: %s" % (i + 1, len(modes), mode), flush=True)
             order = cells[i % len(cells):] + cells[:i % len(cells)]  # rotated
+            CALLGRIND.clear()
+            if mode == "callgrind":
+                CALLGRIND["dir"] = str(Path(args.callgrind).resolve())
             for config, label, tree in order:
                 rows.extend(await measure_cell(run, args, load, broker, files, config, label,
                                                tree, mode))
@@ -722,6 +810,10 @@ def parse_args(argv=None):
     p.add_argument("--native", action="store_true", help="py-spy --native")
     p.add_argument("--perf", metavar="DIR", help="a pass under perf record -e cpu-clock "
                    "(native: OpenSSL, the interpreter, the kernel), perf.data files into DIR")
+    p.add_argument("--callgrind", metavar="DIR", help="a pass with every proxy under "
+                   "valgrind --tool=callgrind: instructions per MB in user space (repeatable "
+                   "from run to run, unlike CPU time), callgrind.out files into DIR for "
+                   "callgrind_annotate; runs some 50 times slower, so keep --records small")
     p.add_argument("--phase-timeout", type=float, default=120.0)
     p.add_argument("--proxy-env", action="append", default=[], metavar="NAME=VALUE",
                    help="set in every proxy's (and relay's) environment, e.g. "
@@ -743,6 +835,8 @@ def parse_args(argv=None):
     for item in args.proxy_env:
         name, _, value = item.partition("=")
         PROXY_ENV[name] = value
+    if args.callgrind and not shutil.which("valgrind"):
+        p.error("--callgrind: valgrind is not installed")
     if args.strace and not shutil.which("strace"):
         p.error("--strace: strace is not installed")
     return args

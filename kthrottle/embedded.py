@@ -59,10 +59,20 @@ def _die_with_parent():
         pass
 
 
+_PORTS_GIVEN = set()
+
+
 def free_port(host="127.0.0.1"):
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, and one this process has not handed
+    out before: the kernel may give the same free port to two binds in a
+    row, and two servers told to use it would collide once both start."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 def wait_for_port(host, port, timeout=15.0, proc=None):

@@ -227,6 +227,17 @@ def test_a_draining_connection_reads_to_the_end_of_its_request_and_no_further():
 
 # SIGHUP -----------------------------------------------------------------------
 
+def test_free_port_never_hands_out_a_port_twice():
+    # a test picks an admin port, then ProxyProcess picks its own: the kernel
+    # may return one free port to consecutive binds, and the proxy would then
+    # fail to bind its second listener
+    ports = [free_port() for _ in range(600)]
+    assert len(set(ports)) == len(ports)
+    for port in ports[:20]:  # and each is free to bind
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
 def test_sighup_rereads_the_quota_file_and_keeps_live_connections(broker, tmp_path, topic):
     import confluent_kafka
 
