@@ -624,7 +624,7 @@ async def measure_cell(run, args, load, broker, files, config, tree_label, tree,
                     row["profile"] = attached.out
                 if mode == "callgrind":
                     row["instructions"], row["profile"] = callgrind_dump(proc.pid, label)
-                    print("    %s: %.0f million instructions per MB in user space"
+                    print("    %s: %.2f million instructions per MB in user space"
                           % (Path(row["profile"]).name, row["instructions"] / 1e6 / mb))
                 rows.append(row)
                 print("    %-14s %-8s %-10s %-8s %-6s %6.2f ms/MB  %6.1f MB/s  %5.0f faults/MB"

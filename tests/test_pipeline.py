@@ -90,8 +90,8 @@ def raw_request(cid, api_key, version, body=b"", client_id=b"app-1"):
     return struct.pack(">i", len(payload)) + payload
 
 
-def produce_resp(cid, version=8):
-    return frame_response(apis.PRODUCE, version, produce(version), cid)
+def produce_resp(cid, version=8, **kw):
+    return frame_response(apis.PRODUCE, version, produce(version, **kw), cid)
 
 
 def fetch_resp(cid, version=11, records=b"\x00" * 300, **kw):
@@ -286,7 +286,11 @@ def _plain_exchanges():
             (produce_req(5, acks=0), None),  # awaits nothing
             (produce_req(6, version=3, transactional_id="tx"), produce_resp(6, version=3)),
             (fetch_req(7, version=16), fetch_resp(7, version=16, records=b"g" * 3000)),
-            (produce_req(8, version=9, client_id=""), produce_resp(8, version=9))]
+            (produce_req(8, version=9, client_id=""), produce_resp(8, version=9)),
+            # no NodeEndpoints: nothing to rewrite, so the short way passes them
+            (produce_req(9, version=10), produce_resp(9, version=10, with_endpoints=False)),
+            (fetch_req(10, version=16),
+             fetch_resp(10, version=16, records=b"h" * 2000, with_endpoints=False))]
 
 
 @pytest.mark.parametrize("snapshot", [None, {"clients/app-1": {PRODUCER_BYTE_RATE: 1e12}}])
@@ -303,12 +307,15 @@ def test_a_read_of_one_plain_frame_takes_the_short_way_with_the_same_result(snap
     for counter in ("requests", "bytes_from_client", "bytes_from_broker"):
         assert getattr(short.conn, counter) == getattr(long.conn, counter)
     if snapshot is None:  # no filter reads Produce v3+ acks=1 or Fetch v11 requests
-        assert short.log.count("pass_request") == 7  # all but acks=0
-        # Produce v8, v3 and v9, Fetch v11; not Produce v10 or Fetch v16 (their
-        # broker addresses), nor Metadata
-        assert short.log.count("pass_response") == 4
+        assert short.log.count("pass_request") == 9  # all but acks=0
+        # Produce v8, v3 and v9, Fetch v11, and Produce v10 and Fetch v16
+        # without NodeEndpoints; not those with broker addresses, nor Metadata
+        assert short.log.count("pass_response") == 6
     else:  # every request is counted against the quota; a Produce the short way
-        assert short.log.count("pass_request") == 4  # Produce v8, v10, v3, v9
+        assert short.log.count("pass_request") == 5  # Produce v8, v10, v3, v9, v10
+        # Fetch responses count against the quota: only Produce v8, v3, v9 and
+        # the v10 without NodeEndpoints pass
+        assert short.log.count("pass_response") == 4
         assert short.conn.client_quotas.keys() == long.conn.client_quotas.keys()
         assert bucket_totals(short) == bucket_totals(long)
         assert bucket_totals(short)  # something was counted

@@ -18,7 +18,7 @@ from kafka_frames import (
     with_top_level_tags,
 )
 from kthrottle.codecs import Node, ProtocolError, apis, rewrite_response
-from kthrottle.codecs.stream import _padding, stream_rewriter
+from kthrottle.codecs.stream import _padding, stream_rewriter, untouched_whole
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -395,6 +395,59 @@ def test_a_huge_count_fails_fast():
     frame = frame_response(apis.FETCH, 16, bytes(body))
     with pytest.raises(ProtocolError, match="runs past the frame"):
         stream(apis.FETCH, 16, [frame])
+
+
+# -- a whole frame with nothing to rewrite (Connection.pass_response) ----------
+
+
+def _plain_bodies():
+    for v in PRODUCE_VERSIONS:
+        yield apis.PRODUCE, v, produce(v, with_endpoints=False)
+    for v in FETCH_VERSIONS:
+        yield apis.FETCH, v, fetch(v, with_endpoints=False)
+        yield apis.FETCH, v, fetch(v, with_endpoints=False, records=b"")
+
+
+def forwarded_unchanged(api_key, version, frame):
+    try:
+        got, nodes, _ = stream(api_key, version, [frame])
+    except ProtocolError:
+        return False
+    return got == frame and nodes == []
+
+
+@pytest.mark.parametrize("api_key,version,body", list(_plain_bodies()))
+def test_untouched_whole_says_yes_only_where_the_rewrite_forwards_the_frame_as_it_came(
+        api_key, version, body):
+    frame = frame_response(api_key, version, body)
+    assert untouched_whole(api_key, version, frame)
+    assert forwarded_unchanged(api_key, version, frame)
+    # any top-level tag, NodeEndpoints first of all, is the rewriter's to read
+    full = (produce if api_key == apis.PRODUCE else fetch)(version)
+    for other in (full, with_top_level_tags(body, None, {3: b"future"})):
+        assert not untouched_whole(api_key, version, frame_response(api_key, version, other))
+    # a truncated or garbled frame: never yes where the rewriter would refuse
+    # it or change it
+    for cut in range(5, len(frame)):
+        assert not untouched_whole(api_key, version, reframe(frame, cut))
+    rng = random.Random(version * 13 + api_key)
+    said_yes = 0
+    for _ in range(300):
+        garbled = bytearray(frame)
+        for _ in range(rng.randint(1, 3)):
+            garbled[rng.randrange(4, len(garbled))] = rng.randrange(256)
+        garbled = bytes(garbled)
+        if untouched_whole(api_key, version, garbled):
+            said_yes += 1
+            assert forwarded_unchanged(api_key, version, garbled)
+    assert said_yes  # bytes changed inside fixed-size fields leave it plain
+
+
+def test_untouched_whole_never_for_a_version_newer_than_the_proxy_decodes():
+    version = apis.MAX_DECODABLE_VERSION[apis.PRODUCE]
+    frame = frame_response(apis.PRODUCE, version, produce(version, with_endpoints=False))
+    assert untouched_whole(apis.PRODUCE, version, frame)
+    assert not untouched_whole(apis.PRODUCE, version + 1, frame)
 
 
 # -- the interface ------------------------------------------------------------

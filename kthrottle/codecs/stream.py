@@ -75,6 +75,24 @@ def stream_rewriter(api_key, api_version, advertise):
                           _produce_v13_tail_at if api_version >= 13 else _produce_tail_at)
 
 
+def untouched_whole(api_key, api_version, frame):
+    """True when ``frame``, a whole framed response of a version that
+    stream_rewriter takes, has no top-level tagged fields: its rewrite would
+    forward it byte for byte (every Produce response the broker sends with no
+    leader change, an empty Fetch). False when that is not so, or not plainly
+    so; the rewriter then takes the frame, with its errors."""
+    if api_version > apis.MAX_DECODABLE_VERSION[api_key]:
+        return False
+    n = len(frame)
+    if api_key == apis.FETCH:
+        at = _fetch_tail_at(frame, n)
+    elif api_version >= 13:
+        at = _produce_tail_at(frame, n, True)
+    else:
+        at = _produce_tail_at(frame, n)
+    return at == n - 1 and not frame[at]
+
+
 class StreamRewriter:
     """Rewrites one framed response as its bytes go by (see the module doc).
 

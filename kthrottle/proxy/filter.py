@@ -196,6 +196,13 @@ class Filter:
         """``on_request`` for a request ``quick`` admits: None or Throttle."""
         return None
 
+    def quick_response(self, ctx, inflight, frame):
+        """For a response this filter reads (response_need), read whole in
+        one piece: True when the filter has nothing to do with it, so that it
+        goes on as it is with none of the calls below (Connection.
+        pass_response). Must change nothing."""
+        return False
+
     def on_response_head(self, ctx, inflight, head, frame_len):
         """The first bytes of the response to ``inflight``; None or Throttle."""
         return None

@@ -677,8 +677,8 @@ class Connection:
         if not pending or n < 8 or self._streaming is not None:
             return False
         inflight = pending[0]
-        if (inflight.response_need or inflight.throttle_ms or inflight.on_response is not None
-                or inflight.answer is not None):
+        need = inflight.response_need
+        if inflight.throttle_ms or inflight.on_response is not None or inflight.answer is not None:
             return False
         size, correlation_id = _RESPONSE_HEAD.unpack_from(data)
         total = size + 4
@@ -688,11 +688,16 @@ class Connection:
         if total == n:
             if len(pending) > 1 and pending[1].answer is not None:
                 return False  # an answer of the proxy's own follows: broker_data sends it
+            if need:  # read by filters: unless each has nothing to do with this one
+                contexts = self.contexts
+                for f, i in inflight.response_filters:
+                    if not f.quick_response(contexts[i], inflight, data):
+                        return False
             pending.popleft()
             self.bytes_from_broker += n
             return True
-        if n < HEAD_SIZE:
-            return False  # the long way gathers this much first
+        if need or n < HEAD_SIZE:
+            return False  # read by filters; or the long way gathers this much first
         pending.popleft()
         self.bytes_from_broker += n
         cutter._mode = PASS
