@@ -26,7 +26,9 @@ Compares ways for a Kafka client to reach the same broker:
 * ``tansu-proxy``        - through ``tansu proxy``, a pass-through proxy written in Rust;
 * ``kthrottle-baseline`` - only with ``--baseline-src DIR``: ``python -m kthrottle proxy``
   imported from DIR (e.g. a git worktree of an older commit), so that a change is compared
-  with the code before it in the same run, on the same broker, in the same rounds.
+  with the code before it in the same run, on the same broker, in the same rounds;
+  ``kthrottle-quota-baseline`` is the same with ``kthrottle-quota``'s quotas, measured
+  whenever ``kthrottle-quota`` is.
 
 Every configuration is measured with each client library of ``--clients``: aiokafka
 (asyncio) and confluent-kafka (librdkafka; its blocking API runs in a thread of this
@@ -150,6 +152,7 @@ consumer_byte_rate = 10000000000
 request_rate = 1000000000
 """
 BASELINE = "kthrottle-baseline"
+BASELINE_QUOTA = "kthrottle-quota-baseline"  # the baseline tree with the non-binding quotas
 CLIENT_NAMES = ("aiokafka", "confluent-kafka")
 
 
@@ -218,11 +221,12 @@ def start_endpoint(config, broker, run, args):
         return run.bare_relay(broker.advertised_port, broker, name=config, tls=tls)
     if config == "kthrottle":
         return run.kthrottle(broker)
-    if config == QUOTA_CONFIG:
+    if config in (QUOTA_CONFIG, BASELINE_QUOTA):
         quota_file = run.path("non-binding-quotas.toml")
         quota_file.write_text(NON_BINDING_QUOTAS)
-        return run.kthrottle(broker, name=QUOTA_CONFIG, admin=True,
-                             extra_args=("--quota-file", str(quota_file)))
+        return run.kthrottle(broker, name=config, admin=True,
+                             extra_args=("--quota-file", str(quota_file)),
+                             **({"src": args.baseline_src} if config == BASELINE_QUOTA else {}))
     if config == WORKERS_CONFIG:
         return run.kthrottle(broker, name=WORKERS_CONFIG, extra_args=("--workers", "2"))
     if config == ZERO_COPY_CONFIG:
@@ -418,7 +422,7 @@ async def measure(client, endpoint, broker, topics, args, result, profile_path, 
         result.proxy_cpu_ms_per_mb = result.proxy_cpu_seconds * 1000.0 / moved_mb
         result.proxy_rss_mb = tree_rss(proxy_ps) / (1024 * 1024)
     result.broker_cpu_ms_per_mb = (tree_cpu_seconds(broker_ps) - broker_cpu0) * 1000.0 / moved_mb
-    check_quotas = result.config == QUOTA_CONFIG
+    check_quotas = result.config in (QUOTA_CONFIG, BASELINE_QUOTA)
     if check_quotas:
         try:
             quota_counts(endpoint, args, result)
@@ -656,6 +660,8 @@ def paired_lines(results, clients, configs):
             "round, median (min to max):" % RELAY_SSL] + ab
     for config, base, title in (
             ("kthrottle", BASELINE, "kthrottle (this checkout) relative to %s" % BASELINE),
+            (QUOTA_CONFIG, BASELINE_QUOTA, "%s (this checkout) relative to %s"
+             % (QUOTA_CONFIG, BASELINE_QUOTA)),
             (SSL_CONFIG, "kthrottle", "TLS between clients and kthrottle (%s) relative to "
                                       "plaintext (kthrottle)" % SSL_CONFIG)):
         if config not in configs or base not in configs:
@@ -953,9 +959,11 @@ def parse_args(argv=None):
         args.baseline_src = check_src(p, "--baseline-src", args.baseline_src)
         if BASELINE not in args.configs:
             args.configs.append(BASELINE)
-    elif BASELINE in args.configs:
-        p.error("--configs %s needs --baseline-src" % BASELINE)
-    unknown = set(args.configs) - set(CONFIGS) - {BASELINE}
+        if QUOTA_CONFIG in args.configs and BASELINE_QUOTA not in args.configs:
+            args.configs.append(BASELINE_QUOTA)
+    elif BASELINE in args.configs or BASELINE_QUOTA in args.configs:
+        p.error("--configs %s and %s need --baseline-src" % (BASELINE, BASELINE_QUOTA))
+    unknown = set(args.configs) - set(CONFIGS) - {BASELINE, BASELINE_QUOTA}
     if unknown or not args.configs:
         p.error("--configs: unknown %s (choose from %s)" % (sorted(unknown), ", ".join(CONFIGS)))
     if min(args.rounds, args.records, args.rate, args.partitions, args.record_size,

@@ -276,13 +276,34 @@ class Bucket:
         """Count ``value`` and return the throttle time in ms it earns."""
         self.last_used = now
         self.total += value
-        self.rate.record(value, now)
-        if self.limit is None:
+        rate = self.rate
+        i = rate._current
+        start = rate._starts[i]
+        if start is not None and now - start < rate.window:
+            rate._values[i] += value  # the window goes on (this runs per request)
+        else:
+            rate.record(value, now)
+        limit = self.limit
+        if limit is None:
             return 0
-        if self.tokens is not None:
-            delay = self.tokens.take(value, now)
-            if delay <= 0:
+        bucket = self.tokens
+        if bucket is not None:
+            # take ``value`` from the token bucket, refilled since it was last
+            # taken from; its debt over the limit is the delay
+            last = bucket._last
+            tokens = bucket._tokens
+            if last is None:
+                bucket._last = now
+            elif now > last:
+                tokens += (now - last) * bucket.limit
+                if tokens > bucket.burst:
+                    tokens = bucket.burst
+                bucket._last = now
+            tokens -= value
+            bucket._tokens = tokens
+            if tokens >= 0:
                 return 0
+            delay = -tokens / bucket.limit
             cap = self.cap
         else:
             total, w = self.rate.scan(now)
@@ -349,7 +370,7 @@ class Bucket:
         self.total -= value
         self.rate.record(-value, now)
         if self.tokens is not None:
-            self.tokens.record(-value, now)  # exactly what take() took
+            self.tokens.record(-value, now)  # exactly what record() took
         if self.held:
             self.held.pop()  # the entry record() just added: nothing was let through
 
@@ -459,6 +480,8 @@ class ClientQuotas:
         client is throttled); every request but the exempt ones counts
         against the request quota. When both are violated the larger delay
         applies (KIP-124)."""
+        if api_key == PRODUCE and acks != 0:
+            return self.on_produce(nbytes, now)
         if self.generation != self.manager.generation:
             self.refresh()
         delay = 0
@@ -476,6 +499,22 @@ class ClientQuotas:
                     delay = produce_delay
                     reason = PRODUCER_BYTE_RATE
         return Decision(delay, reason) if delay else NO_DELAY
+
+    def on_produce(self, nbytes, now):
+        """on_request for a Produce awaiting its response (acks 1 or -1): it
+        counts against both quotas. The common request, so written out."""
+        if self.generation != self.manager.generation:
+            self.refresh()
+        delay = 0
+        bucket = self.request
+        if bucket is not None:
+            delay = bucket.record(1, now)
+        bucket = self.produce
+        if bucket is not None:
+            produce_delay = bucket.record(nbytes, now)
+            if produce_delay > delay:
+                return Decision(produce_delay, PRODUCER_BYTE_RATE)
+        return Decision(delay, REQUEST_RATE) if delay else NO_DELAY
 
     def on_fetch_response(self, nbytes, now):
         """A Fetch response of ``nbytes`` on its way to the client."""

@@ -148,22 +148,6 @@ class TokenBucket:
         self._refill(now)
         self._tokens -= value
 
-    def take(self, value, now):
-        """record() then throttle_seconds() in one step: this runs per
-        request, so it is written out flat."""
-        last = self._last
-        tokens = self._tokens
-        if last is None:
-            self._last = now
-        elif now > last:
-            tokens += (now - last) * self.limit
-            if tokens > self.burst:
-                tokens = self.burst
-            self._last = now
-        tokens -= value
-        self._tokens = tokens
-        return -tokens / self.limit if tokens < 0 else 0.0
-
     def forgive(self, value):
         """Give back up to ``value`` units of debt (never past empty)."""
         if self._tokens < 0:

@@ -308,8 +308,12 @@ class FilterTable:
         self.plain = {key: entry for key, entry in self._entries.items()
                       if not entry[0] and not entry[1]}
         # and those whose filters all judge a request from its client-id,
-        # length and acks (Filter.quick)
-        self.quick = {key: entry for key, entry in self._entries.items()
+        # length and acks (Filter.quick); each with, after the entry's four
+        # fields, the filters that have a quick_ready and a quick_request of
+        # their own (the others' say nothing, so are not asked)
+        self.quick = {key: entry + (_overriding(entry[1], "quick_ready"),
+                                    _overriding(entry[1], "quick_request"))
+                      for key, entry in self._entries.items()
                       if entry[0] == HEAD and entry[1]
                       and all(f.quick(*key) for f, _ in entry[1])}
 
@@ -338,6 +342,13 @@ class FilterTable:
         if entry is None:
             entry = self._build(api_key, api_version, True)
         return entry
+
+
+def _overriding(filters, method):
+    """Those of ``filters`` ((filter, index) pairs) whose class has its own
+    ``method``, not Filter's."""
+    default = getattr(Filter, method)
+    return tuple((f, i) for f, i in filters if getattr(type(f), method) is not default)
 
 
 class InFlight:
@@ -598,7 +609,7 @@ class Connection:
             pos = end
         if judged is not None:
             contexts = self.contexts
-            for f, i in judged[0][1]:
+            for f, i in judged[0][4]:
                 if not f.quick_ready(contexts[i]):
                     return False
         self.bytes_from_client += n
@@ -609,21 +620,22 @@ class Connection:
         cutter._left = pos - n
         if judged is None:
             return True
-        return self._judge(admitted[-1], judged, now)
-
-    def _judge(self, inflight, judged, now):
-        """The quick filters on the last request pass_request took."""
+        # the quick filters on the last request
         self.now = now
         entry, client_id, frame_len, acks = judged
-        contexts = self.contexts
+        inflight = admitted[-1]
         delay = 0
-        for f, i in entry[1]:
+        for f, i in entry[5]:
             verdict = f.quick_request(contexts[i], client_id, frame_len, acks, inflight)
             if verdict is not None and verdict.delay_ms > delay:
                 delay = inflight.throttle_ms = verdict.delay_ms
                 inflight.throttle_reason = verdict.reason
         if not delay:
             return True
+        return self._mute_for(delay)
+
+    def _mute_for(self, delay):
+        """What a delay earned on the short way does (as _throttle_client)."""
         actions = self._actions = []
         self._throttle_client(delay, reading_request=True)  # from the end of that request
         if self.requests_in.at_boundary:

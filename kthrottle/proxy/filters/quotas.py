@@ -31,9 +31,9 @@ class QuotaAccounting(Filter):
 
     def on_request(self, ctx, head, inflight):
         api_key = head.api_key
-        if api_key == apis.PRODUCE:
-            return self.quick_request(ctx, head.client_id or "", head.frame_len, head.acks,
-                                      inflight)
+        if api_key == apis.PRODUCE:  # acks=0 too: it counts against the byte quota alone
+            return _verdict(ctx.quotas_for(head.client_id or "").on_request(
+                api_key, head.frame_len, head.acks, ctx.now))
         if api_key == apis.FETCH and not client_quotas_apply(api_key, head.replica_id):
             return None
         quotas = ctx.quotas_for(head.client_id or "")
@@ -45,8 +45,9 @@ class QuotaAccounting(Filter):
         return api_key == apis.PRODUCE
 
     def quick_request(self, ctx, client_id, frame_len, acks, inflight):
-        return _verdict(ctx.quotas_for(client_id).on_request(apis.PRODUCE, frame_len, acks,
-                                                             ctx.now))
+        # FilterTable.quick: a Produce; pass_request: acks 1 or -1
+        decision = ctx.quotas_for(client_id).on_produce(frame_len, ctx.now)
+        return Throttle(decision.delay_ms, decision.reason) if decision.delay_ms else None
 
     def on_response_head(self, ctx, inflight, head, frame_len):
         quotas = ctx.noted(inflight)
