@@ -15,6 +15,11 @@ delayed). With ``--baseline-src DIR`` the same is measured with the kthrottle im
 ``--repeats`` runs of each. This is the per-frame work that ``proxy_overhead.py``'s "CPU vs
 relay" ratio pays beyond a relay that parses nothing.
 
+With ``--callgrind N`` each exchange is instead run under ``valgrind --tool=callgrind``
+and counted in user-space instructions per exchange: repeatable to a few instructions from
+run to run, where time on a shared machine is not, so a small change shows; written to
+``frame_cost_instructions.md``.
+
 Writes ``frame_cost.md`` into ``--output-dir`` (default: a new directory under
 ``benchmarks/runs/``).
 
@@ -24,11 +29,14 @@ Example (about a minute)::
     python benchmarks/frame_cost.py --baseline-src /tmp/kthrottle-before
 """
 import argparse
+import concurrent.futures
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -120,6 +128,7 @@ def cost(api, version, quota, n, parts, size):
         return conn
     conn, now = connection(), 0.0
     gc.collect()
+    gc.freeze()  # what was made so far is never collected: no full collection's cost in the loop
     start = time.perf_counter_ns()
     for k in range(n):
         j = k %% BATCH
@@ -140,6 +149,10 @@ def cost(api, version, quota, n, parts, size):
 
 args = json.loads(sys.argv[1])
 READ = args["read_bytes"]
+if args.get("only"):  # one exchange, under callgrind: its instructions are what counts
+    api, v, q = args["only"]
+    cost(api, v, q == "quota", args["requests"], args["partitions"], args["record_bytes"])
+    sys.exit(0)
 print(json.dumps({"%%s %%d %%s" %% (api, v, q): cost(api, v, q == "quota", args["requests"],
                   args["partitions"], args["record_bytes"])
                   for api, v in (("Produce", 7), ("Produce", 10), ("Fetch", 11), ("Fetch", 16))
@@ -160,6 +173,53 @@ def measure(tree, args):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def instructions(tree, args, api, version, quota):
+    """User-space instructions per exchange (valgrind --tool=callgrind): the child run for
+    one exchange with N and with 3N exchanges, the difference over 2N, so that start-up
+    and building the frames drop out. The same on every run, whatever the machine's load."""
+    totals = []
+    with tempfile.TemporaryDirectory(prefix="frame_cost-") as tmp:
+        for n in (args.callgrind, 3 * args.callgrind):
+            out = os.path.join(tmp, "callgrind.out")
+            child = dict(vars(args), requests=n, only=[api, version, quota])
+            env = dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED="0")
+            run = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out,
+                                  sys.executable, "-c", CHILD % {"bench": str(HERE)},
+                                  json.dumps(child, default=str)],
+                                 env=env, cwd=str(tree), capture_output=True, text=True,
+                                 timeout=1800)
+            if run.returncode != 0:
+                sys.exit("frame_cost.py: callgrind on %s failed:\n%s" % (tree, run.stderr[-2000:]))
+            with open(out) as f:
+                totals.append(next(int(line.split()[1]) for line in f
+                                   if line.startswith("summary:")))
+    return (totals[1] - totals[0]) / (2 * args.callgrind)
+
+
+def callgrind_table(trees, args):
+    """The table of instructions per exchange, each tree, two valgrinds at a time."""
+    jobs = [(label, tree, api, version, quota) for api, version, _ in EXCHANGES
+            for quota in ("none", "quota") for label, tree in trees]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        counts = dict(zip(jobs, pool.map(lambda j: instructions(j[1], args, *j[2:]), jobs)))
+    rows = []
+    for api, version, client in EXCHANGES:
+        for quota in ("none", "quota"):
+            cells = ["%s v%d (%s)%s" % (api, version, client,
+                                        ", client quota" if quota == "quota" else "")]
+            values = [counts[(label, tree, api, version, quota)] for label, tree in trees]
+            cells += ["%.1f" % (v / 1000) for v in values]
+            if len(values) == 2:
+                cells.append("%.2fx" % (values[1] / values[0]))
+            rows.append(cells)
+    header = ["exchange, %d x %d bytes" % (args.partitions, args.record_bytes)] + [
+        "%s (thousand instructions)" % label for label, _ in trees]
+    if len(trees) == 2:
+        header.append("ratio")
+    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=20000, help="exchanges per run")
@@ -171,12 +231,31 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=5, help="runs per tree (median)")
     p.add_argument("--baseline-src", type=Path, metavar="DIR",
                    help="also measure the kthrottle in DIR (a git worktree), in turns")
+    p.add_argument("--callgrind", type=int, metavar="N", default=0,
+                   help="count instructions instead of timing: each exchange run under "
+                   "valgrind --tool=callgrind N and 3N times (N=1024 takes some minutes), "
+                   "user-space instructions per exchange, repeatable from run to run")
     p.add_argument("--output-dir", type=Path, default=None,
                    help="where frame_cost.md goes (default: a new benchmarks/runs/ directory)")
     args = p.parse_args(argv)
     trees = [("this checkout", REPO)]
     if args.baseline_src:
         trees.insert(0, ("baseline", args.baseline_src.resolve()))
+    out_dir = args.output_dir or REPO / "benchmarks" / "runs" / time.strftime(
+        "frame_cost-%Y%m%d-%H%M%S")
+    command = "python benchmarks/frame_cost.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.callgrind:
+        if not shutil.which("valgrind"):
+            p.error("--callgrind: valgrind is not installed")
+        table = callgrind_table(trees, args)
+        print(table)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "frame_cost_instructions.md").write_text(
+            "# Per-request pipeline cost, in instructions\n\n`%s`: user-space instructions per "
+            "request and its response, in process, counted by valgrind's callgrind (the "
+            "interpreter's, the pipeline's, malloc's).\n\n%s\n" % (command, table))
+        print("wrote frame_cost_instructions.md in %s" % out_dir)
+        return
     runs = {label: [] for label, _ in trees}
     for r in range(args.repeats):
         for label, tree in trees:
@@ -197,10 +276,7 @@ def main(argv=None):
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     table = "\n".join(lines)
     print(table)
-    out_dir = args.output_dir or REPO / "benchmarks" / "runs" / time.strftime(
-        "frame_cost-%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/frame_cost.py " + " ".join(sys.argv[1:] if argv is None else argv)
     (out_dir / "frame_cost.md").write_text(
         "# Per-request pipeline cost\n\n`%s`, median of %d runs; microseconds per request and "
         "its response, in process.\n\n%s\n" % (command, args.repeats, table))
