@@ -321,6 +321,27 @@ def test_a_read_of_one_plain_frame_takes_the_short_way_with_the_same_result(snap
         assert bucket_totals(short)  # something was counted
 
 
+def test_only_responses_whose_filters_all_have_a_quick_response_are_offered_to_them():
+    plain = FilterTable(standard_filters(advertise, None))
+    for key in ((apis.PRODUCE, 10), (apis.FETCH, 16)):  # NodeEndpoints: AddressRewrite's
+        assert key in plain.quick_responses
+    manager = QuotaManager({"clients/<default>": {CONSUMER_BYTE_RATE: 1e12}})
+    quota = FilterTable(standard_filters(advertise, manager))
+    assert (apis.PRODUCE, 10) in quota.quick_responses
+    # a Fetch response counts against the quota whatever its tags: never
+    # walked for them first, only to go the long way after
+    assert (apis.FETCH, 16) not in quota.quick_responses
+    assert (apis.FETCH, 11) not in quota.quick_responses
+    h = Harness({"clients/<default>": {CONSUMER_BYTE_RATE: 1e12}})
+    calls = []
+    for f in h.conn.table.filters:
+        if type(f).quick_response is not Filter.quick_response:
+            f.quick_response = lambda *a, f=f: calls.append(f) or False
+    h.client(fetch_req(1, version=16))
+    h.broker(fetch_resp(1, version=16, with_endpoints=False))
+    assert calls == [] and h.closed is None and not h.conn.pending
+
+
 def bucket_totals(h):
     return {key: bucket.total for key, bucket in h.manager.buckets.items()}
 

@@ -316,6 +316,11 @@ class FilterTable:
                       for key, entry in self._entries.items()
                       if entry[0] == HEAD and entry[1]
                       and all(f.quick(*key) for f, _ in entry[1])}
+        # the responses whose filters all have a quick_response of their own
+        # (the others would decline every one: not worth asking the rest)
+        self.quick_responses = {key for key, entry in self._entries.items()
+                                if entry[3] and len(_overriding(entry[3], "quick_response"))
+                                == len(entry[3])}
 
     def _build(self, api_key, version, authenticating=False):
         if authenticating:
@@ -447,6 +452,7 @@ class Connection:
         self.contexts = tuple(FilterContext(self, f, f.new_state()) for f in table.filters)
         self._plain = table.plain
         self._quick = table.quick
+        self._quick_responses = table.quick_responses
 
     # inputs -----------------------------------------------------------
 
@@ -701,6 +707,8 @@ class Connection:
             if len(pending) > 1 and pending[1].answer is not None:
                 return False  # an answer of the proxy's own follows: broker_data sends it
             if need:  # read by filters: unless each has nothing to do with this one
+                if (inflight.api_key, inflight.api_version) not in self._quick_responses:
+                    return False
                 contexts = self.contexts
                 for f, i in inflight.response_filters:
                     if not f.quick_response(contexts[i], inflight, data):
