@@ -342,9 +342,11 @@ def _produce_tail_at(buf, n, topic_ids=False):
     """Produce v10+ (ProduceResponse.json): the tail's offset, or None."""
     try:
         pos = _tags_at(buf, 8)  # size, correlation_id; header tagged fields
+        if pos < 0:
+            return None
         topics = buf[pos] - 1
         pos += 1
-        if topics >= 0x7F or pos < 0:
+        if topics >= 0x7F:
             return None
         for _ in range(topics):
             if topic_ids:
