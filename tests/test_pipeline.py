@@ -321,6 +321,72 @@ def test_a_read_of_one_plain_frame_takes_the_short_way_with_the_same_result(snap
         assert bucket_totals(short)  # something was counted
 
 
+def _producer_heads():
+    """Produce requests whose heads change under the short way's copy of the
+    last one: acks, client-id, version, transactional.id, a client cycling
+    client-ids past CLIENT_IDS_KEPT, and other client-ids' Fetches doing so;
+    (request, response or None)."""
+    heads = [dict(), dict(acks=-1), dict(acks=0), dict(), dict(client_id="app-2"),
+             dict(client_id="app-2", version=9), dict(version=9), dict(client_id="app-1x"),
+             dict(transactional_id="tx"), dict(version=3), dict()]
+    heads += [dict(client_id="cycling-%d" % i) for i in range(70)] + [dict(), dict()]
+    # Fetches of other client-ids forget the client-ids kept, app-1's among them
+    heads += [dict(fetch="dropping-%d" % i) for i in range(70)] + [dict()]
+    out = []
+    for cid, kw in enumerate(heads, 1):
+        if "fetch" in kw:
+            out.append((fetch_req(cid, client_id=kw["fetch"]), fetch_resp(cid)))
+            continue
+        version = kw.get("version", 8)
+        out.append((produce_req(cid, **kw),
+                    None if kw.get("acks") == 0 else produce_resp(cid, version=version)))
+    return out
+
+
+@pytest.mark.parametrize("snapshot", [None, {"clients/app-1": {PRODUCER_BYTE_RATE: 1e12},
+                                             "clients/app-2": {PRODUCER_BYTE_RATE: 1e12,
+                                                               REQUEST_RATE: 1e9}}])
+def test_a_producer_changing_its_head_is_read_again_on_the_short_way(snapshot):
+    short, long = Harness(snapshot), Harness(snapshot, short_way=False)
+    for h in (short, long):
+        for request, response in _producer_heads():
+            h.client(request)
+            if response is not None:
+                h.broker(response)
+        assert h.closed is None and not h.conn.pending
+    assert short.take_broker() == long.take_broker()
+    assert short.take_client() == long.take_client()
+    # all but acks=0; and the Fetches without quotas
+    assert short.log.count("pass_request") == (len(_producer_heads()) - 1 if snapshot is None
+                                               else len(_producer_heads()) - 71)
+    for counter in ("requests", "bytes_from_client", "bytes_from_broker"):
+        assert getattr(short.conn, counter) == getattr(long.conn, counter)
+    assert short.conn.client_quotas.keys() == long.conn.client_quotas.keys()
+    if snapshot is not None:
+        totals = bucket_totals(short)
+        assert totals == bucket_totals(long)
+        # app-2 counted against its own quotas: its bytes and requests
+        assert len([k for k in totals if "app-2" in str(k)]) == 2
+
+
+def test_a_frame_shorter_than_the_head_the_short_way_knows_goes_the_long_way():
+    results = []
+    for short_way in (True, False):
+        h = Harness(short_way=short_way)
+        h.client(produce_req(1))
+        h.broker(produce_resp(1))
+        frame = produce_req(2)
+        assert frame[22] == 1  # acks' last byte
+        # the same head through acks, but the frame says it ends before acks'
+        # last byte; the next frame (a large one, its start in this read)
+        # begins with that byte
+        nxt = produce_req(3, nbytes=HEAD_SIZE)
+        nxt = struct.pack(">i", 0x01000000 + len(nxt) - 4) + nxt[4:]
+        h.client(struct.pack(">i", 18) + frame[4:22] + nxt)
+        results.append((h.closed, h.take_broker(), h.conn.requests))
+    assert results[0] == results[1] and results[0][0] is not None
+
+
 def test_only_responses_whose_filters_all_have_a_quick_response_are_offered_to_them():
     plain = FilterTable(standard_filters(advertise, None))
     for key in ((apis.PRODUCE, 10), (apis.FETCH, 16)):  # NodeEndpoints: AddressRewrite's

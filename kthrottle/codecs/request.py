@@ -44,10 +44,11 @@ def request_header_flexible(api_key, api_version):
 
 
 def produce_acks(buf, version):
-    """(acks, client_id, its length) of a Produce request at ``version`` from
-    ``buf``, its framed head, when that has the usual layout: a short UTF-8
-    client-id, no header tags, a short or null transactional.id; a few
-    slices instead of RequestHead's general walk. None otherwise."""
+    """(acks, client_id, its length, the offset after acks) of a Produce
+    request at ``version`` from ``buf``, its framed head, when that has the
+    usual layout: a short UTF-8 client-id, no header tags, a short or null
+    transactional.id; a few slices instead of RequestHead's general walk.
+    None otherwise."""
     n = len(buf)
     if n < 14:
         return None
@@ -70,7 +71,7 @@ def produce_acks(buf, version):
     if pos + 2 > n:
         return None
     acks = buf[pos] << 8 | buf[pos + 1]
-    return (acks - 0x10000 if acks >= 0x8000 else acks), client_id, size
+    return (acks - 0x10000 if acks >= 0x8000 else acks), client_id, size, pos + 2
 
 
 class RequestHead:
@@ -173,7 +174,7 @@ class RequestHead:
         if self.api_key == apis.PRODUCE and self._client_id is _UNREAD:
             found = produce_acks(self.buf, self.api_version)
             if found is not None:
-                acks, self._client_id, size = found
+                acks, self._client_id, size, _ = found
                 self._body = 14 + size + (1 if self.api_version >= 9 else 0)
                 return acks
         return self._acks_walked()

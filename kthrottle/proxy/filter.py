@@ -192,8 +192,10 @@ class Filter:
         the long way (to on_request). Must change nothing."""
         return True
 
-    def quick_request(self, ctx, client_id, frame_len, acks, inflight):
-        """``on_request`` for a request ``quick`` admits: None or Throttle."""
+    def quick_request(self, ctx, quotas, frame_len, acks, inflight, now):
+        """``on_request`` for a request ``quick`` admits: None or Throttle.
+        ``quotas`` is ``ctx.quotas_for`` of its client-id, ``frame_len`` its
+        size with the size prefix, ``now`` what ``ctx.now`` says."""
         return None
 
     def quick_response(self, ctx, inflight, frame):

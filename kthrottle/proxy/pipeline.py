@@ -452,6 +452,7 @@ class Connection:
         self.contexts = tuple(FilterContext(self, f, f.new_state()) for f in table.filters)
         self._plain = table.plain
         self._quick = table.quick
+        self._produce_head = None  # the last Produce head pass_request read
         self._quick_responses = table.quick_responses
 
     # inputs -----------------------------------------------------------
@@ -603,12 +604,20 @@ class Connection:
             if end > n and available < HEAD_SIZE:
                 return False  # the long way gathers this much first
             if api_key == PRODUCE:
-                found = produce_acks(data if not pos and end == n else memoryview(data)[pos:end],
-                                     api_version)
-                if found is None or not found[0]:
-                    return False  # acks=0 awaits nothing (client_data notes it); or unusual
+                # a producer's head (client-id, transactional.id, acks) is the
+                # same request after request: read once, then compared
+                known = self._produce_head
+                if (known is None or known[0] != api_version or end < pos + known[4]
+                        or not data.startswith(known[1], pos + 12)
+                        or known[6] is not self.principal):
+                    known = self._read_produce_head(
+                        data if not pos and end == n else memoryview(data)[pos:end], api_version)
+                    if known is None:
+                        return False  # unusual: the long way
+                if not known[2]:
+                    return False  # acks=0 awaits nothing (client_data notes it)
                 if judged is not None:
-                    judged = (entry, found[1], size + 4, found[0])
+                    judged = (entry, known[5], size + 4, known[2])
             elif judged is not None:
                 return False  # FilterTable.quick admits Produce alone
             admitted.append(InFlight(correlation_id, api_key, api_version, entry[2], entry[3]))
@@ -628,17 +637,32 @@ class Connection:
             return True
         # the quick filters on the last request
         self.now = now
-        entry, client_id, frame_len, acks = judged
+        entry, quotas, frame_len, acks = judged
         inflight = admitted[-1]
         delay = 0
         for f, i in entry[5]:
-            verdict = f.quick_request(contexts[i], client_id, frame_len, acks, inflight)
+            verdict = f.quick_request(contexts[i], quotas, frame_len, acks, inflight, now)
             if verdict is not None and verdict.delay_ms > delay:
                 delay = inflight.throttle_ms = verdict.delay_ms
                 inflight.throttle_reason = verdict.reason
         if not delay:
             return True
         return self._mute_for(delay)
+
+    def _read_produce_head(self, frame, version):
+        """What pass_request keeps of a Produce request's head ``frame``
+        (``_produce_head``): (version, its bytes from the client-id's length
+        to acks, acks, client-id, the least frame length produce_acks reads
+        it in, the quotas of the client-id and principal, the principal);
+        None when produce_acks cannot read it."""
+        found = produce_acks(frame, version)
+        if found is None:
+            return None
+        acks, client_id, size, acks_end = found
+        known = self._produce_head = (version, bytes(frame[12:acks_end]), acks, client_id,
+                                      max(acks_end, 18 + size), self.quotas_for(client_id),
+                                      self.principal)
+        return known
 
     def _mute_for(self, delay):
         """What a delay earned on the short way does (as _throttle_client)."""
@@ -1250,6 +1274,7 @@ class Connection:
         if quotas is None:
             if len(self.client_quotas) >= CLIENT_IDS_KEPT:
                 self.client_quotas.clear()  # a client cycling client-ids: start over
+                self._produce_head = None  # and its quotas with them
             quotas = self.client_quotas[key] = manager.client(self.principal, client_id)
         return quotas
 

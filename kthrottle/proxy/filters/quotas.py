@@ -44,9 +44,9 @@ class QuotaAccounting(Filter):
     def quick(self, api_key, api_version):
         return api_key == apis.PRODUCE
 
-    def quick_request(self, ctx, client_id, frame_len, acks, inflight):
+    def quick_request(self, ctx, quotas, frame_len, acks, inflight, now):
         # FilterTable.quick: a Produce; pass_request: acks 1 or -1
-        decision = ctx.quotas_for(client_id).on_produce(frame_len, ctx.now)
+        decision = quotas.on_produce(frame_len, now)
         return Throttle(decision.delay_ms, decision.reason) if decision.delay_ms else None
 
     def on_response_head(self, ctx, inflight, head, frame_len):
