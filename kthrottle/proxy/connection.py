@@ -646,18 +646,17 @@ class RoutedConnection(ClientConnection):
 class UpstreamConnection(asyncio.Protocol):
     """Protocol for the proxy's connection to a broker, owned by a ClientConnection."""
 
-    __slots__ = ("owner",)
+    __slots__ = ("owner", "data_received")
 
     def __init__(self, owner):
         self.owner = owner
+        # the loop calls the owner's method itself: a call less per read
+        self.data_received = owner.upstream_data
 
     def connection_made(self, transport):
         no_delay(transport)
         transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
         self.owner.upstream.transport = transport
-
-    def data_received(self, data):
-        self.owner.upstream_data(data)
 
     def eof_received(self):
         self._lost("broker closed the connection")

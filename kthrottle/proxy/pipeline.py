@@ -584,7 +584,7 @@ class Connection:
         max_size = cutter.max_frame_size
         min_size = cutter.min_frame_size
         admitted = []
-        judged = None  # the quick entry of the last request, and its client-id, length, acks
+        judged = None  # the quick entry of the last request (its head: known, size)
         while pos < n:
             available = n - pos
             if available < 12 or judged is not None:
@@ -616,15 +616,13 @@ class Connection:
                         return False  # unusual: the long way
                 if not known[2]:
                     return False  # acks=0 awaits nothing (client_data notes it)
-                if judged is not None:
-                    judged = (entry, known[5], size + 4, known[2])
             elif judged is not None:
                 return False  # FilterTable.quick admits Produce alone
             admitted.append(InFlight(correlation_id, api_key, api_version, entry[2], entry[3]))
             pos = end
         if judged is not None:
             contexts = self.contexts
-            for f, i in judged[0][4]:
+            for f, i in judged[4]:
                 if not f.quick_ready(contexts[i]):
                     return False
         self.bytes_from_client += n
@@ -637,10 +635,11 @@ class Connection:
             return True
         # the quick filters on the last request
         self.now = now
-        entry, quotas, frame_len, acks = judged
+        # judged is the last request read: known and size are its own
+        quotas, frame_len, acks = known[5], size + 4, known[2]
         inflight = admitted[-1]
         delay = 0
-        for f, i in entry[5]:
+        for f, i in judged[5]:
             verdict = f.quick_request(contexts[i], quotas, frame_len, acks, inflight, now)
             if verdict is not None and verdict.delay_ms > delay:
                 delay = inflight.throttle_ms = verdict.delay_ms
