@@ -293,11 +293,13 @@ def _plain_exchanges():
              fetch_resp(10, version=16, records=b"h" * 2000, with_endpoints=False))]
 
 
-@pytest.mark.parametrize("snapshot", [None, {"clients/app-1": {PRODUCER_BYTE_RATE: 1e12}}])
-def test_a_read_of_one_plain_frame_takes_the_short_way_with_the_same_result(snapshot):
+def both_ways(snapshot, exchanges):
+    """Two harnesses fed ``exchanges`` ((request, response or None), each
+    read whole), one trying the short way first and one not; what they sent
+    and counted is the same. Returns (short, long)."""
     short, long = Harness(snapshot), Harness(snapshot, short_way=False)
     for h in (short, long):
-        for request, response in _plain_exchanges():
+        for request, response in exchanges:
             h.client(request)
             if response is not None:
                 h.broker(response)
@@ -306,6 +308,12 @@ def test_a_read_of_one_plain_frame_takes_the_short_way_with_the_same_result(snap
     assert short.take_client() == long.take_client()
     for counter in ("requests", "bytes_from_client", "bytes_from_broker"):
         assert getattr(short.conn, counter) == getattr(long.conn, counter)
+    return short, long
+
+
+@pytest.mark.parametrize("snapshot", [None, {"clients/app-1": {PRODUCER_BYTE_RATE: 1e12}}])
+def test_a_read_of_one_plain_frame_takes_the_short_way_with_the_same_result(snapshot):
+    short, long = both_ways(snapshot, _plain_exchanges())
     if snapshot is None:  # no filter reads Produce v3+ acks=1 or Fetch v11 requests
         assert short.log.count("pass_request") == 9  # all but acks=0
         # Produce v8, v3 and v9, Fetch v11, and Produce v10 and Fetch v16
@@ -347,20 +355,10 @@ def _producer_heads():
                                              "clients/app-2": {PRODUCER_BYTE_RATE: 1e12,
                                                                REQUEST_RATE: 1e9}}])
 def test_a_producer_changing_its_head_is_read_again_on_the_short_way(snapshot):
-    short, long = Harness(snapshot), Harness(snapshot, short_way=False)
-    for h in (short, long):
-        for request, response in _producer_heads():
-            h.client(request)
-            if response is not None:
-                h.broker(response)
-        assert h.closed is None and not h.conn.pending
-    assert short.take_broker() == long.take_broker()
-    assert short.take_client() == long.take_client()
+    short, long = both_ways(snapshot, _producer_heads())
     # all but acks=0; and the Fetches without quotas
     assert short.log.count("pass_request") == (len(_producer_heads()) - 1 if snapshot is None
                                                else len(_producer_heads()) - 71)
-    for counter in ("requests", "bytes_from_client", "bytes_from_broker"):
-        assert getattr(short.conn, counter) == getattr(long.conn, counter)
     assert short.conn.client_quotas.keys() == long.conn.client_quotas.keys()
     if snapshot is not None:
         totals = bucket_totals(short)
