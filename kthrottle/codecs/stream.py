@@ -69,10 +69,16 @@ def stream_rewriter(api_key, api_version, advertise):
         return None
     if api_version > apis.MAX_DECODABLE_VERSION[api_key]:
         raise ProtocolError("api_key %d v%d is newer than the proxy can decode" % (api_key, api_version))
+    walker = (_walk_fetch if api_key == apis.FETCH
+              else functools.partial(_walk_produce, api_version))
+    return StreamRewriter(walker, advertise, _tail_at_of(api_key, api_version))
+
+
+def _tail_at_of(api_key, api_version):
+    """The one-loop walk to the tail of a whole response of this API/version."""
     if api_key == apis.FETCH:
-        return StreamRewriter(_walk_fetch, advertise, _fetch_tail_at)
-    return StreamRewriter(functools.partial(_walk_produce, api_version), advertise,
-                          _produce_v13_tail_at if api_version >= 13 else _produce_tail_at)
+        return _fetch_tail_at
+    return _produce_v13_tail_at if api_version >= 13 else _produce_tail_at
 
 
 def untouched_whole(api_key, api_version, frame):
@@ -84,12 +90,7 @@ def untouched_whole(api_key, api_version, frame):
     if api_version > apis.MAX_DECODABLE_VERSION[api_key]:
         return False
     n = len(frame)
-    if api_key == apis.FETCH:
-        at = _fetch_tail_at(frame, n)
-    elif api_version >= 13:
-        at = _produce_tail_at(frame, n, True)
-    else:
-        at = _produce_tail_at(frame, n)
+    at = _tail_at_of(api_key, api_version)(frame, n)
     return at == n - 1 and not frame[at]
 
 

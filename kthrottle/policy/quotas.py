@@ -306,8 +306,8 @@ class Bucket:
             delay = -tokens / bucket.limit
             cap = self.cap
         else:
-            total, w = self.rate.scan(now)
-            delay = throttle_seconds(total / w, self.limit, w)
+            total, w = rate.scan(now)
+            delay = throttle_seconds(total / w, limit, w)
             if delay <= 0:
                 return 0
             cap = self.cap or w
