@@ -154,10 +154,11 @@ def _install_kthrottle_probe():
             if passed:
                 COUNTS.add(side + "_short", 1, len(data))
                 # the adapter writes ``data`` itself; for a response, nothing
-                # yet (held until whole) or the chunks of one made whole (a list)
+                # yet (held until whole) or the chunks of one made whole (a list);
+                # for requests a list is actions, counted where they are run
                 chunks = [data]
-                if side == "to_client" and passed is not True:
-                    chunks = [] if passed.__class__ is str else passed
+                if passed is not True:
+                    chunks = [] if side == "to_broker" or passed.__class__ is str else passed
                 if chunks:
                     COUNTS.add(side + "_writes", 1, sum(map(len, chunks)))
                 for c in chunks:

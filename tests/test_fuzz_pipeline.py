@@ -438,8 +438,9 @@ class Driver:
             assert self.connected and not self.closed
             if self.terminate:
                 assert self.conn.principal != ANONYMOUS
-            self.broker.receive(chunk)
-            if passed is not True:  # a mute
+            if passed is True:
+                self.broker.receive(chunk)
+            else:  # a mute: what goes on before it, then the mute
                 self.run(passed)
             return
         self.call(self.conn.client_data, chunk, self.now)

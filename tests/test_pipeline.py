@@ -180,8 +180,9 @@ class Harness:
             passed = self.short_way and self.conn.pass_request(piece, self.now)
             if passed:  # as the adapter does
                 self.log.append("pass_request")
-                self.to_broker += piece
-                if passed is not True:
+                if passed is True:
+                    self.to_broker += piece
+                else:
                     self.run(passed)
                 continue
             self.run(self.conn.client_data(piece, self.now))
@@ -434,6 +435,74 @@ def test_a_throttle_earned_on_the_short_way_mutes_the_client_as_the_long_way(who
         if short_way:
             assert "pass_request" in h.log
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("snapshot", [None, {"clients/app-1": {PRODUCER_BYTE_RATE: 1e12},
+                                             "clients/app-2": {PRODUCER_BYTE_RATE: 1e12,
+                                                               REQUEST_RATE: 1e9}}])
+def test_reads_of_several_judged_produce_requests_take_the_short_way(snapshot):
+    # a producer with many batches ready sends several requests at once
+    # (librdkafka: a read of some 200 KB holds three or four of them)
+    reads = [(produce_req(1) + produce_req(2, nbytes=3000) + produce_req(3),
+              produce_resp(1) + produce_resp(2) + produce_resp(3)),
+             (produce_req(4, client_id="app-2") + produce_req(5) + produce_req(6, acks=-1),
+              produce_resp(4) + produce_resp(5) + produce_resp(6)),
+             # the last one's end comes in the next read
+             (produce_req(7) + produce_req(8, nbytes=9000)[:HEAD_SIZE + 10], None),
+             (produce_req(8, nbytes=9000)[HEAD_SIZE + 10:] + produce_req(9, version=9),
+              produce_resp(7) + produce_resp(8) + produce_resp(9, version=9)),
+             # versions mixed in one read go the long way under quotas (a
+             # plain read without them); acks=0 the long way always
+             (produce_req(10) + produce_req(11, version=9), produce_resp(10)
+              + produce_resp(11, version=9)),
+             (produce_req(12) + produce_req(13, acks=0), produce_resp(12))]
+    short, long = both_ways(snapshot, reads)
+    assert short.log.count("pass_request") == (5 if snapshot is None else 4)
+    assert short.conn.requests == 13
+    if snapshot is not None:
+        totals = bucket_totals(short)
+        assert totals == bucket_totals(long)
+        assert len([k for k in totals if "app-2" in str(k)]) == 2
+
+
+@pytest.mark.parametrize("before", [0, 1, 2])
+def test_a_throttle_earned_within_a_read_on_the_short_way_holds_what_follows(before):
+    """A request that earns a delay in the middle of a read: it goes on,
+    what follows it in the read waits for the mute's end, as the long way
+    stops after it; ``before``: the requests before it in the read."""
+    results = []
+    for short_way in (True, False):
+        h = Harness({"clients/app-1": {PRODUCER_BYTE_RATE: 1000.0}}, short_way=short_way)
+        cid = iter(range(1, 10))
+        read = b"".join(produce_req(next(cid), nbytes=100) for _ in range(before))
+        throttled = next(cid)
+        read += produce_req(throttled, nbytes=5000)
+        after = [next(cid), next(cid)]
+        read += produce_req(after[0]) + produce_req(after[1], nbytes=2000)
+        start = len(h.log)
+        h.client(read)
+        took = h.log[start]
+        paused = h.client_paused_until
+        assert paused is not None and paused > 0
+        assert req_cids(h.to_broker) == list(range(1, throttled + 1))
+        assert [p.correlation_id for p in h.conn.pending] == list(range(1, throttled + 1))
+        h.client(produce_req(9))  # read while muted: after what the read left
+        assert req_cids(h.to_broker) == list(range(1, throttled + 1))
+        h.broker(b"".join(produce_resp(c) for c in range(1, throttled + 1)))
+        throttle = ProduceResponse[8].decode(frames_of(h.to_client)[-1][8:]).throttle_time_ms
+        assert throttle > 0
+        for _ in range(10):  # what follows earns mutes of its own at 1000 B/s
+            h.at(h.client_paused_until)
+            if h.client_paused_until is None:
+                break
+        rest = req_cids(h.take_broker())[throttled:]
+        results.append((paused, throttle, rest, bucket_totals(h), h.conn.requests,
+                        h.conn.bytes_from_client, h.client_paused_until,
+                        [a for a in h.log if a not in ("pass_request", "SendToBroker")]))
+        assert took == ("pass_request" if short_way else "SendToBroker")
+    assert results[0] == results[1]
+    # what followed it went on after the mute, in order
+    assert results[0][2] == after + [9]
 
 
 def test_the_short_way_declines_what_the_long_way_must_see():

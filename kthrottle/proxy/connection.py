@@ -312,8 +312,9 @@ class ClientConnection(asyncio.Protocol):
         now = self.loop.time()
         passed = self.pipeline.pass_request(data, now)
         if passed:  # the common read: requests passed as they are
-            self.upstream.transport.write(data)
-            if passed is not True:  # a mute the last one earned
+            if passed is True:
+                self.upstream.transport.write(data)
+            else:  # a mute one of them earned: what goes on before it, then the mute
                 self._run(passed)
             if self.zero_copy is not None:  # the rest of the last one, socket to socket
                 self._pass_through(True)

@@ -552,13 +552,12 @@ class Connection:
         """The short way for the common read: ``data`` holds the rest of a
         request being passed on, whole requests, and the start of one whose
         head is in, the connection is in no special state, and no filter
-        looks at these requests (FilterTable.plain), but for the last one,
-        which filters may judge quickly (FilterTable.quick; ``now`` given).
-        Then they are counted and awaited as client_data would, and the
-        answer says: forward ``data`` as it is (True), then carry out the
-        actions it is when it is a list (a mute the last request earned).
-        False: nothing was done, call client_data (which also gives every
-        error)."""
+        looks at these requests (FilterTable.plain) but those that filters
+        may judge quickly (FilterTable.quick; ``now`` given). Then they are
+        counted and awaited as client_data would, and the answer says:
+        forward ``data`` as it is (True), or carry out these actions instead
+        (a list: a request earned a mute, so what follows it waits). False:
+        nothing was done, call client_data (which also gives every error)."""
         plain = self._plain
         quick = self._quick if now is not None else None
         if not plain and not quick and not self.requests_in._left:
@@ -584,25 +583,31 @@ class Connection:
         max_size = cutter.max_frame_size
         min_size = cutter.min_frame_size
         admitted = []
-        judged = None  # the quick entry of the last request (its head: known, size)
+        judged = None  # the quick entry of the requests to judge (one per read)
+        marks = None  # theirs: (InFlight, head known, length, end), in order
         while pos < n:
             available = n - pos
-            if available < 12 or judged is not None:
-                return False  # a judged request must be the last
+            if available < 12:
+                return False
             size, api_key, api_version, correlation_id = _FRAME_HEAD.unpack_from(data, pos)
             entry = plain.get((api_key, api_version))
             if entry is None:
                 if not quick:
                     return False
                 entry = quick.get((api_key, api_version))
-                if entry is None:
-                    return False
-                judged = entry
+                if entry is None or api_key != PRODUCE:
+                    return False  # FilterTable.quick admits Produce alone
+                if judged is not entry:
+                    if judged is not None:
+                        return False  # versions mixed in one read: the long way
+                    judged = entry
+                    marks = []
             if size > max_size or size < min_size:
                 return False
             end = pos + size + 4
             if end > n and available < HEAD_SIZE:
                 return False  # the long way gathers this much first
+            inflight = InFlight(correlation_id, api_key, api_version, entry[2], entry[3])
             if api_key == PRODUCE:
                 # a producer's head (client-id, transactional.id, acks) is the
                 # same request after request: read once, then compared
@@ -616,37 +621,50 @@ class Connection:
                         return False  # unusual: the long way
                 if not known[2]:
                     return False  # acks=0 awaits nothing (client_data notes it)
-            elif judged is not None:
-                return False  # FilterTable.quick admits Produce alone
-            admitted.append(InFlight(correlation_id, api_key, api_version, entry[2], entry[3]))
+                if entry is judged:
+                    marks.append((inflight, known, size + 4, end))
+            admitted.append(inflight)
             pos = end
-        if judged is not None:
-            contexts = self.contexts
-            for f, i in judged[4]:
-                if not f.quick_ready(contexts[i]):
-                    return False
+        if judged is None:
+            self.bytes_from_client += n
+            self.requests += len(admitted)
+            pending.extend(admitted)
+            if pos > n:  # the last one goes on in the next reads
+                cutter._mode = PASS
+            cutter._left = pos - n
+            return True
+        contexts = self.contexts
+        for f, i in judged[4]:
+            if not f.quick_ready(contexts[i]):
+                return False
+        # the quick filters on each judged request, in order; one that earns
+        # a delay is the last taken now (as the long way stops after it)
+        self.now = now
+        quick_request = judged[5]
+        delay = 0
+        for inflight, known, frame_len, end in marks:
+            for f, i in quick_request:  # known[5]: its quotas, known[2]: acks
+                verdict = f.quick_request(contexts[i], known[5], frame_len, known[2], inflight,
+                                          now)
+                if verdict is not None and verdict.delay_ms > delay:
+                    delay = inflight.throttle_ms = verdict.delay_ms
+                    inflight.throttle_reason = verdict.reason
+            if delay:
+                if end < n:  # what follows it waits for the mute's end
+                    del admitted[admitted.index(inflight) + 1:]
+                    pos = end
+                break
         self.bytes_from_client += n
         self.requests += len(admitted)
         pending.extend(admitted)
         if pos > n:  # the last one goes on in the next reads
             cutter._mode = PASS
-        cutter._left = pos - n
-        if judged is None:
-            return True
-        # the quick filters on the last request
-        self.now = now
-        # judged is the last request read: known and size are its own
-        quotas, frame_len, acks = known[5], size + 4, known[2]
-        inflight = admitted[-1]
-        delay = 0
-        for f, i in judged[5]:
-            verdict = f.quick_request(contexts[i], quotas, frame_len, acks, inflight, now)
-            if verdict is not None and verdict.delay_ms > delay:
-                delay = inflight.throttle_ms = verdict.delay_ms
-                inflight.throttle_reason = verdict.reason
+            cutter._left = pos - n
+        else:
+            cutter._left = 0
         if not delay:
             return True
-        return self._mute_for(delay)
+        return self._mute_for(delay, data, pos)
 
     def _read_produce_head(self, frame, version):
         """What pass_request keeps of a Produce request's head ``frame``
@@ -663,13 +681,20 @@ class Connection:
                                       self.principal)
         return known
 
-    def _mute_for(self, delay):
-        """What a delay earned on the short way does (as _throttle_client)."""
-        actions = self._actions = []
+    def _mute_for(self, delay, data, end):
+        """What a delay earned on the short way does (as _throttle_client):
+        the actions that forward ``data`` up to ``end``, the end of the
+        request that earned it, and mute the client from there; what follows
+        in ``data`` waits for the mute's end, as the long way keeps it."""
+        n = len(data)
+        actions = self._actions = [SendToBroker([data if end >= n else memoryview(data)[:end]])]
         self._throttle_client(delay, reading_request=True)  # from the end of that request
-        if self.requests_in.at_boundary:
+        cutter = self.requests_in
+        if end < n:
+            cutter.rest = data[end:]
+        if cutter.at_boundary:
             self._start_mute()
-        return actions or True
+        return actions
 
     def pass_response(self, data):
         """The same for the common read from the broker: the rest of a
