@@ -277,37 +277,29 @@ class Bucket:
         self.last_used = now
         self.total += value
         rate = self.rate
-        i = rate._current
-        start = rate._starts[i]
-        if start is not None and now - start < rate.window:
-            rate._values[i] += value  # the window goes on (this runs per request)
+        if now < rate._end:
+            rate._values[rate._current] += value  # the window goes on (this runs per request)
         else:
             rate.record(value, now)
-        limit = self.limit
-        if limit is None:
+        if self.limit is None:
             return 0
         bucket = self.tokens
         if bucket is not None:
-            # take ``value`` from the token bucket, refilled since it was last
-            # taken from; its debt over the limit is the delay
-            last = bucket._last
-            tokens = bucket._tokens
-            if last is None:
-                bucket._last = now
-            elif now > last:
-                tokens += (now - last) * bucket.limit
-                if tokens > bucket.burst:
-                    tokens = bucket.burst
-                bucket._last = now
-            tokens -= value
-            bucket._tokens = tokens
-            if tokens >= 0:
+            # TokenBucket.record, written out: ``value`` taken moves the time
+            # the bucket is full again on; beyond its span, that is the delay
+            full_at = bucket.full_at
+            if full_at < now:
+                full_at = now
+            full_at += value / bucket.limit
+            bucket.full_at = full_at
+            bucket._last = now
+            delay = full_at - now - bucket.span
+            if delay <= 0:
                 return 0
-            delay = -tokens / bucket.limit
             cap = self.cap
         else:
             total, w = rate.scan(now)
-            delay = throttle_seconds(total / w, limit, w)
+            delay = throttle_seconds(total / w, self.limit, w)
             if delay <= 0:
                 return 0
             cap = self.cap or w
@@ -481,7 +473,7 @@ class ClientQuotas:
         against the request quota. When both are violated the larger delay
         applies (KIP-124)."""
         if api_key == PRODUCE and acks != 0:
-            return self.on_produce(nbytes, now)
+            return self.on_produce(nbytes, now) or NO_DELAY
         if self.generation != self.manager.generation:
             self.refresh()
         delay = 0
@@ -502,7 +494,8 @@ class ClientQuotas:
 
     def on_produce(self, nbytes, now):
         """on_request for a Produce awaiting its response (acks 1 or -1): it
-        counts against both quotas. The common request, so written out."""
+        counts against both quotas; None when it earned no delay. The common
+        request, so written out."""
         if self.generation != self.manager.generation:
             self.refresh()
         delay = 0
@@ -514,7 +507,7 @@ class ClientQuotas:
             produce_delay = bucket.record(nbytes, now)
             if produce_delay > delay:
                 return Decision(produce_delay, PRODUCER_BYTE_RATE)
-        return Decision(delay, REQUEST_RATE) if delay else NO_DELAY
+        return Decision(delay, REQUEST_RATE) if delay else None
 
     def on_fetch_response(self, nbytes, now):
         """A Fetch response of ``nbytes`` on its way to the client."""

@@ -16,7 +16,7 @@ import math
 class SampledRate:
     """Kafka's Rate over a SampledTotal, in a fixed ring (O(samples) per call)."""
 
-    __slots__ = ("samples", "window", "_starts", "_values", "_current")
+    __slots__ = ("samples", "window", "_starts", "_values", "_current", "_end")
 
     def __init__(self, samples=11, window=1.0):
         if samples < 2:
@@ -28,17 +28,19 @@ class SampledRate:
         self._starts = [None] * samples  # start of each window, None: never used
         self._values = [0.0] * samples
         self._current = 0
+        # when the current window ends: a record before then adds to it
+        # (-inf: none started yet)
+        self._end = -math.inf
 
     def record(self, value, now):
         i = self._current
-        start = self._starts[i]
-        if start is None:
+        if now >= self._end:
+            if self._starts[i] is not None:
+                i = (i + 1) % self.samples
+                self._current = i
+                self._values[i] = 0.0
             self._starts[i] = now
-        elif now - start >= self.window:
-            i = (i + 1) % self.samples
-            self._current = i
-            self._starts[i] = now
-            self._values[i] = 0.0
+            self._end = now + self.window
         self._values[i] += value
 
     def scan(self, now):
@@ -57,6 +59,8 @@ class SampledRate:
             if now - start >= expire:
                 starts[i] = now
                 values[i] = 0.0
+                if i == self._current:  # it starts again now
+                    self._end = now + self.window
                 continue
             if start < oldest:
                 oldest = start
@@ -124,42 +128,64 @@ class TokenBucket:
     """An explicit burst allowance (as KIP-599 does for controller mutations):
     a bucket of ``burst`` units refilled at ``limit`` per second. Recording
     takes units out and may leave the bucket in debt; the debt divided by the
-    limit is the delay that pays it back."""
+    limit is the delay that pays it back.
 
-    __slots__ = ("limit", "burst", "_tokens", "_last")
+    Kept as the time the bucket is full again (``full_at``, the generic cell
+    rate algorithm's theoretical arrival time): at ``now`` it holds
+    ``burst - (full_at - now) x limit`` units, all of them once ``full_at``
+    has passed. Taking ``value`` moves ``full_at`` on by ``value / limit``
+    from no earlier than ``now``; the debt's delay is how far it then lies
+    beyond ``span`` (burst / limit). So a request takes a few arithmetic
+    steps, and a refill is never computed."""
+
+    __slots__ = ("limit", "burst", "span", "full_at", "_last")
 
     def __init__(self, limit, burst):
         self.limit = limit
         self.burst = burst
-        self._tokens = burst
-        self._last = None
+        self.span = burst / limit
+        self.full_at = -math.inf
+        self._last = None  # the latest time given: where set_limit keeps the units held
 
     def set_limit(self, limit, burst):
+        """The units held (at the latest time given) stay, up to ``burst``;
+        from then on the bucket fills at ``limit``."""
+        tokens = self.tokens
         self.limit = limit
         self.burst = burst
-        self._tokens = min(self._tokens, burst)
-
-    def _refill(self, now):
-        if self._last is not None and now > self._last:
-            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.limit)
-        self._last = now if self._last is None else max(self._last, now)
+        self.span = burst / limit
+        if self._last is not None:
+            self.full_at = self._last + (burst - min(tokens, burst)) / limit
 
     def record(self, value, now):
-        self._refill(now)
-        self._tokens -= value
+        full_at = self.full_at
+        if full_at < now:
+            full_at = now
+        self.full_at = full_at + value / self.limit
+        if self._last is None or now > self._last:
+            self._last = now
 
     def forgive(self, value):
         """Give back up to ``value`` units of debt (never past empty)."""
-        if self._tokens < 0:
-            self._tokens = min(0.0, self._tokens + value)
+        if self._last is None:
+            return
+        debt = (self.full_at - self._last) * self.limit - self.burst
+        if debt > 0:
+            self.full_at -= min(debt, value) / self.limit
 
     def throttle_seconds(self, now):
-        self._refill(now)
-        return -self._tokens / self.limit if self._tokens < 0 else 0.0
+        """The delay that pays the debt back at ``now`` (0.0: none)."""
+        if self._last is None or now > self._last:
+            self._last = now
+        delay = self.full_at - self._last - self.span
+        return delay if delay > 0 else 0.0
 
     @property
     def tokens(self):
-        return self._tokens
+        """The units held at the latest time given."""
+        if self._last is None or self.full_at <= self._last:
+            return self.burst
+        return self.burst - (self.full_at - self._last) * self.limit
 
 
 def to_ms(seconds):

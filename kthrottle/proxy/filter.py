@@ -183,7 +183,7 @@ class Filter:
     # from its client-id, length and acks alone, read with nothing else to do.
 
     def quick(self, api_key, api_version):
-        """True when ``quick_request`` may stand for ``on_request`` for this
+        """True when ``quick_judge`` may stand for ``on_request`` for this
         API and version (asked once, when the table is built)."""
         return False
 
@@ -192,10 +192,14 @@ class Filter:
         the long way (to on_request). Must change nothing."""
         return True
 
-    def quick_request(self, ctx, quotas, frame_len, acks, inflight, now):
-        """``on_request`` for a request ``quick`` admits: None or Throttle.
-        ``quotas`` is ``ctx.quotas_for`` of its client-id, ``frame_len`` its
-        size with the size prefix, ``now`` what ``ctx.now`` says."""
+    def quick_judge(self, ctx, client_id):
+        """``on_request`` for the requests ``quick`` admits from
+        ``client_id`` (acks 1 or -1): a callable ``judge(frame_len, now)``
+        (``frame_len``: the size with its prefix, ``now``: what ``ctx.now``
+        says) answering None or a verdict with ``delay_ms`` and ``reason``,
+        as a Throttle; None when there is nothing to judge. The connection
+        keeps it with that producer's head for its next requests, until it
+        forgets the client-id's quotas (``ctx.quotas_for``)."""
         return None
 
     def quick_response(self, ctx, inflight, frame):

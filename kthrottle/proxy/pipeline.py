@@ -309,10 +309,10 @@ class FilterTable:
                       if not entry[0] and not entry[1]}
         # and those whose filters all judge a request from its client-id,
         # length and acks (Filter.quick); each with, after the entry's four
-        # fields, the filters that have a quick_ready and a quick_request of
+        # fields, the filters that have a quick_ready and a quick_judge of
         # their own (the others' say nothing, so are not asked)
         self.quick = {key: entry + (_overriding(entry[1], "quick_ready"),
-                                    _overriding(entry[1], "quick_request"))
+                                    _overriding(entry[1], "quick_judge"))
                       for key, entry in self._entries.items()
                       if entry[0] == HEAD and entry[1]
                       and all(f.quick(*key) for f, _ in entry[1])}
@@ -616,7 +616,8 @@ class Connection:
                         or not data.startswith(known[1], pos + 12)
                         or known[6] is not self.principal):
                     known = self._read_produce_head(
-                        data if not pos and end == n else memoryview(data)[pos:end], api_version)
+                        data if not pos and end == n else memoryview(data)[pos:end], api_version,
+                        entry)
                     if known is None:
                         return False  # unusual: the long way
                 if not known[2]:
@@ -640,12 +641,10 @@ class Connection:
         # the quick filters on each judged request, in order; one that earns
         # a delay is the last taken now (as the long way stops after it)
         self.now = now
-        quick_request = judged[5]
         delay = 0
         for inflight, known, frame_len, end in marks:
-            for f, i in quick_request:  # known[5]: its quotas, known[2]: acks
-                verdict = f.quick_request(contexts[i], known[5], frame_len, known[2], inflight,
-                                          now)
+            for judge in known[5]:  # the quick filters' judges of its head (Filter.quick_judge)
+                verdict = judge(frame_len, now)
                 if verdict is not None and verdict.delay_ms > delay:
                     delay = inflight.throttle_ms = verdict.delay_ms
                     inflight.throttle_reason = verdict.reason
@@ -666,19 +665,23 @@ class Connection:
             return True
         return self._mute_for(delay, data, pos)
 
-    def _read_produce_head(self, frame, version):
+    def _read_produce_head(self, frame, version, entry):
         """What pass_request keeps of a Produce request's head ``frame``
         (``_produce_head``): (version, its bytes from the client-id's length
         to acks, acks, client-id, the least frame length produce_acks reads
-        it in, the quotas of the client-id and principal, the principal);
-        None when produce_acks cannot read it."""
+        it in, the judges of the quick filters of ``entry`` for that
+        client-id, the principal); None when produce_acks cannot read it."""
         found = produce_acks(frame, version)
         if found is None:
             return None
         acks, client_id, size, acks_end = found
+        judges = ()
+        if acks and len(entry) > 4:  # a quick entry (FilterTable.quick)
+            contexts = self.contexts
+            judges = tuple(judge for judge in (f.quick_judge(contexts[i], client_id)
+                                               for f, i in entry[5]) if judge is not None)
         known = self._produce_head = (version, bytes(frame[12:acks_end]), acks, client_id,
-                                      max(acks_end, 18 + size), self.quotas_for(client_id),
-                                      self.principal)
+                                      max(acks_end, 18 + size), judges, self.principal)
         return known
 
     def _mute_for(self, delay, data, end):

@@ -44,10 +44,10 @@ class QuotaAccounting(Filter):
     def quick(self, api_key, api_version):
         return api_key == apis.PRODUCE
 
-    def quick_request(self, ctx, quotas, frame_len, acks, inflight, now):
-        # FilterTable.quick: a Produce; pass_request: acks 1 or -1
-        decision = quotas.on_produce(frame_len, now)
-        return Throttle(decision.delay_ms, decision.reason) if decision.delay_ms else None
+    def quick_judge(self, ctx, client_id):
+        # FilterTable.quick: a Produce; pass_request: acks 1 or -1. The
+        # policy's Decision has a Throttle's delay_ms and reason.
+        return ctx.quotas_for(client_id).on_produce
 
     def on_response_head(self, ctx, inflight, head, frame_len):
         quotas = ctx.noted(inflight)
