@@ -1,6 +1,8 @@
 """Quota policy: KIP-55 resolution and sharing, Kafka's rate and throttle math.
 Pure logic with a fake clock: no I/O."""
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from kthrottle.policy.entities import (
     CONSUMER_BYTE_RATE as FETCH,
@@ -192,6 +194,96 @@ def test_token_bucket_makes_the_burst_explicit():
     quotas = manager.client("ANONYMOUS", "c")
     assert quotas.record_produce(200, 0.0) == 0
     assert quotas.record_produce(100, 0.0) == 1000
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["record", "scan"]), st.integers(0, 9),
+                          st.integers(0, 20)), max_size=80))
+# idle long enough for the scan to restart the current window, then a record
+# within a window of that: it joins the restarted window, and leaves with it
+@example([("record", 1, 0), ("scan", 0, 20), ("record", 1, 2), ("scan", 0, 11)])
+def test_a_sampled_rate_keeps_each_record_in_the_window_it_came_in(steps):
+    """Against a plain list of (time, value): the rate's total at any time is
+    what came in the windows still live (time steps are exact binary values,
+    so window edges compare exactly)."""
+    rate, came, now = SampledRate(samples=3, window=1.0), [], 0.0
+    starts = []  # the start of each window opened, as the rate opens them
+    for op, value, ticks in steps:
+        now += ticks * 0.25
+        if op == "record":
+            if not starts or now >= starts[-1] + 1.0:
+                starts.append(now)
+            came.append((starts[-1], float(value)))
+            rate.record(float(value), now)
+        else:
+            total, _ = rate.scan(now)
+            live = [t for t in starts[-3:] if now - t < 3.0]
+            assert total == sum(v for t, v in came if t in live)
+            if starts and now - starts[-1] >= 3.0:  # the scan restarts the current window
+                starts[-1] = now
+                came = [(t, v) for t, v in came if t in live]
+
+
+class _CountedBucket:
+    """A token bucket as its definition says: units refilled since the last
+    time given, capped at the burst, then taken (the reference for
+    TokenBucket, which keeps the time it is full again instead)."""
+
+    def __init__(self, limit, burst):
+        self.limit, self.burst, self.tokens, self.last = limit, burst, burst, None
+
+    def record(self, value, now):
+        if self.last is not None and now > self.last:
+            self.tokens = min(self.burst, self.tokens + (now - self.last) * self.limit)
+        self.last = now if self.last is None else max(self.last, now)
+        self.tokens -= value
+
+    def throttle_seconds(self):
+        return -self.tokens / self.limit if self.tokens < 0 else 0.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["take", "limit", "forgive"]),
+                          st.floats(0.0, 5000.0), st.floats(0.0, 3.0)), max_size=60),
+       st.floats(10.0, 10_000.0), st.floats(0.1, 4.0))
+def test_the_token_bucket_holds_what_refilling_and_taking_units_would(steps, limit, seconds):
+    bucket, model = TokenBucket(limit, limit * seconds), _CountedBucket(limit, limit * seconds)
+    now = 0.0
+    for op, value, dt in steps:
+        now += dt
+        if op == "take":
+            bucket.record(value, now)
+            model.record(value, now)
+            assert bucket.throttle_seconds(now) == pytest.approx(model.throttle_seconds(),
+                                                                 rel=1e-9, abs=1e-9)
+        elif op == "limit":  # a new limit keeps the units held, up to the new burst
+            new_limit = max(value, 1.0)
+            bucket.set_limit(new_limit, new_limit * seconds)
+            model.limit, model.burst = new_limit, new_limit * seconds
+            # one never taken from is full at its new burst
+            model.tokens = model.burst if model.last is None else min(model.tokens, model.burst)
+        else:  # forgive: debt given back, never past empty
+            bucket.forgive(value)
+            if model.tokens < 0:
+                model.tokens = min(0.0, model.tokens + value)
+        assert bucket.tokens == pytest.approx(model.tokens, rel=1e-9, abs=1e-6 * limit)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 5000.0), st.floats(0.0, 3.0)), max_size=60),
+       st.floats(10.0, 10_000.0), st.floats(0.1, 4.0))
+def test_a_bucket_throttles_as_its_token_bucket_says(steps, limit, seconds):
+    """Bucket.record writes TokenBucket.record out: the same delays, capped."""
+    manager = QuotaManager({"clients/c": {PRODUCE: limit}},
+                           QuotaSettings(mode=TOKEN_BUCKET, burst_seconds=seconds))
+    quotas = manager.client("ANONYMOUS", "c")
+    model = _CountedBucket(limit, limit * seconds)
+    now = 0.0
+    for value, dt in steps:
+        now += dt
+        model.record(value, now)
+        expected = min(model.throttle_seconds(), 10.0) * 1000  # capped at W, 10 s
+        assert abs(quotas.record_produce(value, now) - expected) <= 1
 
 
 def _simulate(settings, quota=100_000.0, size=16_384, seconds=60.0):
