@@ -626,33 +626,26 @@ class Connection:
                     marks.append((inflight, known, size + 4, end))
             admitted.append(inflight)
             pos = end
-        if judged is None:
-            self.bytes_from_client += n
-            self.requests += len(admitted)
-            pending.extend(admitted)
-            if pos > n:  # the last one goes on in the next reads
-                cutter._mode = PASS
-            cutter._left = pos - n
-            return True
-        contexts = self.contexts
-        for f, i in judged[4]:
-            if not f.quick_ready(contexts[i]):
-                return False
-        # the quick filters on each judged request, in order; one that earns
-        # a delay is the last taken now (as the long way stops after it)
-        self.now = now
         delay = 0
-        for inflight, known, frame_len, end in marks:
-            for judge in known[5]:  # the quick filters' judges of its head (Filter.quick_judge)
-                verdict = judge(frame_len, now)
-                if verdict is not None and verdict.delay_ms > delay:
-                    delay = inflight.throttle_ms = verdict.delay_ms
-                    inflight.throttle_reason = verdict.reason
-            if delay:
-                if end < n:  # what follows it waits for the mute's end
-                    del admitted[admitted.index(inflight) + 1:]
-                    pos = end
-                break
+        if judged is not None:
+            contexts = self.contexts
+            for f, i in judged[4]:
+                if not f.quick_ready(contexts[i]):
+                    return False
+            # the quick filters on each judged request, in order; one that
+            # earns a delay is the last taken now (as the long way stops after it)
+            self.now = now
+            for inflight, known, frame_len, end in marks:
+                for judge in known[5]:  # the quick filters' judges of its head (Filter.quick_judge)
+                    verdict = judge(frame_len, now)
+                    if verdict is not None and verdict.delay_ms > delay:
+                        delay = inflight.throttle_ms = verdict.delay_ms
+                        inflight.throttle_reason = verdict.reason
+                if delay:
+                    if end < n:  # what follows it waits for the mute's end
+                        del admitted[admitted.index(inflight) + 1:]
+                        pos = end
+                    break
         self.bytes_from_client += n
         self.requests += len(admitted)
         pending.extend(admitted)
@@ -661,9 +654,7 @@ class Connection:
             cutter._left = pos - n
         else:
             cutter._left = 0
-        if not delay:
-            return True
-        return self._mute_for(delay, data, pos)
+        return self._mute_for(delay, data, pos) if delay else True
 
     def _read_produce_head(self, frame, version, entry):
         """What pass_request keeps of a Produce request's head ``frame``
