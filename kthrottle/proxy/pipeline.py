@@ -612,9 +612,9 @@ class Connection:
                 # a producer's head (client-id, transactional.id, acks) is the
                 # same request after request: read once, then compared
                 known = self._produce_head
-                if (known is None or known[0] != api_version or end < pos + known[4]
+                if (known is None or known[0] != api_version or end < pos + known[3]
                         or not data.startswith(known[1], pos + 12)
-                        or known[6] is not self.principal):
+                        or known[5] is not self.principal):
                     known = self._read_produce_head(
                         data if not pos and end == n else memoryview(data)[pos:end], api_version,
                         entry)
@@ -636,7 +636,7 @@ class Connection:
             # earns a delay is the last taken now (as the long way stops after it)
             self.now = now
             for inflight, known, frame_len, end in marks:
-                for judge in known[5]:  # the quick filters' judges of its head (Filter.quick_judge)
+                for judge in known[4]:  # the quick filters' judges of its head (Filter.quick_judge)
                     verdict = judge(frame_len, now)
                     if verdict is not None and verdict.delay_ms > delay:
                         delay = inflight.throttle_ms = verdict.delay_ms
@@ -659,9 +659,9 @@ class Connection:
     def _read_produce_head(self, frame, version, entry):
         """What pass_request keeps of a Produce request's head ``frame``
         (``_produce_head``): (version, its bytes from the client-id's length
-        to acks, acks, client-id, the least frame length produce_acks reads
-        it in, the judges of the quick filters of ``entry`` for that
-        client-id, the principal); None when produce_acks cannot read it."""
+        to acks, acks, the least frame length produce_acks reads it in, the
+        judges of the quick filters of ``entry`` for its client-id, the
+        principal); None when produce_acks cannot read it."""
         found = produce_acks(frame, version)
         if found is None:
             return None
@@ -671,7 +671,7 @@ class Connection:
             contexts = self.contexts
             judges = tuple(judge for judge in (f.quick_judge(contexts[i], client_id)
                                                for f, i in entry[5]) if judge is not None)
-        known = self._produce_head = (version, bytes(frame[12:acks_end]), acks, client_id,
+        known = self._produce_head = (version, bytes(frame[12:acks_end]), acks,
                                       max(acks_end, 18 + size), judges, self.principal)
         return known
 
