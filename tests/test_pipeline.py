@@ -10,6 +10,7 @@ import pytest
 from kafka_frames import advertise, api_versions, fetch, frame_response, metadata, produce
 from kthrottle.codecs import apis
 from kthrottle.codecs.frames import HEAD_SIZE
+from kthrottle.codecs.request import fetch_head
 from kthrottle.policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE
 from kthrottle.policy.quotas import QuotaManager
 from kthrottle.proxy.filters import standard_filters
@@ -117,6 +118,11 @@ class Harness:
                             else standard_filters(advertise, self.manager))
         self.conn = Connection(table, MAX_FRAME, self.manager,
                                whole_response_max=whole_response_max)
+        # the heads the long way reads (the short way reads none)
+        self.long_heads = {"request": 0, "response": 0}
+        for kind, cutter in (("request", self.conn.requests_in),
+                             ("response", self.conn.responses_in)):
+            cutter.on_head = self._counted(kind, cutter.on_head)
         self.now = 0.0
         self.to_broker = bytearray()
         self.to_client = bytearray()
@@ -131,6 +137,12 @@ class Harness:
         self.refused = None  # Close.refused
         if connect:
             self.run(self.conn.client_accepted(self.now))
+
+    def _counted(self, kind, on_head):
+        def counted(head, frame_len):
+            self.long_heads[kind] += 1
+            return on_head(head, frame_len)
+        return counted
 
     def run(self, actions):
         connect = False
@@ -320,11 +332,15 @@ def test_a_read_of_one_plain_frame_takes_the_short_way_with_the_same_result(snap
         # Produce v8, v3 and v9, Fetch v11, and Produce v10 and Fetch v16
         # without NodeEndpoints; not those with broker addresses, nor Metadata
         assert short.log.count("pass_response") == 6
-    else:  # every request is counted against the quota; a Produce the short way
-        assert short.log.count("pass_request") == 5  # Produce v8, v10, v3, v9, v10
-        # Fetch responses count against the quota: only Produce v8, v3, v9 and
-        # the v10 without NodeEndpoints pass
+    else:  # every request is counted against the quota, the short way
+        assert short.log.count("pass_request") == 8  # all but acks=0 and Metadata
+        assert short.long_heads["request"] == 2
+        # Produce v8, v3, v9 and the v10 without NodeEndpoints pass as they
+        # are; the Fetch v11 response is counted on the short way (in
+        # broker_data); Fetch v16 responses are walked for NodeEndpoints
         assert short.log.count("pass_response") == 4
+        assert short.long_heads["response"] == 4  # Produce v10, Metadata, Fetch v16 x2
+        assert long.long_heads == {"request": 10, "response": 9}
         assert short.conn.client_quotas.keys() == long.conn.client_quotas.keys()
         assert bucket_totals(short) == bucket_totals(long)
         assert bucket_totals(short)  # something was counted
@@ -357,9 +373,9 @@ def _producer_heads():
                                                                REQUEST_RATE: 1e9}}])
 def test_a_producer_changing_its_head_is_read_again_on_the_short_way(snapshot):
     short, long = both_ways(snapshot, _producer_heads())
-    # all but acks=0; and the Fetches without quotas
-    assert short.log.count("pass_request") == (len(_producer_heads()) - 1 if snapshot is None
-                                               else len(_producer_heads()) - 71)
+    # all but acks=0 (the Fetches too, under quotas: a consumer's head is
+    # read once as well)
+    assert short.log.count("pass_request") == len(_producer_heads()) - 1
     assert short.conn.client_quotas.keys() == long.conn.client_quotas.keys()
     if snapshot is not None:
         totals = bucket_totals(short)
@@ -505,6 +521,104 @@ def test_a_throttle_earned_within_a_read_on_the_short_way_holds_what_follows(bef
     assert results[0][2] == after + [9]
 
 
+# a consumer's Fetches on the short way under quotas ---------------------------
+
+CONSUMER_QUOTAS = {"clients/app-1": {CONSUMER_BYTE_RATE: 1e12, REQUEST_RATE: 1e9},
+                   "clients/app-2": {CONSUMER_BYTE_RATE: 1e12}}
+
+
+def _consumer_exchanges():
+    """Fetches at the usual layouts, of two client-ids, and a follower's."""
+    return [(fetch_req(1), fetch_resp(1, records=b"a" * 4000)),
+            (fetch_req(2), fetch_resp(2, records=b"b" * 100)),  # the same head: compared
+            (fetch_req(3, version=4), fetch_resp(3, version=4)),
+            (fetch_req(4, version=0), fetch_resp(4, version=0)),  # no max_bytes
+            (fetch_req(5, version=12), fetch_resp(5, version=12)),  # header tags
+            (fetch_req(6, version=15), fetch_resp(6, version=15)),  # no replica_id
+            (fetch_req(7, version=16), fetch_resp(7, version=16)),  # NodeEndpoints: walked
+            (fetch_req(8, client_id="app-2"), fetch_resp(8, records=b"c" * 700)),
+            (fetch_req(9, replica_id=2), fetch_resp(9)),  # a follower: no client quota
+            (fetch_req(10), fetch_resp(10, records=b"d" * 50))]
+
+
+def test_a_consumers_fetches_take_the_short_way_under_quotas_with_the_same_result():
+    short, long = both_ways(CONSUMER_QUOTAS, _consumer_exchanges())
+    assert short.long_heads == {"request": 0, "response": 1}  # the v16 response alone
+    assert long.long_heads == {"request": 10, "response": 10}
+    assert short.conn.client_quotas.keys() == long.conn.client_quotas.keys()
+    totals = bucket_totals(short)
+    assert totals == bucket_totals(long)
+    fetched = {k[2]: v for k, v in totals.items() if k[0] == CONSUMER_BYTE_RATE}
+    assert fetched["app-1"] > 4000 and fetched["app-2"] > 700
+    requests = {k[2]: v for k, v in totals.items() if k[0] == REQUEST_RATE}
+    assert requests == {"app-1": 8}  # not the follower's
+
+
+@pytest.mark.parametrize("version", [11, 4])  # a client that backs off itself, one held
+@pytest.mark.parametrize("quota", [{REQUEST_RATE: 3.0}, {CONSUMER_BYTE_RATE: 3000.0}])
+def test_a_fetch_over_its_quota_on_the_short_way_is_throttled_as_the_long_way(quota, version):
+    results = []
+    for short_way in (True, False):
+        h = Harness({"clients/app-1": quota}, short_way=short_way)
+        states = []
+        t = 0.0
+        for cid in range(1, 9):
+            h.client(fetch_req(cid, version=version, max_bytes=1000))  # under the cap
+            h.broker(fetch_resp(cid, version=version, records=b"r" * 400))
+            states.append((h.take_broker(), h.take_client(), h.client_paused_until,
+                           h.broker_paused_until, bucket_totals(h)))
+            t = max(t + 0.05, h.client_paused_until or 0.0, h.broker_paused_until or 0.0)
+            h.at(t)
+            states.append((h.take_client(), h.client_paused_until, h.broker_paused_until))
+        assert h.closed is None and not h.conn.pending
+        results.append((states, [a for a in h.log  # the mutes, in order
+                                 if a not in ("pass_request", "pass_response", "SendToBroker",
+                                              "SendToClient")]))
+        if short_way:
+            assert h.long_heads["request"] == 0
+            assert h.long_heads["response"] < 8  # those that earned a throttle
+    assert results[0] == results[1]
+    assert any(state[2] for state in results[0][0][::2])  # the client was muted
+
+
+def test_a_fetch_cap_lowered_meanwhile_sends_the_next_fetch_the_long_way_capped():
+    results = []
+    for short_way in (True, False):
+        h = Harness({"clients/app-1": {CONSUMER_BYTE_RATE: 1e12}}, short_way=short_way)
+        for cid in (1, 2):
+            h.client(fetch_req(cid, max_bytes=1 << 20))
+            h.broker(fetch_resp(cid))
+        h.manager.update({"clients/app-1": {CONSUMER_BYTE_RATE: 5000.0}})
+        h.client(fetch_req(3, max_bytes=1 << 20))
+        h.broker(fetch_resp(3))
+        sent = frames_of(h.take_broker())
+        assert [fetch_head(f, 11)[2] for f in sent] == [1 << 20, 1 << 20, 5000]
+        results.append((sent, h.take_client(), bucket_totals(h)))
+        if short_way:
+            assert h.long_heads["request"] == 1  # the capped one
+    assert results[0] == results[1]
+
+
+def test_fetches_under_topic_quotas_go_the_long_way_and_count_the_same():
+    snapshot = {"clients/app-1": {CONSUMER_BYTE_RATE: 1e12}}
+    results = []
+    for short_way in (True, False):
+        h = Harness(snapshot, short_way=short_way)
+        h.client(fetch_req(1))
+        # topic quotas arrive while the response is on its way: it is
+        # counted for its topic, as the long way counts it
+        h.manager.update(dict(snapshot, **{"topics/orders": {CONSUMER_BYTE_RATE: 1e12}}))
+        h.broker(fetch_resp(1, records=b"a" * 900))
+        h.client(fetch_req(2))
+        h.broker(fetch_resp(2, records=b"b" * 800))
+        topics = {k: b.total for k, b in h.manager.topic_buckets.items()}
+        assert topics == {(CONSUMER_BYTE_RATE, "orders"): 1700 * 2}  # two partitions
+        results.append((h.take_broker(), h.take_client(), bucket_totals(h), topics))
+        if short_way:
+            assert h.long_heads == {"request": 1, "response": 2}
+    assert results[0] == results[1]
+
+
 def test_the_short_way_declines_what_the_long_way_must_see():
     h = Harness()
     assert not h.conn.pass_request(produce_req(1) + produce_req(2, acks=0))
@@ -637,6 +751,7 @@ def test_while_muted_nothing_takes_the_short_way():
 
 @pytest.mark.parametrize("whole_max", [WHOLE_RESPONSE_MAX, 3000])  # held until whole, or not
 @pytest.mark.parametrize("snapshot", [None, {"clients/app-1": {PRODUCER_BYTE_RATE: 1e12,
+                                                                 CONSUMER_BYTE_RATE: 1e12,
                                                                  REQUEST_RATE: 1e9}}])
 def test_random_reads_give_the_same_stream_the_short_way_or_not(snapshot, whole_max):
     rng = random.Random(5)

@@ -107,6 +107,51 @@ def test_a_same_size_rewrite_within_one_mtime_tick_is_applied(tmp_path):
     asyncio.run(scenario())
 
 
+def test_a_poll_reads_the_file_only_when_its_stat_changed_or_every_content_every_polls(
+        tmp_path):
+    """Polls driven by hand: an unchanged file is not read (a thread's round
+    trip per poll is most of what an idle proxy costs), a changed one is read
+    until it settles; a change its stat does not show (a filesystem with a
+    coarse clock) is read at the content_every-th poll."""
+    path = tmp_path / "quotas.toml"
+    write(path, A)
+
+    async def scenario():
+        updates = Updates()
+        source = FileQuotaSource(path, poll_interval=3600)  # the follower never wakes
+        reads = []
+        read_bytes = source.store.read_bytes
+        source.store.read_bytes = lambda *a: reads.append(1) or read_bytes(*a)
+        await source.start(updates)
+        try:
+            assert len(reads) == 1
+            for _ in range(5):
+                await source.poll(updates)
+            assert len(reads) == 1  # unchanged: not read
+            write(path, A_AND_B)
+            await source.poll(updates)
+            await source.poll(updates)  # the same content twice: applied
+            assert len(reads) == 3 and len(updates.snapshots) == 2
+            for _ in range(5):
+                await source.poll(updates)
+            assert len(reads) == 3
+            # a rewrite whose stat is the same: read at the content_every-th poll
+            signature = source.store.signature()
+            source.store.signature = lambda: signature
+            write(path, A.replace("1000", "2000"))
+            for _ in range(source.content_every - 5):
+                await source.poll(updates)
+            assert len(reads) == 3
+            await source.poll(updates)  # the content_every-th since the last read
+            await source.poll(updates)  # read again: the same content, applied
+            assert len(reads) == 5
+            assert updates.last == {"clients/a": {"producer_byte_rate": 2000.0}}
+        finally:
+            await source.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_file_caught_half_written_is_never_applied(tmp_path):
     """Polls driven by hand (no timing): a first half that is itself valid
     TOML, seen by one poll only, is never taken; the whole file, seen by two

@@ -74,6 +74,46 @@ def produce_acks(buf, version):
     return (acks - 0x10000 if acks >= 0x8000 else acks), client_id, size, pos + 2
 
 
+def fetch_head(buf, version):
+    """(client_id, replica_id, max_bytes (None before v3), the client-id's
+    length, the offset after max_bytes (after min_bytes before v3)) of a
+    Fetch request at ``version`` from ``buf``, its framed head, when that has
+    the usual layout: a short UTF-8 client-id and no header tags. None
+    otherwise (RequestHead reads every layout)."""
+    n = len(buf)
+    if n < 14:
+        return None
+    size = buf[12] << 8 | buf[13]
+    pos = 14 + size
+    if size >= 0x8000 or pos > n:
+        return None
+    try:
+        client_id = str(buf[14:pos], "utf-8")
+    except UnicodeDecodeError:
+        return None
+    if version >= 12:  # header v2: no tags
+        if pos >= n or buf[pos]:
+            return None
+        pos += 1
+    if version >= 15:  # replica_id moved to a tag only brokers set (KIP-903)
+        replica_id = -1
+    elif pos + 4 <= n:
+        replica_id = INT32.unpack_from(buf, pos)[0]
+        pos += 4
+    else:
+        return None
+    pos += 8  # max_wait_ms, min_bytes
+    max_bytes = None
+    if version >= 3:
+        pos += 4
+        if pos > n:
+            return None
+        max_bytes = INT32.unpack_from(buf, pos - 4)[0]
+    elif pos > n:
+        return None
+    return client_id, replica_id, max_bytes, size, pos
+
+
 class RequestHead:
     """The first bytes of one framed request (size prefix included)."""
 

@@ -113,6 +113,20 @@ class ForwardRaw(NamedTuple):
     on_answer: object
 
 
+class QuickHead(NamedTuple):
+    """The usual fields of a Produce or Fetch request's head, as the short
+    way reads them (Filter.quick_check, quick_judge): ``acks`` for a Produce,
+    ``replica_id`` and ``max_bytes`` (None before v3) for a Fetch, None
+    otherwise."""
+
+    api_key: int
+    api_version: int
+    client_id: str
+    acks: object = None
+    replica_id: object = None
+    max_bytes: object = None
+
+
 class Filter:
     """One behaviour of the proxy. Subclasses override what they need.
 
@@ -179,12 +193,14 @@ class Filter:
         correlation_id). Returns None or a verdict."""
         return None
 
-    # The short way (Connection.pass_request) for a request a filter judges
-    # from its client-id, length and acks alone, read with nothing else to do.
+    # The short way (Connection.pass_request, pass_response) for the requests
+    # a filter judges from their head's usual fields alone (QuickHead), and
+    # their responses, read with nothing else to do.
 
     def quick(self, api_key, api_version):
-        """True when ``quick_judge`` may stand for ``on_request`` for this
-        API and version (asked once, when the table is built)."""
+        """True when ``quick_judge`` (and ``quick_check``) may stand for
+        ``on_request`` for this API and version: Produce or Fetch (asked
+        once, when the table is built)."""
         return False
 
     def quick_ready(self, ctx):
@@ -192,13 +208,21 @@ class Filter:
         the long way (to on_request). Must change nothing."""
         return True
 
-    def quick_judge(self, ctx, client_id):
-        """``on_request`` for the requests ``quick`` admits from
-        ``client_id`` (acks 1 or -1): a callable ``judge(frame_len, now)``
-        (``frame_len``: the size with its prefix, ``now``: what ``ctx.now``
-        says) answering None or a verdict with ``delay_ms`` and ``reason``,
-        as a Throttle; None when there is nothing to judge. The connection
-        keeps it with that producer's head for its next requests, until it
+    def quick_check(self, ctx, head):
+        """None, or a callable ``check()`` asked before each request with
+        this ``head`` (a QuickHead) is judged: False sends it the long way.
+        Must change nothing. Kept with the head as ``quick_judge``'s judge."""
+        return None
+
+    def quick_judge(self, ctx, head):
+        """``on_request`` for the requests ``quick`` admits, from their
+        ``head`` (a QuickHead; a Produce with acks 1 or -1): a callable
+        answering None or a verdict with ``delay_ms`` and ``reason``, as a
+        Throttle; None when there is nothing to judge. For a Produce it is
+        ``judge(frame_len, now)``, for a Fetch ``judge(frame_len, now,
+        inflight)`` (``frame_len``: the size with its prefix, ``now``: what
+        ``ctx.now`` says; ``inflight`` for ``ctx.note``). The connection
+        keeps it with that client's head for its next requests, until it
         forgets the client-id's quotas (``ctx.quotas_for``)."""
         return None
 
@@ -208,6 +232,19 @@ class Filter:
         goes on as it is with none of the calls below (Connection.
         pass_response). Must change nothing."""
         return False
+
+    def quick_response_ready(self, ctx, inflight):
+        """For a response this filter reads at most the head of
+        (response_need HEAD or STREAM) but has nothing to do with now: True
+        lets it pass with none of the calls below. Must change nothing."""
+        return False
+
+    def quick_response_head(self, ctx, inflight, frame_len):
+        """``on_response_head`` without the head's bytes, for a filter that
+        reads the head of a response (response_need HEAD) for its size
+        (``frame_len``) alone: a filter that has its own takes the response's
+        first read on the short way. None or Throttle."""
+        return None
 
     def on_response_head(self, ctx, inflight, head, frame_len):
         """The first bytes of the response to ``inflight``; None or Throttle."""

@@ -21,7 +21,7 @@ from collections import deque
 from struct import Struct
 
 from ..codecs import ProtocolError
-from ..codecs.apis import ALL_RESPONSES, PRODUCE
+from ..codecs.apis import ALL_RESPONSES, FETCH, PRODUCE
 from ..codecs.frames import (
     DEFER,
     DROP,
@@ -33,7 +33,7 @@ from ..codecs.frames import (
     FrameCutter,
     NeedHead,
 )
-from ..codecs.request import HeadTooShort, RequestHead, produce_acks
+from ..codecs.request import HeadTooShort, RequestHead, fetch_head, produce_acks
 from ..codecs.stream import StreamRewriter
 from ..codecs.throttle import (
     clients_back_off_from,
@@ -59,6 +59,7 @@ from .filter import (  # noqa: F401 (the filter API, named here for the adapter 
     ForwardRaw,
     Observe,
     Pending,
+    QuickHead,
     Refuse,
     Throttle,
 )
@@ -307,20 +308,34 @@ class FilterTable:
         # the entries no filter reads a request of (Connection.pass_request)
         self.plain = {key: entry for key, entry in self._entries.items()
                       if not entry[0] and not entry[1]}
-        # and those whose filters all judge a request from its client-id,
-        # length and acks (Filter.quick); each with, after the entry's four
-        # fields, the filters that have a quick_ready and a quick_judge of
-        # their own (the others' say nothing, so are not asked)
+        # and the Produce and Fetch entries whose filters all judge a request
+        # from its head's usual fields (Filter.quick); each with, after the
+        # entry's four fields, the filters that have a quick_ready, a
+        # quick_judge and a quick_check of their own (the others' say
+        # nothing, so are not asked)
         self.quick = {key: entry + (_overriding(entry[1], "quick_ready"),
-                                    _overriding(entry[1], "quick_judge"))
+                                    _overriding(entry[1], "quick_judge"),
+                                    _overriding(entry[1], "quick_check"))
                       for key, entry in self._entries.items()
-                      if entry[0] == HEAD and entry[1]
-                      and all(f.quick(*key) for f, _ in entry[1])}
+                      if (key[0] == FETCH or (key[0] == PRODUCE  # checks: a Fetch's only
+                                              and not _overriding(entry[1], "quick_check")))
+                      and entry[0] == HEAD and entry[1] and all(f.quick(*key) for f, _ in entry[1])}
         # the responses whose filters all have a quick_response of their own
         # (the others would decline every one: not worth asking the rest)
         self.quick_responses = {key for key, entry in self._entries.items()
                                 if entry[3] and len(_overriding(entry[3], "quick_response"))
                                 == len(entry[3])}
+        # the responses whose filters each read at most their head and have
+        # a quick_response_head or a quick_response_ready of their own: the
+        # first read of one takes the short way when each is ready, its size
+        # counted by the former: (key) -> (those readies, those heads)
+        self.quick_heads = {}
+        for key, entry in self._entries.items():
+            if entry[3] and entry[2] <= STREAM:
+                readies = _overriding(entry[3], "quick_response_ready")
+                heads = _overriding(entry[3], "quick_response_head")
+                if all(f in readies or f in heads for f in entry[3]):
+                    self.quick_heads[key] = readies, heads
 
     def _build(self, api_key, version, authenticating=False):
         if authenticating:
@@ -452,7 +467,12 @@ class Connection:
         self.contexts = tuple(FilterContext(self, f, f.new_state()) for f in table.filters)
         self._plain = table.plain
         self._quick = table.quick
-        self._produce_head = None  # the last Produce head pass_request read
+        # the last Produce and the last Fetch head pass_request read, by api key
+        self._heads = [None, None]
+        # (data, InFlight, the filters, its size): a response's first read
+        # pass_response left to broker_data to count (FilterTable.quick_heads)
+        self._counting = None
+        self._quick_heads = table.quick_heads
         self._quick_responses = table.quick_responses
 
     # inputs -----------------------------------------------------------
@@ -583,7 +603,8 @@ class Connection:
         max_size = cutter.max_frame_size
         min_size = cutter.min_frame_size
         admitted = []
-        judged = None  # the quick entry of the requests to judge (one per read)
+        # the quick entry of the requests to judge (one per read; judged_key its api key)
+        judged = None
         marks = None  # theirs: (InFlight, head known, length, end), in order
         while pos < n:
             available = n - pos
@@ -595,12 +616,13 @@ class Connection:
                 if not quick:
                     return False
                 entry = quick.get((api_key, api_version))
-                if entry is None or api_key != PRODUCE:
-                    return False  # FilterTable.quick admits Produce alone
+                if entry is None:
+                    return False  # FilterTable.quick admits Produce and Fetch alone
                 if judged is not entry:
                     if judged is not None:
                         return False  # versions mixed in one read: the long way
                     judged = entry
+                    judged_key = api_key
                     marks = []
             if size > max_size or size < min_size:
                 return False
@@ -608,16 +630,17 @@ class Connection:
             if end > n and available < HEAD_SIZE:
                 return False  # the long way gathers this much first
             inflight = InFlight(correlation_id, api_key, api_version, entry[2], entry[3])
-            if api_key == PRODUCE:
+            if api_key == PRODUCE or entry is judged:
                 # a producer's head (client-id, transactional.id, acks) is the
-                # same request after request: read once, then compared
-                known = self._produce_head
+                # same request after request, and a consumer's (client-id,
+                # replica_id, max_bytes): read once, then compared
+                known = self._heads[api_key]
                 if (known is None or known[0] != api_version or end < pos + known[3]
                         or not data.startswith(known[1], pos + 12)
                         or known[5] is not self.principal):
-                    known = self._read_produce_head(
-                        data if not pos and end == n else memoryview(data)[pos:end], api_version,
-                        entry)
+                    known = self._read_head(
+                        data if not pos and end == n else memoryview(data)[pos:end], api_key,
+                        api_version, entry)
                     if known is None:
                         return False  # unusual: the long way
                 if not known[2]:
@@ -632,12 +655,20 @@ class Connection:
             for f, i in judged[4]:
                 if not f.quick_ready(contexts[i]):
                     return False
+            if judged_key == FETCH:  # Filter.quick_check, before any is judged
+                for mark in marks:
+                    for check in mark[1][6]:
+                        if not check():
+                            return False
             # the quick filters on each judged request, in order; one that
             # earns a delay is the last taken now (as the long way stops after it)
             self.now = now
             for inflight, known, frame_len, end in marks:
                 for judge in known[4]:  # the quick filters' judges of its head (Filter.quick_judge)
-                    verdict = judge(frame_len, now)
+                    # a Fetch's judge notes what its response counts against
+                    # (judged_key: PRODUCE is 0)
+                    verdict = (judge(frame_len, now, inflight) if judged_key
+                               else judge(frame_len, now))
                     if verdict is not None and verdict.delay_ms > delay:
                         delay = inflight.throttle_ms = verdict.delay_ms
                         inflight.throttle_reason = verdict.reason
@@ -656,23 +687,38 @@ class Connection:
             cutter._left = 0
         return self._mute_for(delay, data, pos) if delay else True
 
-    def _read_produce_head(self, frame, version, entry):
-        """What pass_request keeps of a Produce request's head ``frame``
-        (``_produce_head``): (version, its bytes from the client-id's length
-        to acks, acks, the least frame length produce_acks reads it in, the
-        judges of the quick filters of ``entry`` for its client-id, the
-        principal); None when produce_acks cannot read it."""
-        found = produce_acks(frame, version)
-        if found is None:
-            return None
-        acks, client_id, size, acks_end = found
-        judges = ()
+    def _read_head(self, frame, api_key, version, entry):
+        """What pass_request keeps of a Produce or Fetch request's head
+        ``frame`` (``_heads``): (version, its bytes from the client-id's
+        length to acks or to max_bytes, acks (True for a Fetch: answered),
+        the least frame length its reader reads it in, the judges of the
+        quick filters of ``entry`` for it, the principal, their checks);
+        None when produce_acks or fetch_head cannot read it."""
+        if api_key == PRODUCE:
+            found = produce_acks(frame, version)
+            if found is None:
+                return None
+            acks, client_id, size, end = found
+            head = QuickHead(PRODUCE, version, client_id, acks)
+            least = max(end, 18 + size)
+        else:
+            found = fetch_head(frame, version)
+            if found is None:
+                return None
+            client_id, replica_id, max_bytes, size, end = found
+            head = QuickHead(FETCH, version, client_id, None, replica_id, max_bytes)
+            acks = True
+            least = end
+        judges = checks = ()
         if acks and len(entry) > 4:  # a quick entry (FilterTable.quick)
             contexts = self.contexts
-            judges = tuple(judge for judge in (f.quick_judge(contexts[i], client_id)
+            judges = tuple(judge for judge in (f.quick_judge(contexts[i], head)
                                                for f, i in entry[5]) if judge is not None)
-        known = self._produce_head = (version, bytes(frame[12:acks_end]), acks,
-                                      max(acks_end, 18 + size), judges, self.principal)
+            if api_key == FETCH:  # FilterTable.quick: a Produce's filters have none
+                checks = tuple(check for check in (f.quick_check(contexts[i], head)
+                                                   for f, i in entry[6]) if check is not None)
+        known = self._heads[api_key] = (version, bytes(frame[12:end]), acks, least, judges,
+                                        self.principal, checks)
         return known
 
     def _mute_for(self, delay, data, end):
@@ -698,7 +744,9 @@ class Connection:
         (True), nothing yet (HELD: a response the long way would also send
         only once whole, see WHOLE_RESPONSE_MAX), or the chunks of such a
         response that ``data`` completes (a list). False: nothing was done,
-        call broker_data (which also gives every error)."""
+        call broker_data (which also gives every error). A response whose
+        filters only count its size (FilterTable.quick_heads) is left to
+        broker_data, which has the time, to count and pass the short way."""
         if (self._held is not None or self._hold_from is not None or self._raw_in_flight
                 or self._internal or self.phase is _CLOSED):
             return False
@@ -749,17 +797,18 @@ class Connection:
             if len(pending) > 1 and pending[1].answer is not None:
                 return False  # an answer of the proxy's own follows: broker_data sends it
             if need:  # read by filters: unless each has nothing to do with this one
-                if (inflight.api_key, inflight.api_version) not in self._quick_responses:
+                if (inflight.api_key, inflight.api_version) in self._quick_responses:
+                    contexts = self.contexts
+                    for f, i in inflight.response_filters:
+                        if not f.quick_response(contexts[i], inflight, data):
+                            return False
+                elif not self._quick_head(data, inflight, total):
                     return False
-                contexts = self.contexts
-                for f, i in inflight.response_filters:
-                    if not f.quick_response(contexts[i], inflight, data):
-                        return False
             pending.popleft()
             self.bytes_from_broker += n
             return True
-        if need or n < HEAD_SIZE:
-            return False  # read by filters; or the long way gathers this much first
+        if n < HEAD_SIZE or need and not self._quick_head(data, inflight, total):
+            return False  # the long way gathers this much first; or read by filters
         pending.popleft()
         self.bytes_from_broker += n
         cutter._mode = PASS
@@ -770,6 +819,23 @@ class Connection:
             return True  # streamed as it comes
         self._partial = [data]
         return HELD
+
+    def _quick_head(self, data, inflight, frame_len):
+        """pass_response: whether the filters reading the response to
+        ``inflight`` at most to its head (FilterTable.quick_heads) have
+        nothing to do with it now, ``data`` its first read; when some count
+        its size, this is left to broker_data, which has the time (False)."""
+        quick = self._quick_heads.get((inflight.api_key, inflight.api_version))
+        if quick is None:
+            return False
+        contexts = self.contexts
+        for f, i in quick[0]:
+            if not f.quick_response_ready(contexts[i], inflight):
+                return False
+        if quick[1]:  # Filter.quick_response_head: broker_data calls them
+            self._counting = (data, inflight, quick[1], frame_len)
+            return False
+        return True
 
     def client_data(self, data, now):
         """Bytes from the client."""
@@ -846,11 +912,16 @@ class Connection:
 
     def broker_data(self, data, now):
         """Bytes from the broker."""
+        actions = self._actions = []
+        counting = self._counting
+        if counting is not None:
+            self._counting = None
+            if counting[0] is data and self._count_response(data, now, *counting[1:]):
+                return actions
         self.bytes_from_broker += len(data)
         if self.phase is Phase.CLOSED:
-            return ()
+            return actions
         self.now = now
-        actions = self._actions = []
         out = self._partial
         if out is None:
             out = []
@@ -888,6 +959,34 @@ class Connection:
         else:
             self._send_to_client(out, actions)
         return actions
+
+    def _count_response(self, data, now, inflight, filters, frame_len):
+        """The first read ``data`` of the response to ``inflight``, which
+        pass_response left to count: its quick filters count ``frame_len``
+        (Filter.quick_response_head), then it takes the short way; False when
+        they earned a throttle, which the long way says in the response."""
+        pending = self.pending
+        if not pending or pending[0] is not inflight:
+            return False
+        self.now = now
+        contexts = self.contexts
+        for f, i in filters:
+            verdict = f.quick_response_head(contexts[i], inflight, frame_len)
+            if verdict is not None and verdict.delay_ms > inflight.throttle_ms:
+                inflight.throttle_ms = verdict.delay_ms
+                inflight.throttle_reason = verdict.reason
+                self._throttle_client(verdict.delay_ms)
+        inflight.response_need = NOTHING  # its filters are done with it
+        if inflight.throttle_ms:
+            return False
+        passed = self.pass_response(data)
+        if not passed:
+            return False
+        if passed is True:
+            self._actions.append(SendToClient([data]))
+        elif passed is not HELD:
+            self._actions.append(SendToClient(passed))
+        return True
 
     def tick(self, now):
         """A timer the adapter set (PauseClient, HoldResponses) is due. A
@@ -1292,7 +1391,7 @@ class Connection:
         if quotas is None:
             if len(self.client_quotas) >= CLIENT_IDS_KEPT:
                 self.client_quotas.clear()  # a client cycling client-ids: start over
-                self._produce_head = None  # and its quotas with them
+                self._heads[0] = self._heads[1] = None  # and its quotas with them
             quotas = self.client_quotas[key] = manager.client(self.principal, client_id)
         return quotas
 

@@ -19,7 +19,7 @@ from ..codecs.versions import (
 )
 from ..codecs.wire import INT32
 from ..sources import QuotaStoreError
-from ..sources.file import FollowedFile, read_file_bytes
+from ..sources.file import FollowedFile, read_file_bytes, stat_signature
 from .addressing import NodePorts, SniPattern, UnmappedNode
 from .connection import ClientConnection, RoutedConnection
 from .filter import Services
@@ -907,6 +907,9 @@ class _PemFiles:
     def read_bytes(self):
         parts = [read_file_bytes(path, self.kind) for path in self.paths]
         return b"".join(len(part).to_bytes(8, "big") + part for part in parts)
+
+    def signature(self):
+        return tuple(stat_signature(path) for path in self.paths)
 
     def parse(self, data):
         from cryptography import x509

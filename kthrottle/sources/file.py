@@ -30,6 +30,14 @@ def read_file_bytes(path, kind, missing_ok=False):
         raise QuotaStoreError("cannot read %s %s: %s" % (kind, path, exc.strerror)) from None
 
 
+def stat_signature(path):
+    """What says a file may have changed without reading it: its inode (an
+    editor's rename-over, a ConfigMap's symlink swap), size and change
+    times. Raises OSError."""
+    st = os.stat(path)
+    return st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 def load_toml(path, data, kind, what, empty_ok=False):
     """File content -> parsed TOML, or QuotaStoreError saying what is wrong.
     ``what`` ("quotas") is what a comment-only file empties."""
@@ -81,6 +89,9 @@ class TomlFileStore:
 
     def read_bytes(self, missing_ok=False):
         return read_file_bytes(self.path, self.kind, missing_ok)
+
+    def signature(self):
+        return stat_signature(self.path)
 
     def parse(self, data, empty_ok=False):
         """File content -> the value, or QuotaStoreError saying what is wrong."""
@@ -179,6 +190,12 @@ class FollowedFile:
     Content, not mtime/size/inode, tells a change: a same-size rewrite within
     one mtime tick is still a change.
 
+    A poll reads the content only when the file's stat (``store.signature()``,
+    taken on the event loop: a local file or a mounted volume) changed since
+    the last read, or every ``content_every`` polls: a thread's round trip
+    for every poll costs an idle proxy more than all else it does, and a
+    same-size rewrite within one mtime tick is still seen then.
+
     A changed file is applied once two consecutive polls read the same
     content, so a file caught half-written is never taken. A settled version
     that is empty or invalid is refused: logged once, counted in
@@ -191,6 +208,7 @@ class FollowedFile:
 
     noun = "quotas"
     log = log
+    content_every = 20  # polls at most between two reads of the content
 
     def __init__(self, store, describe, poll_interval=0.25):
         self.store = store
@@ -203,9 +221,20 @@ class FollowedFile:
         self._refused = None  # the settled version last refused (logged already)
         self._task = None
         self._on_update = None  # what start was given (reload hands new versions to it)
+        self._signature = None  # the stat before the last read (None: read at the next poll)
+        self._unread_polls = 0  # polls since that read
 
     def summary(self, value):
         raise NotImplementedError
+
+    def _stat(self):
+        signature = getattr(self.store, "signature", None)
+        if signature is None:
+            return None
+        try:
+            return signature()
+        except OSError:  # the read says what is wrong
+            return None
 
     def _read(self):
         """(version, data, error): version is the content's digest, or the
@@ -217,6 +246,7 @@ class FollowedFile:
         return hashlib.sha256(data).digest(), data, None
 
     async def start(self, on_update):
+        signature = self._stat()
         version, data, error = await asyncio.to_thread(self._read)
         if error is not None:
             raise error
@@ -224,6 +254,7 @@ class FollowedFile:
         on_update(value)
         self._on_update = on_update
         self._applied = self._seen = version
+        self._signature = signature
         self.healthy = True
         self.log.info("%s from %s: %s", self.noun, self.describe, self.summary(value))
         self._task = asyncio.get_running_loop().create_task(self._follow(on_update))
@@ -235,7 +266,15 @@ class FollowedFile:
 
     async def poll(self, on_update):
         """One look at the file (the follower calls this every poll interval)."""
+        signature = self._stat()
+        if (signature is not None and signature == self._signature
+                and self._unread_polls < self.content_every
+                and (self._seen == self._applied or self._seen == self._refused)):
+            self._unread_polls += 1  # unchanged, and what it held is settled
+            return
+        self._unread_polls = 0
         version, data, error = await asyncio.to_thread(self._read)
+        self._signature = signature
         previous, self._seen = self._seen, version
         if version != previous:
             return  # still changing, or being written: wait until it settles
@@ -276,6 +315,7 @@ class FollowedFile:
         self._on_update(value)
         self._applied = self._seen = hashlib.sha256(data).digest()
         self._refused = None
+        self._signature = None  # read at the next poll
         self.healthy = True
         self.log.info("%s written to %s: %s", self.noun, self.describe, self.summary(value))
 
@@ -287,6 +327,7 @@ class FollowedFile:
             return
         version = (await asyncio.to_thread(self._read))[0]
         self._seen, self._refused = version, None
+        self._signature = None
         if version == self._applied and self.healthy:
             self.log.info("%s unchanged: the %s in force stay", self.describe, self.noun)
             return

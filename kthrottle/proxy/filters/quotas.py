@@ -42,12 +42,26 @@ class QuotaAccounting(Filter):
         return _verdict(quotas.on_request(api_key, head.frame_len, None, ctx.now))
 
     def quick(self, api_key, api_version):
-        return api_key == apis.PRODUCE
+        return api_key == apis.PRODUCE or api_key == apis.FETCH
 
-    def quick_judge(self, ctx, client_id):
-        # FilterTable.quick: a Produce; pass_request: acks 1 or -1. The
-        # policy's Decision has a Throttle's delay_ms and reason.
-        return ctx.quotas_for(client_id).on_produce
+    def quick_judge(self, ctx, head):
+        # The policy's Decision has a Throttle's delay_ms and reason.
+        if head.api_key == apis.PRODUCE:  # acks 1 or -1 (pass_request)
+            return ctx.quotas_for(head.client_id).on_produce
+        if not client_quotas_apply(apis.FETCH, head.replica_id):
+            return None
+        quotas = ctx.quotas_for(head.client_id)
+        note = ctx.note
+        on_request = quotas.on_request
+
+        def judge(frame_len, now, inflight):
+            note(inflight, quotas)  # its response counts too (quick_response_head)
+            return on_request(apis.FETCH, frame_len, None, now)
+
+        return judge
+
+    def quick_response_head(self, ctx, inflight, frame_len):
+        return self.on_response_head(ctx, inflight, None, frame_len)
 
     def on_response_head(self, ctx, inflight, head, frame_len):
         quotas = ctx.noted(inflight)
@@ -80,6 +94,22 @@ class FetchCap(Filter):
 
     def authenticating_need(self, api_key, api_version):
         return NOTHING  # no Fetch gets through before authentication
+
+    def quick(self, api_key, api_version):
+        return api_key == apis.FETCH
+
+    def quick_check(self, ctx, head):
+        # the short way for a fetch that asks for no more than the cap
+        if not client_quotas_apply(apis.FETCH, head.replica_id) or head.max_bytes is None:
+            return None
+        fetch_max_bytes = ctx.quotas_for(head.client_id).fetch_max_bytes
+        max_bytes = head.max_bytes
+
+        def check():
+            cap = fetch_max_bytes()
+            return cap is None or max_bytes <= max(int(cap), 1)
+
+        return check
 
     def on_request(self, ctx, head, inflight):
         if not client_quotas_apply(head.api_key, head.replica_id):

@@ -102,12 +102,16 @@ class TopicQuotas(Filter):
         return Observe(ProducePartitions(head.api_version), self._produced)
 
     def quick(self, api_key, api_version):
-        return api_key == apis.PRODUCE  # nothing to do without topic quotas
+        # nothing to do without topic quotas
+        return api_key == apis.PRODUCE or api_key == apis.FETCH
 
     def quick_ready(self, ctx):
         if self.generation != self.manager.generation:
             self._refresh()
         return not self.active
+
+    def quick_response_ready(self, ctx, inflight):
+        return self.quick_ready(ctx)
 
     def _produced(self, ctx, reader):
         return self._decide(ctx, PRODUCER_BYTE_RATE, reader.topic_bytes)
