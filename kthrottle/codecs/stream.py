@@ -339,6 +339,11 @@ def _tags_at(buf, pos):
     return pos
 
 
+# A Produce v10+ response partition's end after its 30 fixed bytes, when it has
+# no record errors, no error message and no tagged fields (the usual one)
+_PLAIN_PARTITION_END = b"\x01\x00\x00"
+
+
 def _produce_tail_at(buf, n, topic_ids=False):
     """Produce v10+ (ProduceResponse.json): the tail's offset, or None."""
     try:
@@ -362,6 +367,9 @@ def _produce_tail_at(buf, n, topic_ids=False):
             if partitions >= 0x7F:
                 return None
             for _ in range(partitions):
+                if buf[pos + 30:pos + 33] == _PLAIN_PARTITION_END:
+                    pos += 33  # the usual partition, in one comparison
+                    continue
                 pos += 30  # index, error_code, base_offset, log_append_time_ms, log_start_offset
                 if buf[pos] != 1:  # record_errors: anything but empty
                     return None
