@@ -59,6 +59,15 @@ from kthrottle.embedded import (  # noqa: E402
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+# quotas that never bind, for every client-id: the per-request quota path without a throttle
+# (10 GB/s produce and fetch, 10^9 requests/s)
+NON_BINDING_QUOTAS = """\
+[clients."<default>"]
+producer_byte_rate = 10000000000
+consumer_byte_rate = 10000000000
+request_rate = 1000000000
+"""
 TANSU_NODE_ID = 111  # every Tansu broker reports this node id
 MB = 1_000_000
 MIB = 1024 * 1024

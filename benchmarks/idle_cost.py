@@ -22,14 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness import REPO, Run, SourceTree, tree_cpu_seconds
+from harness import NON_BINDING_QUOTAS, REPO, Run, SourceTree, tree_cpu_seconds
 
-QUOTAS = """\
-[clients."<default>"]
-producer_byte_rate = 10000000000
-consumer_byte_rate = 10000000000
-request_rate = 1000000000
-"""
 CONFIGS = ("no quota file", "quota file")
 
 
@@ -74,7 +68,7 @@ def main(argv=None):
     results = {}  # (tree label, config) -> [ms of CPU per second]
     with Run("idle-cost") as run:
         quota_file = run.path("non-binding-quotas.toml")
-        quota_file.write_text(QUOTAS)
+        quota_file.write_text(NON_BINDING_QUOTAS)
         broker = run.broker()
         for r in range(args.rounds):
             print("round %d/%d" % (r + 1, args.rounds), flush=True)

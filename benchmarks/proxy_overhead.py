@@ -93,6 +93,7 @@ try:
     import psutil
     from harness import (
         MB,
+        NON_BINDING_QUOTAS,
         REPO,
         Endpoint,
         Run,
@@ -144,13 +145,6 @@ QUOTA_CONFIG, WORKERS_CONFIG, SSL_CONFIG = "kthrottle-quota", "kthrottle-workers
 ZERO_COPY_CONFIG = "kthrottle-zero-copy"
 CONFIGS = ("direct", RELAY, RELAY_SSL, "kthrottle", QUOTA_CONFIG, WORKERS_CONFIG, SSL_CONFIG,
            ZERO_COPY_CONFIG, "tansu-proxy")
-# quotas that never bind, for every client-id: the per-request quota path without a throttle
-NON_BINDING_QUOTAS = """\
-[clients."<default>"]
-producer_byte_rate = 10000000000
-consumer_byte_rate = 10000000000
-request_rate = 1000000000
-"""
 BASELINE = "kthrottle-baseline"
 BASELINE_QUOTA = "kthrottle-quota-baseline"  # the baseline tree with the non-binding quotas
 CLIENT_NAMES = ("aiokafka", "confluent-kafka")

@@ -279,6 +279,7 @@ import psutil  # noqa: E402
 from harness import (  # noqa: E402
     CLIENT_TLS,
     MB,
+    NON_BINDING_QUOTAS,
     REPO,
     TANSU_NODE_ID,
     Endpoint,
@@ -301,12 +302,6 @@ from harness import (  # noqa: E402
 
 CONFIGS = ("kthrottle", "kthrottle-ssl", "kthrottle-quota", "relay", "relay-ssl")
 # kthrottle-quota: every client-id under quotas that never bind (the per-request quota path)
-NON_BINDING_QUOTAS = """\
-[clients."<default>"]
-producer_byte_rate = 10000000000
-consumer_byte_rate = 10000000000
-request_rate = 1000000000
-"""
 CLIENTS = ("aiokafka", "confluent")
 PHASES = ("produce", "consume")
 HERE = Path(__file__).resolve()
