@@ -209,9 +209,10 @@ class Filter:
         return True
 
     def quick_check(self, ctx, head):
-        """None, or a callable ``check()`` asked before each request with
-        this ``head`` (a QuickHead) is judged: False sends it the long way.
-        Must change nothing. Kept with the head as ``quick_judge``'s judge."""
+        """None, or a callable ``check()`` asked before each Fetch with this
+        ``head`` (a QuickHead) is judged: False sends it the long way (a
+        Produce whose filters have a quick_check goes the long way). Must
+        change nothing. Kept with the head as ``quick_judge``'s judge."""
         return None
 
     def quick_judge(self, ctx, head):
