@@ -244,11 +244,7 @@ class _Observed:
         reader.feed(chunk, out)
         if reader.done:
             verdict = self.on_done(self.ctx, reader)
-            inflight = self.inflight
-            if verdict is not None and verdict.delay_ms > inflight.throttle_ms:
-                inflight.throttle_ms = verdict.delay_ms
-                inflight.throttle_reason = verdict.reason
-                self.conn._throttle_client(verdict.delay_ms, reading_request=True)
+            self.conn._earned(self.inflight, verdict, reading_request=True)
         if self.next is not None:
             self.next.feed(chunk, [])  # forwarded once, above
 
@@ -285,11 +281,7 @@ class _StreamObserved:
         if reader.done and (inner is None or inner.done):
             self.done = True
             verdict = self.on_done(self.ctx, reader)
-            inflight = self.inflight
-            if verdict is not None and verdict.delay_ms > inflight.throttle_ms:
-                inflight.throttle_ms = verdict.delay_ms
-                inflight.throttle_reason = verdict.reason
-                self.conn._throttle_client(verdict.delay_ms)
+            self.conn._earned(self.inflight, verdict)
 
 
 class FilterTable:
@@ -971,11 +963,7 @@ class Connection:
         self.now = now
         contexts = self.contexts
         for f, i in filters:
-            verdict = f.quick_response_head(contexts[i], inflight, frame_len)
-            if verdict is not None and verdict.delay_ms > inflight.throttle_ms:
-                inflight.throttle_ms = verdict.delay_ms
-                inflight.throttle_reason = verdict.reason
-                self._throttle_client(verdict.delay_ms)
+            self._earned(inflight, f.quick_response_head(contexts[i], inflight, frame_len))
         inflight.response_need = NOTHING  # its filters are done with it
         if inflight.throttle_ms:
             return False
@@ -1397,6 +1385,16 @@ class Connection:
 
     # throttling the client -----------------------------------------------
 
+    def _earned(self, inflight, verdict, reading_request=False):
+        """A filter's verdict (None or a Throttle) on ``inflight``, from a
+        frame it observed or a response's head: a longer throttle than it
+        has is said in its response and mutes the client (from the end of
+        the request being read, with ``reading_request``)."""
+        if verdict is not None and verdict.delay_ms > inflight.throttle_ms:
+            inflight.throttle_ms = verdict.delay_ms
+            inflight.throttle_reason = verdict.reason
+            self._throttle_client(verdict.delay_ms, reading_request)
+
     def _throttle_client(self, delay_ms, reading_request=False):
         """Read nothing more from the client for ``delay_ms``, from the end
         of the request being read (so that request reaches the broker whole)."""
@@ -1483,11 +1481,7 @@ class Connection:
             return PASS
         contexts = self.contexts
         for f, i in inflight.response_filters:
-            verdict = f.on_response_head(contexts[i], inflight, head, frame_len)
-            if verdict is not None and verdict.delay_ms > inflight.throttle_ms:
-                inflight.throttle_ms = verdict.delay_ms
-                inflight.throttle_reason = verdict.reason
-                self._throttle_client(verdict.delay_ms)
+            self._earned(inflight, f.on_response_head(contexts[i], inflight, head, frame_len))
         if need == GATHER:
             self._gathering = inflight
             if inflight.throttle_ms:
