@@ -626,6 +626,7 @@ def test_the_short_way_declines_what_the_long_way_must_see():
     assert not h.conn.pass_request(produce_req(1) + produce_req(2, nbytes=5000)[:300])
     assert not h.conn.pass_request(produce_req(1) + fetch_req(2)[:11])
     assert not h.conn.pass_request(produce_req(1, acks=0))
+    assert not h.conn.pass_request(produce_req(2, acks=0))  # its head known by now
     assert not h.conn.pass_request(raw_request(1, apis.PRODUCE, 7, b"\xff\xff\xff", b"\xff\xfe"))
     assert not h.conn.pass_request(raw_request(1, 9999, 0))  # unknown API
     assert h.conn.requests == 0 and not h.conn.pending
@@ -1006,6 +1007,20 @@ def test_a_header_longer_than_the_head_is_counted_once():
     (bucket,) = h.manager.buckets.values()
     assert bucket.rate.total() == 1
     assert h.conn.requests == 1
+
+
+@pytest.mark.parametrize("snapshot", [None, {"clients/<default>": {
+    REQUEST_RATE: 1e9, PRODUCER_BYTE_RATE: 1e12}}], ids=["no-quota", "quota"])
+@pytest.mark.parametrize("short_way", [True, False], ids=["short", "long"])
+def test_a_whole_request_over_the_frame_limit_is_refused_though_its_head_is_known(
+        snapshot, short_way):
+    h = Harness(snapshot, short_way=short_way)
+    h.conn.requests_in.max_frame_size = 4096
+    h.client(produce_req(1, nbytes=100))  # the head the short way keeps
+    sent = len(h.to_broker)
+    h.client(produce_req(2, nbytes=8000))  # the same head, one read, over the limit
+    assert h.closed and "exceeds the maximum of 4096 bytes" in h.closed
+    assert len(h.to_broker) == sent
 
 
 def test_a_garbage_frame_is_refused_from_its_head():

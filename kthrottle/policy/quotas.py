@@ -206,7 +206,7 @@ class Bucket:
 
     __slots__ = ("key", "user_tag", "client_tag", "quota", "limit", "entity", "settings",
                  "rate", "tokens", "cap", "last_used", "throttle_ms_total", "throttled",
-                 "total", "held", "observe_only", "observed", "observed_ms_total",
+                 "held", "observe_only", "observed", "observed_ms_total",
                  "observed_last_ms", "others_total", "others_throttle_ms", "others_throttled",
                  "others_observed", "others_observed_ms")
 
@@ -231,7 +231,6 @@ class Bucket:
         self.last_used = None
         self.throttle_ms_total = 0
         self.throttled = 0
-        self.total = 0  # everything recorded: bytes, or requests (a counter)
         # observe-only: the throttles it would have given (how many, their
         # total and the last one, ms); throttled and throttle_ms_total stay 0
         self.observe_only = False
@@ -272,15 +271,19 @@ class Bucket:
             else:
                 self.tokens.set_limit(limit, burst)
 
+    @property
+    def total(self):
+        """Everything this process recorded: bytes, or requests (a counter);
+        the rate's running sum holds the other workers' too."""
+        return self.rate.counted - self.others_total
+
     def record(self, value, now):
         """Count ``value`` and return the throttle time in ms it earns."""
         self.last_used = now
-        self.total += value
-        rate = self.rate
-        if now < rate._end:
-            rate._values[rate._current] += value  # the window goes on (this runs per request)
-        else:
-            rate.record(value, now)
+        rate = self.rate  # SampledRate.record, written out (this runs per request)
+        if now >= rate._end:
+            rate.roll(now)
+        rate.counted += value
         if self.limit is None:
             return 0
         bucket = self.tokens
@@ -324,7 +327,6 @@ class Bucket:
         lets the request that crosses the quota through whole, and the debt it
         leaves refuses the next ones (debt_ms)."""
         self.last_used = now
-        self.total += value
         self.rate.record(value, now)
         if self.tokens is not None:
             self.tokens.record(value, now)
@@ -359,7 +361,6 @@ class Bucket:
         (KIP-612 does not count a throttled connection, so a flood does not
         push the address's next connections further out). The throttle it
         earned stays counted."""
-        self.total -= value
         self.rate.record(-value, now)
         if self.tokens is not None:
             self.tokens.record(-value, now)  # exactly what record() took

@@ -14,9 +14,15 @@ import math
 
 
 class SampledRate:
-    """Kafka's Rate over a SampledTotal, in a fixed ring (O(samples) per call)."""
+    """Kafka's Rate over a SampledTotal, in a fixed ring (O(samples) per call).
 
-    __slots__ = ("samples", "window", "_starts", "_values", "_current", "_end")
+    Kept as a running sum: ``counted`` is everything ever recorded, and the
+    current window holds what came since it started (``counted`` less
+    ``_base``), so a record within the current window is one addition; a
+    window's own total is written down only when it closes."""
+
+    __slots__ = ("samples", "window", "_starts", "_values", "_current", "_end", "counted",
+                 "_base")
 
     def __init__(self, samples=11, window=1.0):
         if samples < 2:
@@ -26,22 +32,31 @@ class SampledRate:
         self.samples = samples
         self.window = window
         self._starts = [None] * samples  # start of each window, None: never used
-        self._values = [0.0] * samples
+        self._values = [0.0] * samples  # the closed windows' totals
         self._current = 0
         # when the current window ends: a record before then adds to it
         # (-inf: none started yet)
         self._end = -math.inf
+        self.counted = 0
+        self._base = 0  # counted when the current window started
 
     def record(self, value, now):
-        i = self._current
         if now >= self._end:
-            if self._starts[i] is not None:
-                i = (i + 1) % self.samples
-                self._current = i
-                self._values[i] = 0.0
-            self._starts[i] = now
-            self._end = now + self.window
-        self._values[i] += value
+            self.roll(now)
+        self.counted += value
+
+    def roll(self, now):
+        """The current window has ended (``now`` at or past ``_end``): close
+        it and start the next at ``now``, before what comes at ``now`` is
+        added."""
+        i = self._current
+        if self._starts[i] is not None:
+            self._values[i] = self.counted - self._base
+            i = (i + 1) % self.samples
+            self._current = i
+        self._starts[i] = now
+        self._base = self.counted
+        self._end = now + self.window
 
     def scan(self, now):
         """(total, W) at ``now``, in one pass: windows older than samples x
@@ -50,6 +65,7 @@ class SampledRate:
         expire = self.samples * self.window
         starts = self._starts
         values = self._values
+        current = self._current
         oldest = now
         total = 0.0
         for i in range(self.samples):
@@ -59,12 +75,13 @@ class SampledRate:
             if now - start >= expire:
                 starts[i] = now
                 values[i] = 0.0
-                if i == self._current:  # it starts again now
+                if i == current:  # it starts again now
+                    self._base = self.counted
                     self._end = now + self.window
                 continue
             if start < oldest:
                 oldest = start
-            total += values[i]
+            total += values[i] if i != current else self.counted - self._base
         elapsed = now - oldest
         full = int(elapsed / self.window)
         if full < self.samples - 1:
@@ -76,7 +93,10 @@ class SampledRate:
         return self.scan(now)[1]
 
     def total(self):
-        return sum(self._values)
+        """What the windows hold (the expired ones too, until a scan resets
+        them)."""
+        live = self.counted - self._base if self._starts[self._current] is not None else 0
+        return sum(v for i, v in enumerate(self._values) if i != self._current) + live
 
     def measure(self, now):
         """Rate per second at ``now``."""

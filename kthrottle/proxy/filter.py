@@ -284,7 +284,7 @@ class FilterContext:
     @property
     def principal(self):
         """Who the client is: ANONYMOUS until authenticated, then fixed."""
-        return self._conn.principal
+        return self._conn._principal
 
     @property
     def now(self):

@@ -407,7 +407,7 @@ class Connection:
         self.table = table
         self.quota_manager = quotas  # policy QuotaManager, or None
         self.phase = Phase.CONNECTING
-        self.principal = ANONYMOUS
+        self._principal = ANONYMOUS
         self.max_frame_size = max_frame_size
         # Kafka's sasl.server.max.receive.size: frames are capped at this
         # until the client has authenticated
@@ -486,6 +486,17 @@ class Connection:
         else:
             actions.append(CONNECT_UPSTREAM)
         return actions
+
+    @property
+    def principal(self):
+        """Who the client is (ANONYMOUS until named)."""
+        return self._principal
+
+    @principal.setter
+    def principal(self, principal):
+        self._principal = principal
+        # the heads pass_request keeps were judged for the one before (_read_head)
+        self._heads[0] = self._heads[1] = None
 
     @property
     def authenticating(self):
@@ -570,10 +581,6 @@ class Connection:
         forward ``data`` as it is (True), or carry out these actions instead
         (a list: a request earned a mute, so what follows it waits). False:
         nothing was done, call client_data (which also gives every error)."""
-        plain = self._plain
-        quick = self._quick if now is not None else None
-        if not plain and not quick and not self.requests_in._left:
-            return False
         cutter = self.requests_in
         if (self.phase is not _READY or self._unread is not None or self._internal
                 or self._mute_due or self._wait_due or cutter._head
@@ -592,6 +599,44 @@ class Connection:
                 cutter._left = pos - n
                 self.bytes_from_client += n
                 return True
+        elif n >= 12:
+            # the commonest read: one whole Produce (or Fetch) of the head read
+            # last, as a client sends request after request; the loop below
+            # for it, written out
+            size, api_key, api_version, correlation_id = _FRAME_HEAD.unpack_from(data)
+            if size + 4 == n and api_key in (0, 1):  # PRODUCE, FETCH: _heads
+                known = self._heads[api_key]
+                # (a frame that holds the head meets min_frame_size; one that
+                # ends at the head or just past it goes on, as the long way
+                # passes it too)
+                if (known is not None and known[0] == api_version
+                        and size <= cutter.max_frame_size and known[2]
+                        and data.startswith(known[1], 12)):
+                    entry = known[6]
+                    inflight = InFlight(correlation_id, api_key, api_version, entry[2], entry[3])
+                    delay = 0
+                    if len(entry) > 4:  # judged (FilterTable.quick)
+                        if now is None:
+                            return False
+                        contexts = self.contexts
+                        for f, i in entry[4]:
+                            if not f.quick_ready(contexts[i]):
+                                return False
+                        for check in known[5]:  # a Fetch's
+                            if not check():
+                                return False
+                        self.now = now
+                        for judge in known[4]:
+                            verdict = (judge(n, now, inflight) if api_key else judge(n, now))
+                            if verdict is not None and verdict.delay_ms > delay:
+                                delay = inflight.throttle_ms = verdict.delay_ms
+                                inflight.throttle_reason = verdict.reason
+                    self.bytes_from_client += n
+                    self.requests += 1
+                    pending.append(inflight)
+                    return self._mute_for(delay, data, n) if delay else True
+        plain = self._plain
+        quick = self._quick if now is not None else None
         max_size = cutter.max_frame_size
         min_size = cutter.min_frame_size
         admitted = []
@@ -628,8 +673,7 @@ class Connection:
                 # replica_id, max_bytes): read once, then compared
                 known = self._heads[api_key]
                 if (known is None or known[0] != api_version or end < pos + known[3]
-                        or not data.startswith(known[1], pos + 12)
-                        or known[5] is not self.principal):
+                        or not data.startswith(known[1], pos + 12)):
                     known = self._read_head(
                         data if not pos and end == n else memoryview(data)[pos:end], api_key,
                         api_version, entry)
@@ -649,7 +693,7 @@ class Connection:
                     return False
             if judged_key == FETCH:  # Filter.quick_check, before any is judged
                 for mark in marks:
-                    for check in mark[1][6]:
+                    for check in mark[1][5]:
                         if not check():
                             return False
             # the quick filters on each judged request, in order; one that
@@ -684,7 +728,8 @@ class Connection:
         ``frame`` (``_heads``): (version, its bytes from the client-id's
         length to acks or to max_bytes, acks (True for a Fetch: answered),
         the least frame length its reader reads it in, the judges of the
-        quick filters of ``entry`` for it, the principal, their checks);
+        quick filters of ``entry`` for it, their checks, ``entry``; dropped
+        when the principal is named, as its judges count for the principal);
         None when produce_acks or fetch_head cannot read it."""
         if api_key == PRODUCE:
             found = produce_acks(frame, version)
@@ -710,7 +755,7 @@ class Connection:
                 checks = tuple(check for check in (f.quick_check(contexts[i], head)
                                                    for f, i in entry[6]) if check is not None)
         known = self._heads[api_key] = (version, bytes(frame[12:end]), acks, least, judges,
-                                        self.principal, checks)
+                                        checks, entry)
         return known
 
     def _mute_for(self, delay, data, end):
