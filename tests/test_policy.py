@@ -166,6 +166,17 @@ def test_window_grows_past_ten_seconds_and_old_samples_expire():
     assert rate.window_seconds(100.0) == 10.0
 
 
+def test_a_sampled_rate_kept_as_a_running_sum_stays_exact_over_a_long_life():
+    rate = SampledRate(samples=3, window=1.0)
+    rate.record(2 ** 62, 0.0)  # years of bytes: past what a float holds to the unit
+    rate.record(1, 10.0)  # the old window has expired by now
+    assert rate.scan(10.0)[0] == 1
+    rate.record(2, 10.5)
+    assert rate.scan(11.0)[0] == 3  # the current window, read before it closes
+    rate.record(4, 11.0)  # closes it: its 3 are written down
+    assert rate.scan(11.0)[0] == 7
+
+
 def test_manager_throttle_matches_the_formula_and_honours_the_cap():
     manager = QuotaManager({"clients/c": {PRODUCE: 100.0}}, QuotaSettings(mode=WINDOW))
     quotas = manager.client("ANONYMOUS", "c")

@@ -87,10 +87,11 @@ def untouched_whole(api_key, api_version, frame):
     forward it byte for byte (every Produce response the broker sends with no
     leader change, an empty Fetch). False when that is not so, or not plainly
     so; the rewriter then takes the frame, with its errors."""
-    if api_version > apis.MAX_DECODABLE_VERSION[api_key]:
+    tail_at = _WHOLE_TAIL_AT.get((api_key, api_version))
+    if tail_at is None:  # newer than the proxy can decode (or no NodeEndpoints)
         return False
     n = len(frame)
-    at = _tail_at_of(api_key, api_version)(frame, n)
+    at = tail_at(frame, n)
     return at == n - 1 and not frame[at]
 
 
@@ -347,9 +348,12 @@ _PLAIN_PARTITION_END = b"\x01\x00\x00"
 def _produce_tail_at(buf, n, topic_ids=False):
     """Produce v10+ (ProduceResponse.json): the tail's offset, or None."""
     try:
-        pos = _tags_at(buf, 8)  # size, correlation_id; header tagged fields
-        if pos < 0:
-            return None
+        if buf[8]:  # size, correlation_id; header tagged fields
+            pos = _tags_at(buf, 8)
+            if pos < 0:
+                return None
+        else:  # none, as usual
+            pos = 9
         topics = buf[pos] - 1
         pos += 1
         if topics >= 0x7F:
@@ -379,9 +383,12 @@ def _produce_tail_at(buf, n, topic_ids=False):
                 pos = _tags_at(buf, pos + 2 + (length - 1 if length else 0))
                 if pos < 0:
                     return None
-            pos = _tags_at(buf, pos)
-            if pos < 0:
-                return None
+            if buf[pos]:  # the topic's tagged fields
+                pos = _tags_at(buf, pos)
+                if pos < 0:
+                    return None
+            else:
+                pos += 1
         pos += 4  # throttle_time_ms
     except IndexError:
         return None
@@ -424,6 +431,13 @@ def _fetch_tail_at(buf, n):
     except (IndexError, ProtocolError):
         return None
     return pos if pos < n else None
+
+
+# untouched_whole's walk for each API/version stream_rewriter takes and the
+# proxy can decode
+_WHOLE_TAIL_AT = {(api_key, version): _tail_at_of(api_key, version)
+                  for api_key, first in apis.NODE_ENDPOINTS_FROM.items()
+                  for version in range(first, apis.MAX_DECODABLE_VERSION[api_key] + 1)}
 
 
 # -- the tail ---------------------------------------------------------------

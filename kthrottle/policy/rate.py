@@ -19,7 +19,9 @@ class SampledRate:
     Kept as a running sum: ``counted`` is everything ever recorded, and the
     current window holds what came since it started (``counted`` less
     ``_base``), so a record within the current window is one addition; a
-    window's own total is written down only when it closes."""
+    window's own total is written down only when it closes. What is recorded
+    is counted in whole units (bytes, requests, partitions): Python's
+    integers keep the sum exact however long the proxy runs."""
 
     __slots__ = ("samples", "window", "_starts", "_values", "_current", "_end", "counted",
                  "_base")
