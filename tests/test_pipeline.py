@@ -629,6 +629,8 @@ def test_the_short_way_declines_what_the_long_way_must_see():
     assert not h.conn.pass_request(produce_req(2, acks=0))  # its head known by now
     assert not h.conn.pass_request(raw_request(1, apis.PRODUCE, 7, b"\xff\xff\xff", b"\xff\xfe"))
     assert not h.conn.pass_request(raw_request(1, 9999, 0))  # unknown API
+    # a whole frame too short for a request header (no client-id): the long way refuses it
+    assert not h.conn.pass_request(struct.pack(">ihhi", 8, apis.METADATA, 0, 1))
     assert h.conn.requests == 0 and not h.conn.pending
     h.client(produce_req(1))
     assert not h.conn.pass_response(produce_resp(2))  # not the response awaited

@@ -600,17 +600,17 @@ class Connection:
                 self.bytes_from_client += n
                 return True
         elif n >= 12:
-            # the commonest read: one whole Produce (or Fetch) of the head read
-            # last, as a client sends request after request; the loop below
-            # for it, written out
+            # the commonest read: one whole request, most often of the head
+            # read last (a producer's, or a judged consumer's: _heads), as a
+            # client sends request after request; the loop below for it,
+            # written out
             size, api_key, api_version, correlation_id = _FRAME_HEAD.unpack_from(data)
-            if size + 4 == n and api_key in (0, 1):  # PRODUCE, FETCH: _heads
-                known = self._heads[api_key]
+            if size + 4 == n and size <= cutter.max_frame_size:
+                known = self._heads[api_key] if api_key in (0, 1) else None  # PRODUCE, FETCH
                 # (a frame that holds the head meets min_frame_size; one that
                 # ends at the head or just past it goes on, as the long way
                 # passes it too)
-                if (known is not None and known[0] == api_version
-                        and size <= cutter.max_frame_size and known[2]
+                if (known is not None and known[0] == api_version and known[2]
                         and data.startswith(known[1], 12)):
                     entry = known[6]
                     inflight = InFlight(correlation_id, api_key, api_version, entry[2], entry[3])
@@ -635,6 +635,14 @@ class Connection:
                     self.requests += 1
                     pending.append(inflight)
                     return self._mute_for(delay, data, n) if delay else True
+                if api_key != PRODUCE and size >= cutter.min_frame_size:
+                    entry = self._plain.get((api_key, api_version))
+                    if entry is not None:  # nothing reads it (a Fetch without quotas)
+                        pending.append(InFlight(correlation_id, api_key, api_version, entry[2],
+                                                entry[3]))
+                        self.bytes_from_client += n
+                        self.requests += 1
+                        return True
         plain = self._plain
         quick = self._quick if now is not None else None
         max_size = cutter.max_frame_size
