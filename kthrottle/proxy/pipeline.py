@@ -618,19 +618,15 @@ class Connection:
                     if len(entry) > 4:  # judged (FilterTable.quick)
                         if now is None:
                             return False
-                        contexts = self.contexts
+                        contexts = self.contexts  # as the loop below
                         for f, i in entry[4]:
                             if not f.quick_ready(contexts[i]):
                                 return False
-                        for check in known[5]:  # a Fetch's
+                        for check in known[5]:
                             if not check():
                                 return False
                         self.now = now
-                        for judge in known[4]:
-                            verdict = (judge(n, now, inflight) if api_key else judge(n, now))
-                            if verdict is not None and verdict.delay_ms > delay:
-                                delay = inflight.throttle_ms = verdict.delay_ms
-                                inflight.throttle_reason = verdict.reason
+                        delay = self._judged(known, inflight, n, now)
                     self.bytes_from_client += n
                     self.requests += 1
                     pending.append(inflight)
@@ -648,7 +644,7 @@ class Connection:
         max_size = cutter.max_frame_size
         min_size = cutter.min_frame_size
         admitted = []
-        # the quick entry of the requests to judge (one per read; judged_key its api key)
+        # the quick entry of the requests to judge (one per read)
         judged = None
         marks = None  # theirs: (InFlight, head known, length, end), in order
         while pos < n:
@@ -667,7 +663,6 @@ class Connection:
                     if judged is not None:
                         return False  # versions mixed in one read: the long way
                     judged = entry
-                    judged_key = api_key
                     marks = []
             if size > max_size or size < min_size:
                 return False
@@ -699,23 +694,15 @@ class Connection:
             for f, i in judged[4]:
                 if not f.quick_ready(contexts[i]):
                     return False
-            if judged_key == FETCH:  # Filter.quick_check, before any is judged
-                for mark in marks:
-                    for check in mark[1][5]:
-                        if not check():
-                            return False
-            # the quick filters on each judged request, in order; one that
-            # earns a delay is the last taken now (as the long way stops after it)
+            for mark in marks:  # Filter.quick_check (a Fetch's), before any is judged
+                for check in mark[1][5]:
+                    if not check():
+                        return False
+            # each judged request in order; one that earns a delay is the
+            # last taken now (as the long way stops after it)
             self.now = now
             for inflight, known, frame_len, end in marks:
-                for judge in known[4]:  # the quick filters' judges of its head (Filter.quick_judge)
-                    # a Fetch's judge notes what its response counts against
-                    # (judged_key: PRODUCE is 0)
-                    verdict = (judge(frame_len, now, inflight) if judged_key
-                               else judge(frame_len, now))
-                    if verdict is not None and verdict.delay_ms > delay:
-                        delay = inflight.throttle_ms = verdict.delay_ms
-                        inflight.throttle_reason = verdict.reason
+                delay = self._judged(known, inflight, frame_len, now)
                 if delay:
                     if end < n:  # what follows it waits for the mute's end
                         del admitted[admitted.index(inflight) + 1:]
@@ -730,6 +717,20 @@ class Connection:
         else:
             cutter._left = 0
         return self._mute_for(delay, data, pos) if delay else True
+
+    def _judged(self, known, inflight, frame_len, now):
+        """pass_request: the delay (ms, 0 for none) the quick filters' judges
+        of a request's head ``known`` (Filter.quick_judge) give ``inflight``,
+        the longest of them; a Fetch's judge also notes what its response
+        counts against."""
+        delay = 0
+        fetch = inflight.api_key  # PRODUCE is 0
+        for judge in known[4]:
+            verdict = judge(frame_len, now, inflight) if fetch else judge(frame_len, now)
+            if verdict is not None and verdict.delay_ms > delay:
+                delay = inflight.throttle_ms = verdict.delay_ms
+                inflight.throttle_reason = verdict.reason
+        return delay
 
     def _read_head(self, frame, api_key, version, entry):
         """What pass_request keeps of a Produce or Fetch request's head
