@@ -25,7 +25,10 @@ each optional in its own pass so that it does not weigh on the CPU figures:
   ``writelines`` per SendToClient/SendToBroker action, its number of chunks and their
   sizes; one write of the bytes read for a read the pipeline passes the short way), ``SSLObject.read``/``write`` calls, the ``SSLWantReadError`` raised, and the TLS
   records written (``ceil(n / 16384)`` per SSL write of n bytes: OpenSSL never joins two
-  writes into one record). It also prints the negotiated protocol and cipher.
+  writes into one record). It also prints the negotiated protocol and cipher, and the
+  pipeline's own time per call in the running proxy (``pass_request``, ``pass_response``,
+  ``client_data``, ``broker_data``; wall clock around each call), to set against what
+  ``frame_cost.py`` measures of the same calls in process.
 * ``--strace``: ``strace -c -f`` attached to the proxy during each phase: syscalls per
   request.
 * ``--py-spy DIR``: a ``py-spy record --format raw`` (``--native`` with ``--native``)
@@ -147,8 +150,20 @@ def _install_kthrottle_probe():
 
     short = pipeline.Connection
     pass_request, pass_response = short.pass_request, short.pass_response
+    clock = time.perf_counter_ns
+
+    def timed(method, name):
+        # the pipeline's own time per call, in the running proxy (wall clock)
+        def wrapper(self, *args):
+            t = clock()
+            out = method(self, *args)
+            COUNTS.add(name, 1, clock() - t)
+            return out
+        return wrapper
 
     def counted(passes, side):
+        passes = timed(passes, "pipeline_" + passes.__name__)
+
         def wrapper(self, data, *now):
             passed = passes(self, data, *now)
             if passed:
@@ -168,6 +183,8 @@ def _install_kthrottle_probe():
 
     short.pass_request = counted(pass_request, "to_broker")
     short.pass_response = counted(pass_response, "to_client")
+    short.client_data = timed(short.client_data, "pipeline_client_data")
+    short.broker_data = timed(short.broker_data, "pipeline_broker_data")
     cls = connection.ClientConnection
     init, run, client_data, upstream_data = (cls.__init__, cls._run, cls.data_received,
                                              cls.upstream_data)
@@ -689,6 +706,23 @@ def report(rows, args):
                      "frames); (N B): average size:\n")
         lines.extend(markdown_table(["client", "phase", "config", "src", "requests", *names],
                                     table))
+        timed = [r for r in counted
+                 if any(k.startswith("pipeline_") for k in r["counts"]["calls"])]
+        if timed:
+            names = ("pipeline_pass_request", "pipeline_client_data", "pipeline_pass_response",
+                     "pipeline_broker_data")
+            table = []
+            for r in timed:
+                calls, ns = r["counts"]["calls"], r["counts"]["bytes"]
+                table.append([r["client"], r["phase"], r["config"], r["src"], *(
+                    "%.2f us x %d" % (ns[n] / calls[n] / 1000, calls[n]) if calls.get(n) else "-"
+                    for n in names)])
+            lines.append("\nThe pipeline's own time in the running proxy, per call and calls "
+                         "(wall clock around each call, probe included; pass_request and "
+                         "pass_response are the short way, client_data and broker_data the "
+                         "long way):\n")
+            lines.extend(markdown_table(["client", "phase", "config", "src", "pass_request",
+                                         "client_data", "pass_response", "broker_data"], table))
         for r in counted:
             if r["counts"].get("tls"):
                 lines.append("\nnegotiated: %s %s" % (r["counts"]["tls"].get("version"),
