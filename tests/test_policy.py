@@ -235,6 +235,65 @@ def test_a_sampled_rate_keeps_each_record_in_the_window_it_came_in(steps):
                 came = [(t, v) for t, v in came if t in live]
 
 
+class _RingRate:
+    """Kafka's sampled rate walked in full on every scan: each window's own
+    total, expired windows reset to start at the scan (the reference for
+    SampledRate, which walks its ring only when a window has closed or may
+    have expired)."""
+
+    def __init__(self, samples, window):
+        self.samples, self.window = samples, window
+        self.starts, self.values, self.current = [None] * samples, [0.0] * samples, 0
+
+    def record(self, value, now):
+        i = self.current
+        if self.starts[i] is None or now >= self.starts[i] + self.window:
+            if self.starts[i] is not None:
+                i = self.current = (i + 1) % self.samples
+                self.values[i] = 0.0
+            self.starts[i] = now
+        self.values[i] += value
+
+    def scan(self, now):
+        expire = self.samples * self.window
+        oldest, total = now, 0.0
+        for i, start in enumerate(self.starts):
+            if start is None:
+                continue
+            if now - start >= expire:
+                self.starts[i], self.values[i] = now, 0.0
+                continue
+            oldest = min(oldest, start)
+            total += self.values[i]
+        elapsed = now - oldest
+        full = int(elapsed / self.window)
+        if full < self.samples - 1:
+            elapsed += (self.samples - 1 - full) * self.window
+        return total, elapsed
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from([2, 3, 11]), st.lists(st.tuples(
+    st.sampled_from(["record", "scan", "scan"]), st.integers(-3, 9), st.integers(0, 48)),
+    max_size=120))
+# windows that close one after the other, then one that expires while the
+# current one is still open: each changes what a scan between them reads
+@example(3, [("record", 1, 0), ("record", 2, 4), ("record", 3, 4), ("scan", 0, 1),
+             ("scan", 0, 3), ("scan", 0, 4), ("record", 4, 1), ("scan", 0, 8)])
+def test_a_sampled_rate_scans_as_a_walk_of_every_window_would(samples, steps):
+    """A scan between two walks of the ring (nothing closed or expired since)
+    reads the total and W that a walk would (time steps are exact binary
+    values, and values whole: the sums compare exactly)."""
+    rate, ring, now = SampledRate(samples=samples, window=1.0), _RingRate(samples, 1.0), 0.0
+    for op, value, ticks in steps:
+        now += ticks * 0.125
+        if op == "record":
+            rate.record(value, now)
+            ring.record(value, now)
+        else:
+            assert rate.scan(now) == ring.scan(now)
+
+
 class _CountedBucket:
     """A token bucket as its definition says: units refilled since the last
     time given, capped at the burst, then taken (the reference for

@@ -14,17 +14,22 @@ import math
 
 
 class SampledRate:
-    """Kafka's Rate over a SampledTotal, in a fixed ring (O(samples) per call).
+    """Kafka's Rate over a SampledTotal, in a fixed ring.
 
     Kept as a running sum: ``counted`` is everything ever recorded, and the
     current window holds what came since it started (``counted`` less
     ``_base``), so a record within the current window is one addition; a
     window's own total is written down only when it closes. What is recorded
     is counted in whole units (bytes, requests, partitions): Python's
-    integers keep the sum exact however long the proxy runs."""
+    integers keep the sum exact however long the proxy runs.
+
+    A scan walks the ring (O(samples)) only when a window has closed or
+    one may have expired since the last walk: in between, the closed
+    windows' total and the oldest start it found still hold, so a scan
+    is a few additions (this runs per request with a quota)."""
 
     __slots__ = ("samples", "window", "_starts", "_values", "_current", "_end", "counted",
-                 "_base")
+                 "_base", "_closed", "_oldest", "_walked_at", "_walked_span")
 
     def __init__(self, samples=11, window=1.0):
         if samples < 2:
@@ -41,6 +46,14 @@ class SampledRate:
         self._end = -math.inf
         self.counted = 0
         self._base = 0  # counted when the current window started
+        # what the last walk of the ring found (scan): the closed windows'
+        # total and the oldest live start, good from _walked_at for as long
+        # as the oldest is younger than _walked_span (samples x window, when
+        # it expires; -inf: walk again)
+        self._closed = 0.0
+        self._oldest = 0.0
+        self._walked_at = math.inf
+        self._walked_span = -math.inf
 
     def record(self, value, now):
         if now >= self._end:
@@ -59,17 +72,35 @@ class SampledRate:
         self._starts[i] = now
         self._base = self.counted
         self._end = now + self.window
+        self._walked_span = -math.inf  # a window closed: the next scan walks the ring
 
     def scan(self, now):
-        """(total, W) at ``now``, in one pass: windows older than samples x
-        window are reset first, as Kafka purges them; W is the time since the
-        oldest live window started, padded to samples - 1 windows."""
+        """(total, W) at ``now``: windows older than samples x window are
+        reset first, as Kafka purges them; W is the time since the oldest
+        live window started, padded to samples - 1 windows."""
+        elapsed = now - self._oldest
+        if elapsed < self._walked_span and self._walked_at <= now:
+            # nothing closed or expired since the walk (the oldest live
+            # window, the first to expire, is as _walk checks it): only the
+            # current window, live here, has grown
+            total = self._closed + (self.counted - self._base)
+        else:
+            total, elapsed = self._walk(now)
+        full = int(elapsed / self.window)
+        if full < self.samples - 1:
+            elapsed += (self.samples - 1 - full) * self.window
+        return total, elapsed
+
+    def _walk(self, now):
+        """scan's pass over the ring: expired windows reset, then (total,
+        time since the oldest live start); what it found is kept for the
+        scans until a window closes or the oldest live one expires."""
         expire = self.samples * self.window
         starts = self._starts
         values = self._values
         current = self._current
         oldest = now
-        total = 0.0
+        closed = 0.0
         for i in range(self.samples):
             start = starts[i]
             if start is None:
@@ -83,12 +114,17 @@ class SampledRate:
                 continue
             if start < oldest:
                 oldest = start
-            total += values[i] if i != current else self.counted - self._base
-        elapsed = now - oldest
-        full = int(elapsed / self.window)
-        if full < self.samples - 1:
-            elapsed += (self.samples - 1 - full) * self.window
-        return total, elapsed
+            if i != current:
+                closed += values[i]
+        if starts[current] is None:  # nothing recorded yet
+            self._walked_span = -math.inf
+            return closed, now - oldest
+        # (a window reset above starts at now: oldest is the least live start)
+        self._closed = closed
+        self._oldest = oldest
+        self._walked_at = now
+        self._walked_span = expire
+        return closed + (self.counted - self._base), now - oldest
 
     def window_seconds(self, now):
         """W: the time the rate divides by (padded to samples - 1 windows)."""
