@@ -12,7 +12,7 @@ from kthrottle.codecs import apis
 from kthrottle.codecs.frames import HEAD_SIZE
 from kthrottle.codecs.request import fetch_head
 from kthrottle.policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE
-from kthrottle.policy.quotas import QuotaManager
+from kthrottle.policy.quotas import LEASE_SECONDS, WINDOW, QuotaManager, QuotaSettings
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.pipeline import (
     ANONYMOUS,
@@ -424,6 +424,9 @@ def test_only_responses_whose_filters_all_have_a_quick_response_are_offered_to_t
 
 
 def bucket_totals(h):
+    """What the buckets counted, the connections' leases settled first, as
+    every reader of the buckets does (metrics, the workers' exchange)."""
+    h.manager.settle_leases(h.now)
     return {key: bucket.total for key, bucket in h.manager.buckets.items()}
 
 
@@ -519,6 +522,94 @@ def test_a_throttle_earned_within_a_read_on_the_short_way_holds_what_follows(bef
     assert results[0] == results[1]
     # what followed it went on after the mute, in order
     assert results[0][2] == after + [9]
+
+
+# a producer's lease: requests that fit go on unjudged --------------------------
+
+LEASED = {"clients/app-1": {PRODUCER_BYTE_RATE: 1e7, REQUEST_RATE: 1000.0}}
+PRODUCED = (PRODUCER_BYTE_RATE, "", "app-1")
+REQUESTED = (REQUEST_RATE, "", "app-1")
+
+
+def test_a_producers_requests_within_its_lease_are_counted_when_it_is_settled():
+    h = Harness(LEASED)
+    h.client(produce_req(1, nbytes=1000))  # its head read (the long way's loop)
+    h.client(produce_req(2, nbytes=1000))  # judged as a known head: a lease taken
+    lease = h.conn._lease
+    produce, request = h.manager.buckets[PRODUCED], h.manager.buckets[REQUESTED]
+    frame_len = len(produce_req(1, nbytes=1000))
+    assert (produce.total, request.total) == (2 * frame_len, 2)
+    # an eighth of what the buckets hold: 10 MB and 1000 requests, less the two
+    assert lease[3] == int((1e7 - 2 * frame_len) / 8) and lease[4] == int(998 / 8)
+    assert (produce.leased, request.leased) == (lease[3], lease[4])
+    for cid in range(3, 7):
+        h.client(produce_req(cid, nbytes=1000))
+    assert h.log.count("pass_request") == 6 and h.to_broker == b"".join(
+        produce_req(c, nbytes=1000) for c in range(1, 7))
+    assert (produce.total, request.total) == (2 * frame_len, 2)  # taken from the lease
+    assert (lease[0], lease[1]) == (lease[3] - 4 * frame_len, lease[4] - 4)
+    assert bucket_totals(h)[PRODUCED] == 6 * frame_len  # settled: counted
+    assert bucket_totals(h)[REQUESTED] == 6
+    assert (produce.leased, request.leased) == (0, 0)
+    h.client(produce_req(7, nbytes=1000))  # judged again, and a new lease
+    assert request.total == 7 and h.conn._lease is not lease and request.leased > 0
+
+
+def test_a_lease_ends_when_it_runs_out_its_time_passes_or_the_connection_closes():
+    h = Harness(LEASED)
+    frame_len = len(produce_req(1, nbytes=1000))
+    h.client(produce_req(1, nbytes=1000))
+    h.client(produce_req(2, nbytes=1000))
+    given = h.conn._lease[4]
+    for cid in range(3, given + 5):  # the lease's requests and two more
+        h.client(produce_req(cid, nbytes=1000))
+    request = h.manager.buckets[REQUESTED]
+    # two judged, the lease's, then one judged past it (the lease settled, a
+    # new one taken, which the last is in)
+    assert request.total == 3 + given and request.leased == h.conn._lease[4]
+    h.now += LEASE_SECONDS  # its time is over: the next request is judged
+    h.client(produce_req(99, nbytes=1000))
+    assert request.total == given + 5  # the last lease's one request, and this one
+    h.run(h.conn.close("the broker went away"))
+    assert request.leased == 0 and not h.manager.leases
+    assert request.total == given + 5
+    assert h.manager.buckets[PRODUCED].total == (given + 5) * frame_len
+
+
+@pytest.mark.parametrize("change", ["quota", "client"])
+def test_after_a_lease_a_lowered_quota_or_another_client_id_judges_as_the_long_way(change):
+    results = []
+    for short_way in (True, False):
+        h = Harness(dict(LEASED, **{"clients/app-2": {REQUEST_RATE: 1000.0}}),
+                    short_way=short_way)
+        for cid in range(1, 6):
+            h.client(produce_req(cid, nbytes=1000))
+        h.at(0.01)
+        if change == "quota":  # the configuration settles every lease
+            h.manager.update({"clients/app-1": {PRODUCER_BYTE_RATE: 500.0}})
+            h.client(produce_req(6, nbytes=1000))
+        else:  # another head: the lease of the one before is settled
+            for cid in range(6, 9):
+                h.client(produce_req(cid, nbytes=1000, client_id="app-2"))
+            h.client(produce_req(9, nbytes=1000))
+        h.broker(b"".join(produce_resp(c) for c in req_cids(h.to_broker)))
+        throttles = [ProduceResponse[8].decode(f[8:]).throttle_time_ms
+                     for f in frames_of(h.to_client)]
+        results.append((throttles, h.client_paused_until, bucket_totals(h)))
+    assert results[0] == results[1]
+    if change == "quota":
+        assert results[0][0][-1] > 0  # over the lowered quota: throttled
+
+
+def test_a_lease_is_never_given_in_window_mode_nor_from_a_bucket_nearly_empty():
+    h = Harness(LEASED, QuotaSettings(mode=WINDOW))
+    for cid in range(1, 4):
+        h.client(produce_req(cid, nbytes=1000))
+    assert h.conn._lease is None and h.manager.buckets[REQUESTED].total == 3
+    # 4 requests' worth left at most: a lease would be used up at once
+    h = Harness({"clients/app-1": {PRODUCER_BYTE_RATE: 30000.0}})
+    h.client(produce_req(1, nbytes=1000))
+    assert h.conn._lease is None and h.manager.buckets[PRODUCED].leased == 0
 
 
 # a consumer's Fetches on the short way under quotas ---------------------------

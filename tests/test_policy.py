@@ -470,3 +470,30 @@ def test_a_fetch_is_capped_at_what_one_window_or_the_bucket_allows():
     bucket = QuotaManager(snapshot, QuotaSettings(burst_seconds=2.5)).client("u", "c")
     assert bucket.fetch_max_bytes() == 2_500
     assert QuotaManager(snapshot).client("u", "other").fetch_max_bytes() is None
+
+
+def test_the_leases_of_a_bucket_together_stay_within_what_it_holds():
+    manager = QuotaManager({"clients/c": {PRODUCE: 8000.0}}, QuotaSettings(burst_seconds=1.0))
+    quotas = manager.client("ANONYMOUS", "c")
+    assert quotas.on_produce(1000, 0.0) is None  # 7000 bytes left in the bucket
+    leases = [quotas.lease_produce(100, 0.0) for _ in range(3)]
+    # an eighth of what is held and not leased yet, each: 875, 765, 670
+    assert [lease[3] for lease in leases] == [875, 765, 670]
+    assert sum(lease[3] for lease in leases) <= 7000
+    assert quotas.lease_produce(1000, 0.0) is None  # not 4 requests' worth left to lease
+    leases[0][0] -= 800  # what the connections took
+    leases[1][0] -= 100
+    # half a second on, the bucket is full again (8000), then what they took
+    manager.settle_leases(0.5)
+    assert manager.buckets[(PRODUCE, "", "c")].leased == 0
+    assert manager.buckets[(PRODUCE, "", "c")].total == 1900
+    assert quotas.on_produce(7099, 0.5) is None
+    assert quotas.on_produce(1, 0.5) is None  # the last byte it holds
+    assert quotas.on_produce(100, 0.5).delay_ms in (12, 13)  # 100 bytes of debt at 8000 B/s
+
+
+def test_no_lease_is_given_in_window_mode():
+    manager = QuotaManager({"clients/c": {PRODUCE: 8000.0}}, QuotaSettings(mode=WINDOW))
+    quotas = manager.client("ANONYMOUS", "c")
+    quotas.on_produce(1000, 0.0)
+    assert quotas.lease_produce(100, 0.0) is None and not manager.leases

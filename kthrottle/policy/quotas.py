@@ -25,6 +25,7 @@ rates (each topic its own bucket, shared by every client writing or reading
 it). A quota whose entity holds observe_only (or every quota, with
 QuotaSettings.observe_only) is measured and reported but delays no one.
 """
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -62,6 +63,16 @@ class Decision(NamedTuple):
 
 
 NO_DELAY = Decision(0, None)
+
+# Leases (QuotaManager.lease): what a connection may send without its buckets
+# being asked, in token-bucket mode. A lease is taken from what the buckets
+# hold less what is leased from them already, this fraction of it, so that
+# all the leases of a bucket together stay within what it holds; it lasts at
+# most LEASE_SECONDS, and is not given for fewer than LEASE_LEAST requests.
+LEASE_FRACTION = 0.125
+LEASE_SECONDS = 0.1
+LEASE_LEAST = 4
+UNLIMITED = 1 << 62  # a lease's share of a quota key without a quota
 
 
 def client_quotas_apply(api_key, replica_id):
@@ -208,7 +219,7 @@ class Bucket:
                  "rate", "tokens", "cap", "last_used", "throttle_ms_total", "throttled",
                  "held", "observe_only", "observed", "observed_ms_total",
                  "observed_last_ms", "others_total", "others_throttle_ms", "others_throttled",
-                 "others_observed", "others_observed_ms")
+                 "others_observed", "others_observed_ms", "leased")
 
     def __init__(self, key, resolution, settings, limit=None):
         self.key = key
@@ -248,6 +259,7 @@ class Bucket:
         self.others_throttled = 0
         self.others_observed = 0
         self.others_observed_ms = 0
+        self.leased = 0  # units leased from it and not settled yet (QuotaManager.lease)
         self.set_limit(resolution, limit)
 
     def set_limit(self, resolution, limit=None):
@@ -321,6 +333,22 @@ class Bucket:
             self.throttle_ms_total += ms
             self._hold(value, now, ms)
         return ms
+
+    def lease(self, now, least):
+        """Units a lease may take from this bucket (QuotaManager.lease):
+        LEASE_FRACTION of what it holds at ``now`` less what is leased from
+        it already; 0 when that is under ``least`` or in window mode (each
+        request there is measured, as Kafka measures it)."""
+        tokens = self.tokens
+        if tokens is None:
+            return 0 if self.limit is not None else UNLIMITED
+        full_at = tokens.full_at
+        held = tokens.burst - (full_at - now) * tokens.limit if full_at > now else tokens.burst
+        grant = int((held - self.leased) * LEASE_FRACTION)
+        if grant < least:
+            return 0
+        self.leased += grant
+        return grant
 
     def charge(self, value, now):
         """Count ``value`` with no throttle of its own: KIP-599's strict mode
@@ -520,6 +548,17 @@ class ClientQuotas:
         delay = bucket.record(nbytes, now)
         return Decision(delay, CONSUMER_BYTE_RATE) if delay else NO_DELAY
 
+    def lease_produce(self, nbytes, now):
+        """QuotaManager.lease for this client's Produce requests, after one of
+        ``nbytes`` earned no delay; None in window mode or when its buckets
+        hold too little."""
+        m = self.manager
+        if self.generation != m.generation:
+            self.refresh()
+        if m.settings.mode != TOKEN_BUCKET:
+            return None
+        return m.lease(self.produce, self.request, nbytes, now)
+
     # One quota key at a time (benchmarks and tests of the rate rules).
 
     def record_produce(self, nbytes, now):
@@ -579,11 +618,73 @@ class QuotaManager:
         self.share_quotas = {}  # (key, user tag, client tag) -> fleet quota the share is of
         self.prior = 1.0
         self.fleet_size = 0  # the fleet members the shares were computed for
+        # the leases given and not settled yet, by id(), and the latest time
+        # a lease was asked for (for a settle that is given none)
+        self.leases = {}
+        self.latest = -math.inf
+
+    # leases ----------------------------------------------------------------
+
+    def lease(self, produce, request, nbytes, now):
+        """A lease for the Produce requests of one connection (``produce``
+        and ``request``: its buckets, None where no quota applies) after one
+        of ``nbytes`` was judged and earned no delay, or None: a list
+        [bytes left, requests left, until, bytes given, requests given,
+        produce, request]. Until ``until``, a request that fits in what is
+        left takes it from there and goes on unjudged: none of them could
+        earn a delay, as together they take no more than the buckets hold
+        (tokens only come back with time). What was taken is counted in the
+        buckets when the lease is settled (settle): by the connection when
+        it runs out, ends or changes client, and here whenever a reader of
+        the buckets (metrics, the workers' and the fleet's exchanges) or a
+        change of configuration or limits needs them exact. Token-bucket
+        mode only."""
+        if now > self.latest:
+            self.latest = now
+        nbytes = UNLIMITED if produce is None else produce.lease(now, LEASE_LEAST * nbytes)
+        if not nbytes:
+            return None
+        requests = UNLIMITED if request is None else request.lease(now, LEASE_LEAST)
+        if not requests:
+            if produce is not None:
+                produce.leased -= nbytes
+            return None
+        lease = [nbytes, requests, now + LEASE_SECONDS, nbytes, requests, produce, request]
+        self.leases[id(lease)] = lease
+        return lease
+
+    def settle(self, lease, now=None):
+        """Count what ``lease`` took in its buckets (at ``now``, or the latest
+        time a lease was asked for) and end it: its next request is judged."""
+        if self.leases.get(id(lease)) is not lease:
+            return  # settled already
+        del self.leases[id(lease)]
+        if now is None or now < self.latest:
+            now = self.latest
+        nbytes, requests, _, given_bytes, given_requests, produce, request = lease
+        lease[0] = lease[1] = 0
+        lease[2] = -math.inf
+        if request is not None:
+            request.leased -= given_requests
+            if requests < given_requests:
+                request.charge(given_requests - requests, now)
+        if produce is not None:
+            produce.leased -= given_bytes
+            if nbytes < given_bytes:
+                produce.charge(given_bytes - nbytes, now)
+
+    def settle_leases(self, now=None):
+        """Settle every lease: the buckets are exact (before they are read),
+        and what a lease was sized on may change."""
+        if self.leases:
+            for lease in list(self.leases.values()):
+                self.settle(lease, now)
 
     def update(self, snapshot):
         """A new configuration: live connections re-resolve on their next
         request; existing buckets keep their measured rates (and, in a
         fleet, their shares, against the new quota)."""
+        self.settle_leases()
         self.config = QuotaConfig(snapshot)
         self.generation += 1
         # a bucket whose entity is gone is dropped now (its clients resolve
@@ -689,6 +790,7 @@ class QuotaManager:
         return min(quota, max(share, quota * MIN_SHARE_FRACTION))
 
     def _reapply(self):
+        self.settle_leases()  # sized on the limits before
         for bucket_key, bucket in self.buckets.items():
             limit = self.applied_limit(bucket_key, bucket.quota)
             if limit != bucket.limit:
@@ -734,6 +836,7 @@ class QuotaManager:
     def expire(self, now, idle=3600.0):
         """Drop buckets unused for ``idle`` seconds (Kafka expires quota
         sensors after an hour). Call now and then, not per request."""
+        self.settle_leases(now)
         dropped = 0
         for buckets in (self.buckets, self.topic_buckets, self.ip_buckets):
             stale = []

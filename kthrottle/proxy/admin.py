@@ -379,6 +379,8 @@ class ProxyCollector:
         server = self.server
         manager = server.quotas
         now = server.loop.time()
+        if manager is not None:
+            manager.settle_leases(now)  # what the connections' leases took, counted
         shown, omitted = self._shown_buckets(manager)
         topics, ips = [], []
         if manager is not None:
@@ -709,6 +711,8 @@ def quotas_report(server, source=None):
     now = server.loop.time()
     manager = server.quotas
     entities = None
+    if manager is not None:
+        manager.settle_leases(now)
     if manager is not None:
         snapshot = manager.config.snapshot
         # "static": the file's static defaults (Kafka's quota.*.default)

@@ -208,6 +208,22 @@ class Filter:
         the long way (to on_request). Must change nothing."""
         return True
 
+    # True: quick_ready changes only with the quota configuration (the
+    # QuotaManager's generation, which settles every lease): a lease
+    # (quick_lease) may then stand for it too.
+    quick_ready_follows_quotas = False
+
+    def quick_lease(self, ctx, head):
+        """None, or for a Produce ``head`` (a QuickHead) whose only judge is
+        this filter's: a callable ``lease(frame_len, now)``, asked after a
+        request of that head earned no delay, answering None or a lease (a
+        list: [bytes left, requests left, until, ...], QuotaManager.lease)
+        that the connection's next requests of that head take from,
+        unjudged, while they fit and ``now`` is before ``until``. The
+        connection settles it (QuotaManager.settle) when it runs out, ends,
+        or the head changes."""
+        return None
+
     def quick_check(self, ctx, head):
         """None, or a callable ``check()`` asked before each Fetch with this
         ``head`` (a QuickHead) is judged: False sends it the long way (a

@@ -73,6 +73,7 @@ class UsageTracker:
         seen = self._throttle
         totals = {}
         buckets = []
+        self.manager.settle_leases(now)  # what the connections' leases took, counted
         for sk, bucket in self.manager.buckets.items():
             # with --workers, the other workers' throttles too: a report covers the machine
             total = bucket.throttle_ms_total + bucket.others_throttle_ms

@@ -461,6 +461,8 @@ class Connection:
         self._quick = table.quick
         # the last Produce and the last Fetch head pass_request read, by api key
         self._heads = [None, None]
+        # the lease the Produce head's requests take from (Filter.quick_lease)
+        self._lease = None
         # (data, InFlight, the filters, its size): a response's first read
         # pass_response left to broker_data to count (FilterTable.quick_heads)
         self._counting = None
@@ -497,6 +499,8 @@ class Connection:
         self._principal = principal
         # the heads pass_request keeps were judged for the one before (_read_head)
         self._heads[0] = self._heads[1] = None
+        if self._lease is not None:
+            self._drop_lease()
 
     @property
     def authenticating(self):
@@ -618,15 +622,24 @@ class Connection:
                     if len(entry) > 4:  # judged (FilterTable.quick)
                         if now is None:
                             return False
-                        contexts = self.contexts  # as the loop below
-                        for f, i in entry[4]:
-                            if not f.quick_ready(contexts[i]):
-                                return False
-                        for check in known[5]:
-                            if not check():
-                                return False
-                        self.now = now
-                        delay = self._judged(known, inflight, n, now)
+                        lease = self._lease  # a Produce's (known[7])
+                        if (lease is not None and not api_key and lease[0] >= n and lease[1]
+                                and now < lease[2]):
+                            # it fits in the lease: no delay, counted when settled
+                            lease[0] -= n
+                            lease[1] -= 1
+                        else:
+                            contexts = self.contexts  # as the loop below
+                            for f, i in entry[4]:
+                                if not f.quick_ready(contexts[i]):
+                                    return False
+                            for check in known[5]:
+                                if not check():
+                                    return False
+                            self.now = now
+                            delay = self._judged(known, inflight, n, now)
+                            if not delay and not api_key and known[7] is not None:
+                                self._renew_lease(known[7], n, now)
                     self.bytes_from_client += n
                     self.requests += 1
                     pending.append(inflight)
@@ -732,6 +745,24 @@ class Connection:
                 inflight.throttle_reason = verdict.reason
         return delay
 
+    def _renew_lease(self, lessor, frame_len, now):
+        """pass_request: the Produce head's lease ran out (or there was none)
+        and a request of ``frame_len`` earned no delay: what it took is
+        counted, and a new one asked for."""
+        lease = self._lease
+        if lease is not None:
+            self._lease = None
+            self.quota_manager.settle(lease, now)
+        self._lease = lessor(frame_len, now)
+
+    def _drop_lease(self):
+        """The Produce head's lease ends: what it took is counted (the head
+        changes, the principal is named, the connection closes)."""
+        lease = self._lease
+        if lease is not None:
+            self._lease = None
+            self.quota_manager.settle(lease, self.now)
+
     def _read_head(self, frame, api_key, version, entry):
         """What pass_request keeps of a Produce or Fetch request's head
         ``frame`` (``_heads``): (version, its bytes from the client-id's
@@ -756,15 +787,23 @@ class Connection:
             acks = True
             least = end
         judges = checks = ()
+        lessor = None
         if acks and len(entry) > 4:  # a quick entry (FilterTable.quick)
             contexts = self.contexts
-            judges = tuple(judge for judge in (f.quick_judge(contexts[i], head)
-                                               for f, i in entry[5]) if judge is not None)
+            judging = [(f, i, f.quick_judge(contexts[i], head)) for f, i in entry[5]]
+            judges = tuple(judge for _, _, judge in judging if judge is not None)
             if api_key == FETCH:  # FilterTable.quick: a Produce's filters have none
                 checks = tuple(check for check in (f.quick_check(contexts[i], head)
                                                    for f, i in entry[6]) if check is not None)
+            elif (len(judges) == 1 and len(judging) == 1
+                  and all(f.quick_ready_follows_quotas for f, _ in entry[4])):
+                # one judge, and readiness that a lease's settling follows
+                f, i, _ = judging[0]
+                lessor = f.quick_lease(contexts[i], head)
+        if api_key == PRODUCE and self._lease is not None:
+            self._drop_lease()  # it was for the head before
         known = self._heads[api_key] = (version, bytes(frame[12:end]), acks, least, judges,
-                                        checks, entry)
+                                        checks, entry, lessor)
         return known
 
     def _mute_for(self, delay, data, end):
@@ -1180,6 +1219,7 @@ class Connection:
         actions = self._actions
         if self.phase is not Phase.CLOSED:
             self.phase = Phase.CLOSED
+            self._drop_lease()
             actions.append(Close(reason, refused))
         return actions
 
@@ -1434,6 +1474,7 @@ class Connection:
             if len(self.client_quotas) >= CLIENT_IDS_KEPT:
                 self.client_quotas.clear()  # a client cycling client-ids: start over
                 self._heads[0] = self._heads[1] = None  # and its quotas with them
+                self._drop_lease()
             quotas = self.client_quotas[key] = manager.client(self.principal, client_id)
         return quotas
 

@@ -125,6 +125,7 @@ class UsageOutbox:
         since = None if self._since is None else self._since - SLACK_SECONDS
         sent = self._sent
         rows = []
+        self.manager.settle_leases(now)  # what the connections' leases took, counted
         for kind in KINDS:
             for bucket_key, bucket in self.manager.buckets_of(kind).items():
                 used = bucket.last_used

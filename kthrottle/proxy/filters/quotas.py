@@ -60,6 +60,11 @@ class QuotaAccounting(Filter):
 
         return judge
 
+    def quick_lease(self, ctx, head):
+        if head.api_key != apis.PRODUCE:
+            return None
+        return ctx.quotas_for(head.client_id).lease_produce
+
     def quick_response_head(self, ctx, inflight, frame_len):
         return self.on_response_head(ctx, inflight, None, frame_len)
 

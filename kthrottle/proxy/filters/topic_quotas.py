@@ -105,6 +105,8 @@ class TopicQuotas(Filter):
         # nothing to do without topic quotas
         return api_key == apis.PRODUCE or api_key == apis.FETCH
 
+    quick_ready_follows_quotas = True  # it reads the configuration alone
+
     def quick_ready(self, ctx):
         if self.generation != self.manager.generation:
             self._refresh()
