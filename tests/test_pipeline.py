@@ -533,47 +533,46 @@ REQUESTED = (REQUEST_RATE, "", "app-1")
 
 def test_a_producers_requests_within_its_lease_are_counted_when_it_is_settled():
     h = Harness(LEASED)
-    h.client(produce_req(1, nbytes=1000))  # its head read (the long way's loop)
-    h.client(produce_req(2, nbytes=1000))  # judged as a known head: a lease taken
+    h.client(produce_req(1, nbytes=1000))  # its head read and judged: a lease taken
     lease = h.conn._lease
     produce, request = h.manager.buckets[PRODUCED], h.manager.buckets[REQUESTED]
     frame_len = len(produce_req(1, nbytes=1000))
-    assert (produce.total, request.total) == (2 * frame_len, 2)
-    # an eighth of what the buckets hold: 10 MB and 1000 requests, less the two
-    assert lease[3] == int((1e7 - 2 * frame_len) / 8) and lease[4] == int(998 / 8)
+    assert (produce.total, request.total) == (frame_len, 1)
+    # an eighth of what the buckets hold: 10 MB and 1000 requests, less the first
+    assert lease[3] == int((1e7 - frame_len) / 8) and lease[4] == int(999 / 8)
     assert (produce.leased, request.leased) == (lease[3], lease[4])
-    for cid in range(3, 7):
-        h.client(produce_req(cid, nbytes=1000))
-    assert h.log.count("pass_request") == 6 and h.to_broker == b"".join(
-        produce_req(c, nbytes=1000) for c in range(1, 7))
-    assert (produce.total, request.total) == (2 * frame_len, 2)  # taken from the lease
+    h.client(produce_req(2, nbytes=1000))  # one read: the short way
+    h.client(produce_req(3, nbytes=1000) + produce_req(4, nbytes=1000))  # the loop
+    h.client(produce_req(5, nbytes=1000))
+    assert h.log.count("pass_request") == 4 and h.to_broker == b"".join(
+        produce_req(c, nbytes=1000) for c in range(1, 6))
+    assert (produce.total, request.total) == (frame_len, 1)  # taken from the lease
     assert (lease[0], lease[1]) == (lease[3] - 4 * frame_len, lease[4] - 4)
-    assert bucket_totals(h)[PRODUCED] == 6 * frame_len  # settled: counted
-    assert bucket_totals(h)[REQUESTED] == 6
+    assert bucket_totals(h)[PRODUCED] == 5 * frame_len  # settled: counted
+    assert bucket_totals(h)[REQUESTED] == 5
     assert (produce.leased, request.leased) == (0, 0)
-    h.client(produce_req(7, nbytes=1000))  # judged again, and a new lease
-    assert request.total == 7 and h.conn._lease is not lease and request.leased > 0
+    h.client(produce_req(6, nbytes=1000))  # judged again, and a new lease
+    assert request.total == 6 and h.conn._lease is not lease and request.leased > 0
 
 
 def test_a_lease_ends_when_it_runs_out_its_time_passes_or_the_connection_closes():
     h = Harness(LEASED)
     frame_len = len(produce_req(1, nbytes=1000))
     h.client(produce_req(1, nbytes=1000))
-    h.client(produce_req(2, nbytes=1000))
     given = h.conn._lease[4]
-    for cid in range(3, given + 5):  # the lease's requests and two more
+    for cid in range(2, given + 4):  # the lease's requests and two more
         h.client(produce_req(cid, nbytes=1000))
     request = h.manager.buckets[REQUESTED]
-    # two judged, the lease's, then one judged past it (the lease settled, a
+    # one judged, the lease's, then one judged past it (the lease settled, a
     # new one taken, which the last is in)
-    assert request.total == 3 + given and request.leased == h.conn._lease[4]
+    assert request.total == 2 + given and request.leased == h.conn._lease[4]
     h.now += LEASE_SECONDS  # its time is over: the next request is judged
     h.client(produce_req(99, nbytes=1000))
-    assert request.total == given + 5  # the last lease's one request, and this one
+    assert request.total == given + 4  # the last lease's one request, and this one
     h.run(h.conn.close("the broker went away"))
     assert request.leased == 0 and not h.manager.leases
-    assert request.total == given + 5
-    assert h.manager.buckets[PRODUCED].total == (given + 5) * frame_len
+    assert request.total == given + 4
+    assert h.manager.buckets[PRODUCED].total == (given + 4) * frame_len
 
 
 @pytest.mark.parametrize("change", ["quota", "client"])
@@ -592,6 +591,10 @@ def test_after_a_lease_a_lowered_quota_or_another_client_id_judges_as_the_long_w
             for cid in range(6, 9):
                 h.client(produce_req(cid, nbytes=1000, client_id="app-2"))
             h.client(produce_req(9, nbytes=1000))
+            # both heads in one read (the loop), each way round
+            h.client(produce_req(10, nbytes=1000, client_id="app-2") + produce_req(11))
+            h.client(produce_req(12) + produce_req(13, nbytes=1000, client_id="app-2"))
+            h.client(produce_req(14, nbytes=1000, client_id="app-2"))
         h.broker(b"".join(produce_resp(c) for c in req_cids(h.to_broker)))
         throttles = [ProduceResponse[8].decode(f[8:]).throttle_time_ms
                      for f in frames_of(h.to_client)]

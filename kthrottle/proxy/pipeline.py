@@ -712,10 +712,24 @@ class Connection:
                     if not check():
                         return False
             # each judged request in order; one that earns a delay is the
-            # last taken now (as the long way stops after it)
+            # last taken now (as the long way stops after it). A Produce of
+            # the head kept last takes from its lease as on the short way
+            # above, or renews it.
             self.now = now
+            producing = self._heads[0]
             for inflight, known, frame_len, end in marks:
-                delay = self._judged(known, inflight, frame_len, now)
+                if known is producing:
+                    lease = self._lease
+                    if (lease is not None and lease[0] >= frame_len and lease[1]
+                            and now < lease[2]):
+                        lease[0] -= frame_len
+                        lease[1] -= 1
+                        continue
+                    delay = self._judged(known, inflight, frame_len, now)
+                    if not delay and known[7] is not None:
+                        self._renew_lease(known[7], frame_len, now)
+                else:
+                    delay = self._judged(known, inflight, frame_len, now)
                 if delay:
                     if end < n:  # what follows it waits for the mute's end
                         del admitted[admitted.index(inflight) + 1:]
