@@ -342,9 +342,7 @@ class Bucket:
         tokens = self.tokens
         if tokens is None:
             return 0 if self.limit is not None else UNLIMITED
-        full_at = tokens.full_at
-        held = tokens.burst - (full_at - now) * tokens.limit if full_at > now else tokens.burst
-        grant = int((held - self.leased) * LEASE_FRACTION)
+        grant = int((tokens.held(now) - self.leased) * LEASE_FRACTION)
         if grant < least:
             return 0
         self.leased += grant

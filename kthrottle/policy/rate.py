@@ -241,9 +241,12 @@ class TokenBucket:
     @property
     def tokens(self):
         """The units held at the latest time given."""
-        if self._last is None or self.full_at <= self._last:
-            return self.burst
-        return self.burst - (self.full_at - self._last) * self.limit
+        return self.burst if self._last is None else self.held(self._last)
+
+    def held(self, now):
+        """The units held at ``now`` (not before the latest time given)."""
+        full_at = self.full_at
+        return self.burst if full_at <= now else self.burst - (full_at - now) * self.limit
 
 
 def to_ms(seconds):

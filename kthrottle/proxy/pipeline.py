@@ -763,10 +763,7 @@ class Connection:
         """pass_request: the Produce head's lease ran out (or there was none)
         and a request of ``frame_len`` earned no delay: what it took is
         counted, and a new one asked for."""
-        lease = self._lease
-        if lease is not None:
-            self._lease = None
-            self.quota_manager.settle(lease, now)
+        self._drop_lease()  # (self.now is ``now``: set before the judges)
         self._lease = lessor(frame_len, now)
 
     def _drop_lease(self):
