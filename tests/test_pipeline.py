@@ -24,6 +24,7 @@ from kthrottle.proxy.pipeline import (
     Filter,
     FilterTable,
     HELD,
+    InFlight,
     HoldResponses,
     NodesSeen,
     PauseClient,
@@ -344,6 +345,56 @@ def test_a_read_of_one_plain_frame_takes_the_short_way_with_the_same_result(snap
         assert short.conn.client_quotas.keys() == long.conn.client_quotas.keys()
         assert bucket_totals(short) == bucket_totals(long)
         assert bucket_totals(short)  # something was counted
+
+
+def _slots(inflight):
+    """An InFlight's fields, the filters' objects in them by their types
+    (two harnesses have filters of their own)."""
+    fields = {name: getattr(inflight, name) for name in InFlight.__slots__}
+    fields["response_filters"] = [(type(f), i) for f, i in fields["response_filters"]]
+    if fields["notes"] is not None:
+        fields["notes"] = {type(f): type(v) for f, v in fields["notes"].items()}
+    return fields
+
+
+@pytest.mark.parametrize("snapshot", [None, {"clients/app-1": {PRODUCER_BYTE_RATE: 1e12,
+                                                                 CONSUMER_BYTE_RATE: 1e12}}])
+@pytest.mark.parametrize("api", ["produce", "fetch"])
+def test_the_short_way_takes_again_an_in_flight_whose_response_it_passed_as_a_new_one(
+        snapshot, api):
+    def exchange(h, cid):
+        if api == "produce":
+            h.client(produce_req(cid, nbytes=900))
+            return h.conn.pending[0], produce_resp(cid)
+        h.client(fetch_req(cid))
+        return h.conn.pending[0], fetch_resp(cid, records=b"a" * 500)  # counted, with a quota
+
+    short, long = Harness(snapshot), Harness(snapshot, short_way=False)
+    first, response = exchange(short, 1)
+    short.broker(response)
+    long.broker(exchange(long, 1)[1])
+    assert short.conn._spare is first
+    # whatever a filter may have left on it is gone when it stands for the next
+    first.notes, first.throttle_reason = {"f": 1}, "noted"
+    first.raw_answer = first.ctx = object()
+    again, response = exchange(short, 2)
+    assert again is first and short.conn._spare is None
+    assert _slots(again) == _slots(exchange(long, 2)[0])
+    assert again.correlation_id == 2
+    short.broker(response)
+    long.broker(response)
+    assert short.take_client() == long.take_client()
+    if snapshot is not None:
+        assert bucket_totals(short) == bucket_totals(long)
+
+
+def test_an_in_flight_whose_request_was_throttled_is_not_taken_again():
+    h = Harness({"clients/app-1": {PRODUCER_BYTE_RATE: 1000.0}})
+    h.client(produce_req(1, nbytes=3000))  # over the burst: throttled
+    throttled = h.conn.pending[0]
+    assert throttled.throttle_ms > 0
+    h.broker(produce_resp(1))  # the long way writes its throttle in
+    assert h.conn._spare is None and throttled.throttle_ms > 0
 
 
 def _producer_heads():
