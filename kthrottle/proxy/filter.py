@@ -247,20 +247,23 @@ class Filter:
         """For a response this filter reads (response_need), read whole in
         one piece: True when the filter has nothing to do with it, so that it
         goes on as it is with none of the calls below (Connection.
-        pass_response). Must change nothing."""
+        pass_response). Must change nothing, nor keep ``inflight``: the
+        short way takes it again for a later request (InFlight.again)."""
         return False
 
     def quick_response_ready(self, ctx, inflight):
         """For a response this filter reads at most the head of
         (response_need HEAD or STREAM) but has nothing to do with now: True
-        lets it pass with none of the calls below. Must change nothing."""
+        lets it pass with none of the calls below. Must change nothing, nor
+        keep ``inflight`` (as quick_response)."""
         return False
 
     def quick_response_head(self, ctx, inflight, frame_len):
         """``on_response_head`` without the head's bytes, for a filter that
         reads the head of a response (response_need HEAD) for its size
         (``frame_len``) alone: a filter that has its own takes the response's
-        first read on the short way. None or Throttle."""
+        first read on the short way. None or Throttle; keeps no ``inflight``
+        (as quick_response)."""
         return None
 
     def on_response_head(self, ctx, inflight, head, frame_len):

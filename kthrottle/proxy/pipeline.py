@@ -478,8 +478,9 @@ class Connection:
         # the lease the Produce head's requests take from (Filter.quick_lease)
         self._lease = None
         # an InFlight whose response pass_response passed with nothing to do
-        # (no filter read it, no answer, throttle or callback; no one else
-        # holds it): the short way's next request takes it (InFlight.again)
+        # (no filter had anything to do with it, no answer, throttle or
+        # callback: no one else holds it): the short way's next request takes
+        # it (InFlight.again)
         self._spare = None
         # (data, InFlight, the filters, its size): a response's first read
         # pass_response left to broker_data to count (FilterTable.quick_heads)
@@ -932,15 +933,13 @@ class Connection:
                 elif not self._quick_head(data, inflight, total):
                     return False
             pending.popleft()
-            if not need:
-                self._spare = inflight  # no one else holds it
+            self._spare = inflight  # no filter had anything to do with it: no one holds it
             self.bytes_from_broker += n
             return True
         if n < HEAD_SIZE or need and not self._quick_head(data, inflight, total):
             return False  # the long way gathers this much first; or read by filters
         pending.popleft()
-        if not need:
-            self._spare = inflight
+        self._spare = inflight
         self.bytes_from_broker += n
         cutter._mode = PASS
         cutter._left = total - n
