@@ -21,6 +21,13 @@ and counted in user-space instructions per exchange: repeatable to a few instruc
 run to run, where time on a shared machine is not, so a small change shows; written to
 ``frame_cost_instructions.md``.
 
+With ``--cold N`` each exchange is run under ``valgrind --tool=cachegrind`` with 4 MiB
+copied between exchanges, and counted in the first-level cache lines its code and data
+miss. That is what an exchange pays in a running proxy, where the kernel's copies of each
+64 KiB read and write, and the client's and broker's turns on the same cores, leave the
+caches cold: there each costs about four times its in-process time. Also repeatable from run
+to run; written to ``frame_cost_cold.md``.
+
 Writes ``frame_cost.md`` into ``--output-dir`` (default: a new directory under
 ``benchmarks/runs/``).
 
@@ -151,6 +158,10 @@ def cost(api, version, quota, n, parts, size):
         if j == 0 and k:
             conn = connection()
         now += 0.0001
+        if FLUSH:  # --cold: the caches emptied between exchanges
+            FLUSH_TO[:] = FLUSH_FROM
+            if FLUSH_ONLY:
+                continue
         requests, responses = pairs[j]
         for data in requests:  # as the adapter: the short way first
             if not pass_request(conn, data, now):
@@ -165,6 +176,9 @@ def cost(api, version, quota, n, parts, size):
 
 args = json.loads(sys.argv[1])
 READ = args["read_bytes"]
+FLUSH = args.get("flush", 0)
+FLUSH_ONLY = args.get("flush_only", False)
+FLUSH_FROM, FLUSH_TO = bytearray(FLUSH), bytearray(FLUSH)
 if args.get("only"):  # one exchange, under callgrind: its instructions are what counts
     api, v, q = args["only"]
     cost(api, v, q == "quota", args["requests"], args["partitions"], args["record_bytes"])
@@ -189,27 +203,59 @@ def measure(tree, args):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def instructions(tree, args, api, version, quota):
-    """User-space instructions per exchange (valgrind --tool=callgrind): the child run for
-    one exchange with N and with 3N exchanges, the difference over 2N, so that start-up
-    and building the frames drop out. The same on every run, whatever the machine's load."""
-    totals = []
+# --cold: caches as cachegrind simulates them (32 KiB L1s, a 2 MiB last level), and what is
+# copied between exchanges to empty them, as the kernel's copies of each 64 KiB read and
+# write, the client's and the broker's turns on the same cores empty them in a running proxy
+COLD_CACHES = ["--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64", "--LL=2097152,16,64"]
+COLD_FLUSH = 4 << 20
+
+
+def counted(tree, args, api, version, quota, n, cold=False, flush_only=False):
+    """valgrind's counts for the child run of ``n`` exchanges: callgrind's instructions
+    ({"Ir": ...}), or with ``cold`` cachegrind's instructions and simulated cache misses
+    (Ir, I1mr, D1mr, D1mw, ...), a cache flush between exchanges (``flush_only``: the
+    flushes alone, the exchanges left out)."""
     with tempfile.TemporaryDirectory(prefix="frame_cost-") as tmp:
-        for n in (args.callgrind, 3 * args.callgrind):
-            out = os.path.join(tmp, "callgrind.out")
-            child = dict(vars(args), requests=n, only=[api, version, quota])
-            env = dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED="0")
-            run = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out,
-                                  sys.executable, "-c", CHILD % {"bench": str(HERE)},
-                                  json.dumps(child, default=str)],
-                                 env=env, cwd=str(tree), capture_output=True, text=True,
-                                 timeout=1800)
-            if run.returncode != 0:
-                sys.exit("frame_cost.py: callgrind on %s failed:\n%s" % (tree, run.stderr[-2000:]))
-            with open(out) as f:
-                totals.append(next(int(line.split()[1]) for line in f
-                                   if line.startswith("summary:")))
-    return (totals[1] - totals[0]) / (2 * args.callgrind)
+        out = os.path.join(tmp, "valgrind.out")
+        child = dict(vars(args), requests=n, only=[api, version, quota],
+                     flush=COLD_FLUSH if cold else 0, flush_only=flush_only)
+        env = dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED="0")
+        tool = (["--tool=cachegrind", "--cachegrind-out-file=" + out] + COLD_CACHES if cold
+                else ["--tool=callgrind", "--callgrind-out-file=" + out])
+        run = subprocess.run(["valgrind"] + tool + [sys.executable, "-c",
+                              CHILD % {"bench": str(HERE)}, json.dumps(child, default=str)],
+                             env=env, cwd=str(tree), capture_output=True, text=True,
+                             timeout=1800)
+        if run.returncode != 0:
+            sys.exit("frame_cost.py: valgrind on %s failed:\n%s" % (tree, run.stderr[-2000:]))
+        with open(out) as f:
+            lines = f.read().splitlines()
+    events = next(line for line in lines if line.startswith("events:")).split()[1:]
+    summary = next(line for line in lines if line.startswith("summary:")).split()[1:]
+    return dict(zip(events, map(int, summary)))
+
+
+def per_exchange(tree, args, api, version, quota, n, cold=False, flush_only=False):
+    """valgrind's counts per exchange: the child run with N and with 3N exchanges, the
+    difference over 2N, so that start-up and building the frames drop out. The same on
+    every run, whatever the machine's load."""
+    few, more = (counted(tree, args, api, version, quota, k, cold, flush_only)
+                 for k in (n, 3 * n))
+    return {event: (more[event] - few[event]) / (2 * n) for event in few}
+
+
+def instructions(tree, args, api, version, quota):
+    """User-space instructions per exchange (valgrind --tool=callgrind)."""
+    return per_exchange(tree, args, api, version, quota, args.callgrind)["Ir"]
+
+
+def cold_lines(tree, args, api, version, quota, flushes):
+    """--cold: per exchange, the cache lines its code and data miss in the first-level
+    caches when they start empty (cachegrind's I1mr + D1mr + D1mw), less those of the
+    flushes alone (``flushes``), and its instructions: (lines, instruction lines, Ir)."""
+    counts = per_exchange(tree, args, api, version, quota, args.cold, cold=True)
+    net = {event: counts[event] - flushes[event] for event in counts}
+    return net["I1mr"] + net["D1mr"] + net["D1mw"], net["I1mr"], net["Ir"]
 
 
 def callgrind_table(trees, args):
@@ -236,6 +282,37 @@ def callgrind_table(trees, args):
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
+def cold_table(trees, args):
+    """The table of --cold: cache lines missed per exchange, each tree, two valgrinds at a
+    time."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        flushes = dict(zip([label for label, _ in trees], pool.map(
+            lambda t: per_exchange(t[1], args, "Produce", 7, "none", args.cold, cold=True,
+                                   flush_only=True), trees)))
+        jobs = [(label, tree, api, version, quota) for api, version, _ in EXCHANGES
+                for quota in ("none", "quota") for label, tree in trees]
+        counts = dict(zip(jobs, pool.map(
+            lambda j: cold_lines(j[1], args, *j[2:], flushes[j[0]]), jobs)))
+    rows = []
+    for api, version, client in EXCHANGES:
+        for quota in ("none", "quota"):
+            cells = ["%s v%d (%s)%s" % (api, version, client,
+                                        ", client quota" if quota == "quota" else "")]
+            values = [counts[(label, tree, api, version, quota)] for label, tree in trees]
+            cells += ["%.0f (%.0f)" % (lines, code) for lines, code, _ in values]
+            cells += ["%.1f" % (ir / 1000) for _, _, ir in values]
+            if len(values) == 2:
+                cells.append("%.2fx" % (values[1][0] / values[0][0]))
+            rows.append(cells)
+    header = ["exchange, %d x %d bytes" % (args.partitions, args.record_bytes)] + [
+        "%s: lines missed (code)" % label for label, _ in trees] + [
+        "%s: thousand instructions" % label for label, _ in trees]
+    if len(trees) == 2:
+        header.append("lines, ratio")
+    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=20000, help="exchanges per run")
@@ -251,6 +328,11 @@ def main(argv=None):
                    help="count instructions instead of timing: each exchange run under "
                    "valgrind --tool=callgrind N and 3N times (N=1024 takes some minutes), "
                    "user-space instructions per exchange, repeatable from run to run")
+    p.add_argument("--cold", type=int, metavar="N", default=0,
+                   help="count cache misses instead of timing: each exchange run under "
+                   "valgrind --tool=cachegrind N and 3N times with %d MiB copied between "
+                   "exchanges, the first-level cache lines each misses (N=300 takes some "
+                   "minutes)" % (COLD_FLUSH >> 20))
     p.add_argument("--output-dir", type=Path, default=None,
                    help="where frame_cost.md goes (default: a new benchmarks/runs/ directory)")
     args = p.parse_args(argv)
@@ -260,9 +342,23 @@ def main(argv=None):
     out_dir = args.output_dir or REPO / "benchmarks" / "runs" / time.strftime(
         "frame_cost-%Y%m%d-%H%M%S")
     command = "python benchmarks/frame_cost.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    if args.callgrind:
+    if args.callgrind or args.cold:
         if not shutil.which("valgrind"):
-            p.error("--callgrind: valgrind is not installed")
+            p.error("--callgrind/--cold: valgrind is not installed")
+    if args.cold:
+        table = cold_table(trees, args)
+        print(table)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "frame_cost_cold.md").write_text(
+            "# Per-request pipeline cost, from cold caches\n\n`%s`: per request and its "
+            "response, in process, under valgrind's cachegrind with %d MiB copied between "
+            "exchanges (the copies' own misses taken out): the first-level cache lines its "
+            "code and data miss (I1mr + D1mr + D1mw; of them code, I1mr) and its "
+            "instructions. In a running proxy most of these are fetched from the last-level "
+            "cache, tens of nanoseconds each.\n\n%s\n" % (command, COLD_FLUSH >> 20, table))
+        print("wrote frame_cost_cold.md in %s" % out_dir)
+        return
+    if args.callgrind:
         table = callgrind_table(trees, args)
         print(table)
         out_dir.mkdir(parents=True, exist_ok=True)
