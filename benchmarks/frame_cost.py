@@ -258,57 +258,39 @@ def cold_lines(tree, args, api, version, quota, flushes):
     return net["I1mr"] + net["D1mr"] + net["D1mw"], net["I1mr"], net["Ir"]
 
 
-def callgrind_table(trees, args):
-    """The table of instructions per exchange, each tree, two valgrinds at a time."""
+def valgrind_table(trees, args, cold=False):
+    """The table of --callgrind (instructions per exchange) or of --cold (cache lines missed
+    per exchange, and its instructions), each tree, two valgrinds at a time."""
     jobs = [(label, tree, api, version, quota) for api, version, _ in EXCHANGES
             for quota in ("none", "quota") for label, tree in trees]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        counts = dict(zip(jobs, pool.map(lambda j: instructions(j[1], args, *j[2:]), jobs)))
+        if cold:  # (lines, code lines, instructions)
+            flushes = dict(zip([label for label, _ in trees], pool.map(
+                lambda t: per_exchange(t[1], args, "Produce", 7, "none", args.cold, cold=True,
+                                       flush_only=True), trees)))
+            counts = dict(zip(jobs, pool.map(
+                lambda j: cold_lines(j[1], args, *j[2:], flushes[j[0]]), jobs)))
+        else:  # (instructions,)
+            counts = dict(zip(jobs, pool.map(
+                lambda j: (instructions(j[1], args, *j[2:]),), jobs)))
     rows = []
     for api, version, client in EXCHANGES:
         for quota in ("none", "quota"):
             cells = ["%s v%d (%s)%s" % (api, version, client,
                                         ", client quota" if quota == "quota" else "")]
             values = [counts[(label, tree, api, version, quota)] for label, tree in trees]
-            cells += ["%.1f" % (v / 1000) for v in values]
-            if len(values) == 2:
-                cells.append("%.2fx" % (values[1] / values[0]))
-            rows.append(cells)
-    header = ["exchange, %d x %d bytes" % (args.partitions, args.record_bytes)] + [
-        "%s (thousand instructions)" % label for label, _ in trees]
-    if len(trees) == 2:
-        header.append("ratio")
-    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
-
-
-def cold_table(trees, args):
-    """The table of --cold: cache lines missed per exchange, each tree, two valgrinds at a
-    time."""
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        flushes = dict(zip([label for label, _ in trees], pool.map(
-            lambda t: per_exchange(t[1], args, "Produce", 7, "none", args.cold, cold=True,
-                                   flush_only=True), trees)))
-        jobs = [(label, tree, api, version, quota) for api, version, _ in EXCHANGES
-                for quota in ("none", "quota") for label, tree in trees]
-        counts = dict(zip(jobs, pool.map(
-            lambda j: cold_lines(j[1], args, *j[2:], flushes[j[0]]), jobs)))
-    rows = []
-    for api, version, client in EXCHANGES:
-        for quota in ("none", "quota"):
-            cells = ["%s v%d (%s)%s" % (api, version, client,
-                                        ", client quota" if quota == "quota" else "")]
-            values = [counts[(label, tree, api, version, quota)] for label, tree in trees]
-            cells += ["%.0f (%.0f)" % (lines, code) for lines, code, _ in values]
-            cells += ["%.1f" % (ir / 1000) for _, _, ir in values]
+            if cold:
+                cells += ["%.0f (%.0f)" % value[:2] for value in values]
+            cells += ["%.1f" % (value[-1] / 1000) for value in values]
             if len(values) == 2:
                 cells.append("%.2fx" % (values[1][0] / values[0][0]))
             rows.append(cells)
-    header = ["exchange, %d x %d bytes" % (args.partitions, args.record_bytes)] + [
-        "%s: lines missed (code)" % label for label, _ in trees] + [
-        "%s: thousand instructions" % label for label, _ in trees]
+    header = ["exchange, %d x %d bytes" % (args.partitions, args.record_bytes)]
+    if cold:
+        header += ["%s: lines missed (code)" % label for label, _ in trees]
+    header += ["%s: thousand instructions" % label for label, _ in trees]
     if len(trees) == 2:
-        header.append("lines, ratio")
+        header.append("lines, ratio" if cold else "ratio")
     lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
@@ -345,28 +327,25 @@ def main(argv=None):
     if args.callgrind or args.cold:
         if not shutil.which("valgrind"):
             p.error("--callgrind/--cold: valgrind is not installed")
-    if args.cold:
-        table = cold_table(trees, args)
+        if args.cold:
+            name, title = "frame_cost_cold.md", "from cold caches"
+            table = valgrind_table(trees, args, cold=True)
+            what = ("per request and its response, in process, under valgrind's cachegrind with "
+                    "%d MiB copied between exchanges (the copies' own misses taken out): the "
+                    "first-level cache lines its code and data miss (I1mr + D1mr + D1mw; of "
+                    "them code, I1mr) and its instructions. In a running proxy most of these "
+                    "are fetched from the last-level cache, tens of nanoseconds each"
+                    % (COLD_FLUSH >> 20))
+        else:
+            name, title, table = ("frame_cost_instructions.md", "in instructions",
+                                  valgrind_table(trees, args))
+            what = ("user-space instructions per request and its response, in process, counted "
+                    "by valgrind's callgrind (the interpreter's, the pipeline's, malloc's)")
         print(table)
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "frame_cost_cold.md").write_text(
-            "# Per-request pipeline cost, from cold caches\n\n`%s`: per request and its "
-            "response, in process, under valgrind's cachegrind with %d MiB copied between "
-            "exchanges (the copies' own misses taken out): the first-level cache lines its "
-            "code and data miss (I1mr + D1mr + D1mw; of them code, I1mr) and its "
-            "instructions. In a running proxy most of these are fetched from the last-level "
-            "cache, tens of nanoseconds each.\n\n%s\n" % (command, COLD_FLUSH >> 20, table))
-        print("wrote frame_cost_cold.md in %s" % out_dir)
-        return
-    if args.callgrind:
-        table = callgrind_table(trees, args)
-        print(table)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "frame_cost_instructions.md").write_text(
-            "# Per-request pipeline cost, in instructions\n\n`%s`: user-space instructions per "
-            "request and its response, in process, counted by valgrind's callgrind (the "
-            "interpreter's, the pipeline's, malloc's).\n\n%s\n" % (command, table))
-        print("wrote frame_cost_instructions.md in %s" % out_dir)
+        (out_dir / name).write_text("# Per-request pipeline cost, %s\n\n`%s`: %s.\n\n%s\n"
+                                    % (title, command, what, table))
+        print("wrote %s in %s" % (name, out_dir))
         return
     runs = {label: [] for label, _ in trees}
     for r in range(args.repeats):
