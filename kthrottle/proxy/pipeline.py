@@ -518,8 +518,7 @@ class Connection:
         self._principal = principal
         # the heads pass_request keeps were judged for the one before (_read_head)
         self._heads[0] = self._heads[1] = None
-        if self._lease is not None:
-            self._drop_lease()
+        self._drop_lease()
 
     @property
     def authenticating(self):
@@ -843,7 +842,7 @@ class Connection:
                 # one judge, and readiness that a lease's settling follows
                 f, i, _ = judging[0]
                 lessor = f.quick_lease(contexts[i], head)
-        if api_key == PRODUCE and self._lease is not None:
+        if api_key == PRODUCE:
             self._drop_lease()  # it was for the head before
         known = self._heads[api_key] = (version, bytes(frame[12:end]), acks, least, judges,
                                         checks, entry, lessor)
