@@ -366,7 +366,7 @@ def test_the_short_way_takes_again_an_in_flight_whose_response_it_passed_as_a_ne
         if api == "produce":
             h.client(produce_req(cid, nbytes=900))
             return h.conn.pending[0], produce_resp(cid)
-        if api == "produce v10":  # its response's filter has nothing to do (quick_response)
+        if api == "produce v10":  # its response's filter has nothing to do (its check)
             h.client(produce_req(cid, nbytes=900, version=10))
             return h.conn.pending[0], produce_resp(cid, version=10, with_endpoints=False)
         h.client(fetch_req(cid))
@@ -398,6 +398,71 @@ def test_an_in_flight_whose_request_was_throttled_is_not_taken_again():
     assert throttled.throttle_ms > 0
     h.broker(produce_resp(1))  # the long way writes its throttle in
     assert h.conn._spare is None and throttled.throttle_ms > 0
+
+
+def _several_responses(h, kinds):
+    """Requests of ``kinds`` sent one by one; their responses, in one read."""
+    responses = b""
+    for cid, kind in enumerate(kinds, 1):
+        if kind == "v10":  # the usual Produce v10 answer: no NodeEndpoints
+            h.client(produce_req(cid, nbytes=900, version=10))
+            responses += produce_resp(cid, version=10, with_endpoints=False)
+        elif kind == "v10 endpoints":  # a leader moved: the addresses are rewritten
+            h.client(produce_req(cid, nbytes=900, version=10))
+            responses += produce_resp(cid, version=10)
+        elif kind == "v8":
+            h.client(produce_req(cid, nbytes=900))
+            responses += produce_resp(cid)
+        else:  # a Fetch: counted against a quota
+            h.client(fetch_req(cid))
+            responses += fetch_resp(cid, records=b"a" * 500)
+    return responses
+
+
+@pytest.mark.parametrize("snapshot", [None, {"clients/app-1": {PRODUCER_BYTE_RATE: 1e12,
+                                                                 CONSUMER_BYTE_RATE: 1e12}}])
+@pytest.mark.parametrize("kinds,short", [
+    (["v10", "v10"], True), (["v10", "v8", "v10"], True), (["v8", "v8"], True),
+    (["v10", "v10 endpoints"], False), (["v10 endpoints", "v10"], False),
+    (["v10", "fetch"], None)])  # None: short without a quota, long with one
+def test_a_read_of_several_responses_each_passing_as_it_is_takes_the_short_way(
+        snapshot, kinds, short):
+    results = []
+    for h in (Harness(snapshot), Harness(snapshot, short_way=False)):
+        responses = _several_responses(h, kinds)
+        h.take_broker()
+        last = h.conn.pending[-1]
+        taken = h.conn.pass_response(responses) if h.short_way else False
+        if not taken:
+            h.broker(responses)
+        assert h.closed is None and not h.conn.pending
+        if h.short_way:
+            expected = short if short is not None else snapshot is None
+            assert taken is expected
+            if taken:  # the last one's InFlight is the spare
+                assert h.conn._spare is last
+                h.to_client += responses  # as the adapter writes it
+        results.append((h.take_client(), h.conn.bytes_from_broker,
+                        h.manager and bucket_totals(h)))
+    assert results[0] == results[1]
+
+
+def test_several_responses_in_a_read_go_the_long_way_for_a_throttle_or_an_answer_behind():
+    h = Harness({"clients/app-1": {PRODUCER_BYTE_RATE: 1000.0}})
+    h.client(produce_req(1, nbytes=300))
+    h.client(produce_req(2, nbytes=3000))  # over the burst: throttled
+    assert h.conn.pending[1].throttle_ms > 0
+    assert not h.conn.pass_response(produce_resp(1) + produce_resp(2))
+    h = Harness()
+    h.client(produce_req(1))
+    h.client(produce_req(2))
+    h.client(api_versions_req(3, version=apis.MAX_DECODABLE_VERSION[apis.API_VERSIONS] + 1))
+    both = produce_resp(1) + produce_resp(2)
+    assert not h.conn.pass_response(both)  # the proxy's answer follows them
+    assert not h.conn.pass_response(both + produce_resp(3))  # not the response awaited
+    assert not h.conn.pass_response(both[:-1])  # the second one does not end here
+    h.broker(both)
+    assert cids(h.take_client()) == [1, 2, 3] and not h.conn.pending
 
 
 def _producer_heads():
@@ -456,7 +521,7 @@ def test_a_frame_shorter_than_the_head_the_short_way_knows_goes_the_long_way():
     assert results[0] == results[1] and results[0][0] is not None
 
 
-def test_only_responses_whose_filters_all_have_a_quick_response_are_offered_to_them():
+def test_only_responses_whose_filters_all_have_a_quick_response_check_are_offered_to_them():
     plain = FilterTable(standard_filters(advertise, None))
     for key in ((apis.PRODUCE, 10), (apis.FETCH, 16)):  # NodeEndpoints: AddressRewrite's
         assert key in plain.quick_responses
@@ -467,14 +532,19 @@ def test_only_responses_whose_filters_all_have_a_quick_response_are_offered_to_t
     # walked for them first, only to go the long way after
     assert (apis.FETCH, 16) not in quota.quick_responses
     assert (apis.FETCH, 11) not in quota.quick_responses
+    assert (apis.METADATA, 8) not in quota.quick_responses  # gathered: always rewritten
     h = Harness({"clients/<default>": {CONSUMER_BYTE_RATE: 1e12}})
     calls = []
-    for f in h.conn.table.filters:
-        if type(f).quick_response is not Filter.quick_response:
-            f.quick_response = lambda *a, f=f: calls.append(f) or False
+    checks = h.conn.table.quick_responses
+    for key, found in checks.items():
+        checks[key] = tuple(lambda frame, c=c, key=key: calls.append(key) or c(frame)
+                            for c in found)
     h.client(fetch_req(1, version=16))
     h.broker(fetch_resp(1, version=16, with_endpoints=False))
     assert calls == [] and h.closed is None and not h.conn.pending
+    h.client(produce_req(2, version=10))
+    h.broker(produce_resp(2, version=10, with_endpoints=False))
+    assert calls == [(apis.PRODUCE, 10)] and h.log[-1] == "pass_response"
 
 
 def bucket_totals(h):

@@ -81,18 +81,29 @@ def _tail_at_of(api_key, api_version):
     return _produce_v13_tail_at if api_version >= 13 else _produce_tail_at
 
 
-def untouched_whole(api_key, api_version, frame):
-    """True when ``frame``, a whole framed response of a version that
-    stream_rewriter takes, has no top-level tagged fields: its rewrite would
+def untouched_check(api_key, api_version):
+    """For a version that stream_rewriter takes and the proxy decodes, a
+    function ``untouched(frame)``: True when ``frame``, a whole framed
+    response, has no top-level tagged fields, so that its rewrite would
     forward it byte for byte (every Produce response the broker sends with no
-    leader change, an empty Fetch). False when that is not so, or not plainly
-    so; the rewriter then takes the frame, with its errors."""
+    leader change, an empty Fetch); False when that is not so, or not plainly
+    so (the rewriter then takes the frame, with its errors). None for any
+    other API or version."""
     tail_at = _WHOLE_TAIL_AT.get((api_key, api_version))
     if tail_at is None:  # newer than the proxy can decode (or no NodeEndpoints)
-        return False
-    n = len(frame)
-    at = tail_at(frame, n)
-    return at == n - 1 and not frame[at]
+        return None
+
+    def untouched(frame):
+        n = len(frame)
+        at = tail_at(frame, n)
+        return at == n - 1 and not frame[at]
+    return untouched
+
+
+def untouched_whole(api_key, api_version, frame):
+    """``untouched_check``'s answer for one frame (False where it has none)."""
+    untouched = untouched_check(api_key, api_version)
+    return untouched is not None and untouched(frame)
 
 
 class StreamRewriter:

@@ -243,19 +243,22 @@ class Filter:
         forgets the client-id's quotas (``ctx.quotas_for``)."""
         return None
 
-    def quick_response(self, ctx, inflight, frame):
-        """For a response this filter reads (response_need), read whole in
-        one piece: True when the filter has nothing to do with it, so that it
+    def quick_response_check(self, api_key, api_version):
+        """For the responses of this API and version that this filter reads
+        (response_need), asked once when the filter table is built: None,
+        or a function ``check(frame)`` of such a response read whole in one
+        piece, True when the filter has nothing to do with it, so that it
         goes on as it is with none of the calls below (Connection.
-        pass_response). Must change nothing, nor keep ``inflight``: the
-        short way takes it again for a later request (InFlight.again)."""
-        return False
+        pass_response). A check must change nothing: it is given no context
+        and no InFlight (the short way takes the InFlight again for a later
+        request, InFlight.again)."""
+        return None
 
     def quick_response_ready(self, ctx, inflight):
         """For a response this filter reads at most the head of
         (response_need HEAD or STREAM) but has nothing to do with now: True
         lets it pass with none of the calls below. Must change nothing, nor
-        keep ``inflight`` (as quick_response)."""
+        keep ``inflight``: the short way takes it again for a later request."""
         return False
 
     def quick_response_head(self, ctx, inflight, frame_len):
@@ -263,7 +266,7 @@ class Filter:
         reads the head of a response (response_need HEAD) for its size
         (``frame_len``) alone: a filter that has its own takes the response's
         first read on the short way. None or Throttle; keeps no ``inflight``
-        (as quick_response)."""
+        (as quick_response_ready)."""
         return None
 
     def on_response_head(self, ctx, inflight, head, frame_len):

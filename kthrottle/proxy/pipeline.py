@@ -76,6 +76,12 @@ MAX_RESPONSE_SIZE = 1 << 30
 # connection holds to about this much.
 WHOLE_RESPONSE_MAX = 1 << 20
 
+# A read of several whole responses up to this size takes the short way
+# (Connection.pass_response) when each would on its own: those a quick filter
+# reads are copied for it, so a larger read goes the long way, which copies
+# none.
+SEVERAL_RESPONSES_MAX = 64 * 1024
+
 # acks=0 Produce correlation ids remembered in case the broker answers them.
 UNANSWERED_IDS_KEPT = 1024
 
@@ -312,11 +318,14 @@ class FilterTable:
                       if (key[0] == FETCH or (key[0] == PRODUCE  # checks: a Fetch's only
                                               and not _overriding(entry[1], "quick_check")))
                       and entry[0] == HEAD and entry[1] and all(f.quick(*key) for f, _ in entry[1])}
-        # the responses whose filters all have a quick_response of their own
-        # (the others would decline every one: not worth asking the rest)
-        self.quick_responses = {key for key, entry in self._entries.items()
-                                if entry[3] and len(_overriding(entry[3], "quick_response"))
-                                == len(entry[3])}
+        # the responses whose filters all have a check for them
+        # (Filter.quick_response_check; without one a filter would decline
+        # every one: not worth asking the rest): (key) -> those checks
+        self.quick_responses = {}
+        for key, entry in self._entries.items():
+            checks = tuple(f.quick_response_check(*key) for f, _ in entry[3])
+            if checks and None not in checks:
+                self.quick_responses[key] = checks
         # the responses whose filters each read at most their head and have
         # a quick_response_head or a quick_response_ready of their own: the
         # first read of one takes the short way when each is ready, its size
@@ -918,16 +927,18 @@ class Connection:
         size, correlation_id = _RESPONSE_HEAD.unpack_from(data)
         total = size + 4
         if (inflight.correlation_id != correlation_id or size > cutter.max_frame_size
-                or size < cutter.min_frame_size or total < n):
+                or size < cutter.min_frame_size):
             return False
+        if total < n:  # more responses in this read
+            return self._several_responses(data, n)
         if total == n:
             if len(pending) > 1 and pending[1].answer is not None:
                 return False  # an answer of the proxy's own follows: broker_data sends it
             if need:  # read by filters: unless each has nothing to do with this one
-                if (inflight.api_key, inflight.api_version) in self._quick_responses:
-                    contexts = self.contexts
-                    for f, i in inflight.response_filters:
-                        if not f.quick_response(contexts[i], inflight, data):
+                checks = self._quick_responses.get((inflight.api_key, inflight.api_version))
+                if checks is not None:
+                    for check in checks:
+                        if not check(data):
                             return False
                 elif not self._quick_head(data, inflight, total):
                     return False
@@ -948,6 +959,51 @@ class Connection:
             return True  # streamed as it comes
         self._partial = [data]
         return HELD
+
+    def _several_responses(self, data, n):
+        """pass_response: a read of several whole responses (a producer with
+        requests in flight gets two or three at once) goes on as it is when
+        each would on its own: nothing to answer, throttle or call back, and
+        no filter reads it or each filter reading it has nothing to do with
+        it (Filter.quick_response_check). Anything else, a response that does not end in
+        this read among them, is left to broker_data (False)."""
+        if n > SEVERAL_RESPONSES_MAX:
+            return False
+        pending = self.pending
+        cutter = self.responses_in
+        max_size = cutter.max_frame_size
+        min_size = cutter.min_frame_size
+        count = len(pending)
+        pos = k = 0
+        while pos < n:
+            if k == count or n - pos < 8:
+                return False
+            inflight = pending[k]
+            if (inflight.throttle_ms or inflight.on_response is not None
+                    or inflight.answer is not None):
+                return False
+            size, correlation_id = _RESPONSE_HEAD.unpack_from(data, pos)
+            end = pos + size + 4
+            if (inflight.correlation_id != correlation_id or size > max_size
+                    or size < min_size or end > n):
+                return False
+            if inflight.response_need:
+                checks = self._quick_responses.get((inflight.api_key, inflight.api_version))
+                if checks is None:
+                    return False
+                frame = data[pos:end]
+                for check in checks:
+                    if not check(frame):
+                        return False
+            pos = end
+            k += 1
+        if k < count and pending[k].answer is not None:
+            return False  # an answer of the proxy's own follows: broker_data sends it
+        for _ in range(k):
+            pending.popleft()
+        self._spare = inflight  # the last: no one holds it
+        self.bytes_from_broker += n
+        return True
 
     def _quick_head(self, data, inflight, frame_len):
         """pass_response: whether the filters reading the response to

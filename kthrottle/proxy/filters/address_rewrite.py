@@ -1,6 +1,6 @@
 """Every broker address a client is given becomes the proxy's."""
 from ...codecs import apis, rewrite_response
-from ...codecs.stream import stream_rewriter, untouched_whole
+from ...codecs.stream import stream_rewriter, untouched_check
 from ..filter import GATHER, NOTHING, STREAM, Filter
 
 
@@ -39,11 +39,12 @@ class AddressRewrite(Filter):
         ctx.nodes_seen(nodes)
         return frame if new_frame is None else new_frame
 
-    def quick_response(self, ctx, inflight, frame):
+    def quick_response_check(self, api_key, api_version):
         # a NodeEndpoints response with no tagged fields at its end names no
         # broker (the usual Produce answer)
-        return (inflight.api_key not in self._GATHERED
-                and untouched_whole(inflight.api_key, inflight.api_version, frame))
+        if api_key in self._GATHERED:
+            return None
+        return untouched_check(api_key, api_version)
 
     def stream(self, ctx, inflight):
         return stream_rewriter(inflight.api_key, inflight.api_version, self.advertise)
