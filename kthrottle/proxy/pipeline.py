@@ -965,8 +965,8 @@ class Connection:
         requests in flight gets two or three at once) goes on as it is when
         each would on its own: nothing to answer, throttle or call back, and
         no filter reads it or each filter reading it has nothing to do with
-        it (Filter.quick_response_check). Anything else, a response that does not end in
-        this read among them, is left to broker_data (False)."""
+        it (Filter.quick_response_check). Anything else, a response that
+        does not end in this read among them, is left to broker_data (False)."""
         if n > SEVERAL_RESPONSES_MAX:
             return False
         pending = self.pending
