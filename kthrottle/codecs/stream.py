@@ -100,12 +100,6 @@ def untouched_check(api_key, api_version):
     return untouched
 
 
-def untouched_whole(api_key, api_version, frame):
-    """``untouched_check``'s answer for one frame (False where it has none)."""
-    untouched = untouched_check(api_key, api_version)
-    return untouched is not None and untouched(frame)
-
-
 class StreamRewriter:
     """Rewrites one framed response as its bytes go by (see the module doc).
 
@@ -444,7 +438,7 @@ def _fetch_tail_at(buf, n):
     return pos if pos < n else None
 
 
-# untouched_whole's walk for each API/version stream_rewriter takes and the
+# untouched_check's walk for each API/version stream_rewriter takes and the
 # proxy can decode
 _WHOLE_TAIL_AT = {(api_key, version): _tail_at_of(api_key, version)
                   for api_key, first in apis.NODE_ENDPOINTS_FROM.items()
