@@ -79,6 +79,49 @@ CLIENT_TLS = {}
 # --------------------------------------------------------------------------- processes
 
 
+def cpu_list(cpus):
+    """{0, 2, 3} -> "0,2,3" (taskset's --cpu-list form)."""
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def parse_cpu_list(text):
+    """"1", "1,3" or "2-3" -> a set of CPU numbers (argparse type of --proxy-cpus)."""
+    cpus = set()
+    try:
+        for part in text.split(","):
+            low, sep, high = part.strip().partition("-")
+            cpus.update(range(int(low), int(high if sep else low) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected CPU numbers such as 1, 1,3 or 2-3, got %r"
+                                         % text) from None
+    if not cpus or min(cpus) < 0:
+        raise argparse.ArgumentTypeError("expected CPU numbers such as 1, 1,3 or 2-3, got %r"
+                                         % text)
+    return cpus
+
+
+def split_cpus(cpus):
+    """(``cpus``, the other CPUs this process may use); ValueError when ``cpus`` are not
+    all allowed or leave none."""
+    allowed = os.sched_getaffinity(0)
+    cpus = set(cpus)
+    if not cpus <= allowed:
+        raise ValueError("--proxy-cpus %s: this process may use CPUs %s only"
+                         % (cpu_list(cpus), cpu_list(allowed)))
+    if not allowed - cpus:
+        raise ValueError("--proxy-cpus %s leaves no CPU for the clients and the brokers"
+                         % cpu_list(cpus))
+    return cpus, allowed - cpus
+
+
+def add_proxy_cpus(p):
+    p.add_argument("--proxy-cpus", type=parse_cpu_list, metavar="LIST",
+                   help="pin the proxies under test (kthrottle, its workers, the relays, "
+                   "tansu proxy) to these CPUs (e.g. 1) and the clients and brokers to the "
+                   "others, as a proxy deployed on cores of its own; by default every "
+                   "process shares every CPU")
+
+
 class Processes:
     """Every child process (and other server) a run starts, so that each is stopped by its
     own PID; ``stop_all`` stops them newest first."""
@@ -86,9 +129,25 @@ class Processes:
     def __init__(self, log_dir):
         self.log_dir = Path(log_dir)
         self._items = []  # Popen objects and stop callables, in start order
+        self.proxy_cpus = None  # pin_proxies: the CPUs of the proxies under test
 
-    def spawn(self, name, argv, env=None, cwd=None):
-        """Start ``argv`` with stdout and stderr in ``log_dir/NAME.log``."""
+    def pin_proxies(self, cpus):
+        """``--proxy-cpus``: the proxies under test (spawned with ``proxy=True``) run on
+        ``cpus`` alone, and this process, its threads (the clients) and everything else it
+        starts from now on (the brokers) on the other CPUs it may use, as a proxy deployed
+        on cores of its own. Returns a line saying so."""
+        cpus, others = split_cpus(cpus)
+        os.sched_setaffinity(0, others)  # inherited by the threads and children made next
+        self.proxy_cpus = cpus
+        return ("proxies pinned to CPU %s; this process, its clients and the brokers to CPU %s"
+                % (cpu_list(cpus), cpu_list(others)))
+
+    def spawn(self, name, argv, env=None, cwd=None, proxy=False):
+        """Start ``argv`` with stdout and stderr in ``log_dir/NAME.log``; a proxy under test
+        (``proxy``) on the CPUs of ``pin_proxies``, if any (``taskset``, so that its
+        threads and workers are pinned from their start)."""
+        if proxy and self.proxy_cpus:
+            argv = ["taskset", "--cpu-list", cpu_list(self.proxy_cpus), *argv]
         with open(self.log_dir / ("%s.log" % name), "ab") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=env, cwd=cwd,
@@ -341,7 +400,7 @@ def start_kthrottle(upstream, procs, extra_args=(), admin=False, name="kthrottle
         ]
         if admin_port:
             argv += ["--admin-listen", "127.0.0.1:%d" % admin_port]
-        proc = procs.spawn(name, argv, env=tree.env, cwd=tree.src)
+        proc = procs.spawn(name, argv, env=tree.env, cwd=tree.src, proxy=True)
         try:
             wait_for_port("127.0.0.1", listen, timeout=20, proc=proc)
             if probe:
@@ -405,7 +464,7 @@ def start_bare_relay(port, upstream, procs, name="bare-relay", tls=None):
             "--listen", "127.0.0.1:%d" % port, "--upstream", upstream.bootstrap]
     if tls is not None:
         argv += ["--ssl-cert", tls["cert"], "--ssl-key", tls["key"]]
-    proc = procs.spawn(name, argv)
+    proc = procs.spawn(name, argv, proxy=True)
     bootstrap = "127.0.0.1:%d" % port
     try:
         wait_for_port("127.0.0.1", port, timeout=20, proc=proc)
@@ -435,7 +494,7 @@ def start_tansu_proxy(broker, procs):
     proc = procs.spawn("tansu-proxy", [
         tansu_binary(), "proxy", "--listener-url", url, "--advertised-listener-url", url,
         "--origin-url", "tcp://%s" % broker.bootstrap,
-    ], env=env)
+    ], env=env, proxy=True)
     wait_for_port("127.0.0.1", port, timeout=20, proc=proc)
     metadata_probe("127.0.0.1", port)
     return Endpoint("tansu-proxy", "127.0.0.1:%d" % port, proc)
@@ -860,8 +919,8 @@ def command_line(script, argv=None):
 
 def settings_of(args, drop=()):
     """The parsed flags as JSON-ready values (paths as text)."""
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-            if k not in drop}
+    return {k: (str(v) if isinstance(v, Path) else sorted(v) if isinstance(v, set) else v)
+            for k, v in vars(args).items() if k not in drop}
 
 
 def write_json(path, data):

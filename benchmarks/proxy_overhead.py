@@ -99,6 +99,7 @@ try:
         Run,
         SourceTree,
         add_flags,
+        add_proxy_cpus,
         aio_consume_throughput,
         aio_consumer,
         aio_produce_latency,
@@ -127,6 +128,7 @@ try:
         parser,
         percentile,
         settings_of,
+        split_cpus,
         spread,
         stop_threads,
         tls_files,
@@ -777,6 +779,8 @@ def markdown_report(summary, clients, configs, facts, args, elapsed, results=())
            args.partitions, args.max_in_flight, args.rate, args.latency_seconds, RELAY,
            RELAY_SSL, SSL_CONFIG, elapsed),
     ]
+    if facts.get("pinned"):
+        lines += ["", "CPUs (--proxy-cpus): %s." % facts["pinned"]]
     negotiated = negotiated_lines(summary, clients, configs)
     if negotiated:
         lines += [""] + negotiated
@@ -933,6 +937,7 @@ def parse_args(argv=None):
                    "cwd and PYTHONPATH set to DIR, a kthrottle source tree such as `git "
                    "worktree add DIR HEAD~1`; the script checks that the package in DIR is "
                    "the one imported" % BASELINE)
+    add_proxy_cpus(p)
     p.add_argument("--profile", action="store_true",
                    help="run py-spy on the kthrottle proxy during its first-round produce "
                    "phase with the first client and write kthrottle_profile.txt (that "
@@ -964,6 +969,11 @@ def parse_args(argv=None):
            args.max_in_flight) < 1:
         p.error("--rounds, --records, --rate, --partitions, --record-size and "
                 "--max-in-flight must be >= 1")
+    if args.proxy_cpus is not None:
+        try:
+            split_cpus(args.proxy_cpus)
+        except ValueError as exc:
+            p.error(str(exc))
     missing = missing_from_bench_extra(args)
     if missing:
         p.error("missing %s (the bench extra): run %s" % (", ".join(missing), BENCH_EXTRA))
@@ -1026,6 +1036,9 @@ def main(argv=None):
     clients = [CLIENTS[name] for name in args.clients]
     results = []
     with Run("proxy_overhead") as run:
+        if args.proxy_cpus is not None:  # before the brokers start: they take the others
+            facts["pinned"] = run.procs.pin_proxies(args.proxy_cpus)
+            print(facts["pinned"], flush=True)
         profile_raw = run.path("kthrottle_profile.raw") if args.profile else None
         broker = run.broker()
         print("Tansu broker pid %d on %s; logs in %s"

@@ -302,6 +302,7 @@ from harness import (  # noqa: E402
     Endpoint,
     Run,
     SourceTree,
+    add_proxy_cpus,
     aio_consume_throughput,
     aio_produce_throughput,
     ck_consume_throughput,
@@ -312,6 +313,7 @@ from harness import (  # noqa: E402
     markdown_table,
     metadata_probe,
     parser,
+    split_cpus,
     tansu_binary,
     tls_files,
     wait_for_port,
@@ -400,7 +402,7 @@ def start_kthrottle(run, broker, tree, tls, files, probe, label, quota=False):
         else:
             argv = [sys.executable, "-m", "kthrottle", *args]
         argv = under_callgrind(argv, label)
-        proc = run.procs.spawn(label, argv, env=env, cwd=tree.src)
+        proc = run.procs.spawn(label, argv, env=env, cwd=tree.src, proxy=True)
         try:
             wait_for_port("127.0.0.1", listen, timeout=STARTUP_TIMEOUT * (15 if CALLGRIND else 1),
                           proc=proc)
@@ -435,7 +437,7 @@ def start_relay(run, tls, files, probe, label):
     if probe:
         argv.append("--probe")
         env["TLS_PATH_PROBE_OUT"] = str(run.path("%s.counts.json" % label))
-    proc = run.procs.spawn(label, under_callgrind(argv, label), env=env)
+    proc = run.procs.spawn(label, under_callgrind(argv, label), env=env, proxy=True)
     wait_for_port("127.0.0.1", relay_port, timeout=STARTUP_TIMEOUT * (15 if CALLGRIND else 1),
                   proc=proc)
     bootstrap = "127.0.0.1:%d" % relay_port
@@ -685,6 +687,8 @@ def report(rows, args):
                           "%.2f-%.2f" % (min(v), max(v)),
                           "%.1f" % statistics.median(rate[key]),
                           "%.0f" % statistics.median(faults[key]), str(len(v))])
+        if args.pinned:
+            lines.append("CPUs (--proxy-cpus): %s.\n" % args.pinned)
         lines.append("Proxy CPU per MB (median of rounds) and throughput:\n")
         lines.extend(markdown_table(["client", "phase", "config", "src", "ms/MB", "range",
                                      "MB/s", "faults/MB", "n"], table))
@@ -786,6 +790,9 @@ async def main(args):
     trees = [(label, SourceTree(path, label)) for label, path in args.src]
     rows = []
     with Run("tls_path") as run:
+        if args.proxy_cpus is not None:  # before the brokers start: they take the others
+            args.pinned = run.procs.pin_proxies(args.proxy_cpus)
+            print(args.pinned, flush=True)
         files = tls_files(run.log_dir)
         broker = run.broker()
         modes = ["cpu"] * args.rounds
@@ -848,8 +855,15 @@ def parse_args(argv=None):
     p.add_argument("--proxy-env", action="append", default=[], metavar="NAME=VALUE",
                    help="set in every proxy's (and relay's) environment, e.g. "
                         "GLIBC_TUNABLES=glibc.malloc.trim_threshold=67108864 (repeatable)")
+    add_proxy_cpus(p)
     p.add_argument("--json", help="write every row here")
     args = p.parse_args(argv)
+    args.pinned = None
+    if args.proxy_cpus is not None:
+        try:
+            split_cpus(args.proxy_cpus)
+        except ValueError as exc:
+            p.error(str(exc))
     args.configs = [c for c in args.configs.split(",") if c]
     args.clients = [c for c in args.clients.split(",") if c]
     for c in args.configs:

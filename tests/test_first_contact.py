@@ -277,3 +277,49 @@ def test_a_benchmark_run_writes_to_a_fresh_ignored_directory(tmp_path):
         ignored = subprocess.run(["git", "check-ignore", "-q", str(runs / "x" / "y.md")],
                                  cwd=ROOT, timeout=30)
         assert ignored.returncode == 0, "benchmarks/runs is not ignored by git"
+
+
+PINNED_CHILDREN = r'''
+import json, os, sys, time
+sys.path.insert(0, "benchmarks")
+from harness import Processes
+procs = Processes(sys.argv[1])
+said = procs.pin_proxies({int(sys.argv[2])})
+show = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+children = {"proxy": procs.spawn("proxy", show, proxy=True), "broker": procs.spawn("broker", show)}
+for child in children.values():
+    child.wait(30)
+print(json.dumps({"said": said, "self": sorted(os.sched_getaffinity(0)),
+                  **{name: open(os.path.join(sys.argv[1], name + ".log")).read().strip()
+                     for name in children}}))
+'''
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to split")
+def test_proxy_cpus_pins_the_proxies_apart_from_the_clients_and_brokers(tmp_path):
+    import json
+
+    allowed = sorted(os.sched_getaffinity(0))
+    proxy_cpu, others = allowed[-1], allowed[:-1]
+    out = subprocess.run([sys.executable, "-c", PINNED_CHILDREN, str(tmp_path), str(proxy_cpu)],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT, env=env())
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["proxy"] == str([proxy_cpu])
+    assert seen["broker"] == str(others) and seen["self"] == others
+    assert "proxies pinned to CPU %d" % proxy_cpu in seen["said"]
+
+
+def test_proxy_cpus_that_leave_nothing_or_do_not_exist_are_refused_before_anything_starts():
+    allowed = sorted(os.sched_getaffinity(0))
+    cases = {",".join(map(str, allowed)): "leaves no CPU for the clients and the brokers",
+             str(max(allowed) + 64): "this process may use CPUs",
+             "one": "expected CPU numbers"}
+    for value, message in cases.items():
+        for script in ("proxy_overhead.py", "tls_path.py"):
+            out = subprocess.run([sys.executable, script, "--proxy-cpus", value],
+                                 capture_output=True, text=True, timeout=60,
+                                 cwd=ROOT / "benchmarks", env=env())
+            assert out.returncode == 2, (script, value, out)
+            assert message in out.stderr, (script, value, out.stderr)
+            assert "Tansu broker" not in out.stdout and "round" not in out.stdout
