@@ -54,6 +54,11 @@ printed at the end). ``--output-dir benchmarks/results`` replaces the committed 
 It needs the bench extra (the clients, matplotlib, py-spy, the local broker): ``scripts/setup
 bench`` installs it; what is missing is said before anything starts.
 
+By default every process shares every CPU, as on a single test machine; ``--proxy-cpus 1``
+pins the proxies under test (relays, kthrottle and its workers, ``tansu proxy``) to CPU 1 and
+this process, its clients and the brokers to the others, as a proxy deployed on cores of its
+own.
+
 In the first round every cell starts with a short probe: a few records produced and
 consumed with the client's protocol debug log on (librdkafka ``debug=protocol,feature``; the
 ``aiokafka.conn`` logger), from which the Produce and Fetch versions the client really sent
