@@ -155,7 +155,8 @@ def follow_latency(run, args):
     """ms from each snapshot write returning to the proxy's /metrics showing it."""
     zk_server = run.zookeeper()
     broker = run.broker()
-    proxy = run.kthrottle(broker, ["--zookeeper", zk_server.hosts], admin=True, name="proxy",
+    proxy = run.kthrottle(broker, ["--zookeeper", zk_server.hosts, "--storage-scope", "cluster"],
+                          admin=True, name="proxy",
                           probe=False)
     zk = harness.zk_client(run.procs, zk_server.hosts)
     latencies = []

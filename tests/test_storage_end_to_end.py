@@ -65,7 +65,7 @@ def start_cluster(broker, zookeeper, tmp_path, *proxy_args):
     zk.stop()
     zk.close()
     proxy = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
-                         ["--zookeeper", hosts, "--storage-base-rate", "400000",
+                         ["--zookeeper", hosts, "--storage-scope", "cluster", "--storage-base-rate", "400000",
                           "--storage-max-age-ms", "60000", *proxy_args])
     proxy.start()
     job = Process(["spark-sync", "--bootstrap-server", broker.bootstrap, "--zookeeper", hosts,

@@ -17,7 +17,7 @@ from kthrottle.policy.storage import (
     StoragePolicy,
 )
 from kthrottle.proxy.filters import standard_filters
-from kthrottle.proxy.filters.storage import StorageThrottle
+from kthrottle.proxy.filters.storage import BEHIND_RELEASE_SECONDS, StorageThrottle
 from test_pipeline import Harness, fetch_req, produce_req, produce_resp, req_cids
 
 WALL = 1_800_000_000.0
@@ -65,16 +65,41 @@ def test_pause_holds_a_produce_unread_until_the_state_clears(chunk):
     assert h.take_client()  # answered as usual, no throttle time
 
 
-def test_a_held_produce_goes_on_at_the_cap_and_the_next_is_held_again():
+def test_a_held_produce_goes_on_at_the_cap_with_what_was_sent_behind_it():
+    """A pipelining client (the Java producer keeps 5 in flight) must have
+    every request answered within its request.timeout.ms: those sent while
+    the first was held go on with it, none is held a second time."""
     h = StorageHarness(pause_max_ms=1000)
     h.cluster(PAUSE_STATE)
-    h.client(produce_req(1) + produce_req(2))
+    h.client(b"".join(produce_req(c) for c in range(1, 6)))
     t = 0.0
     while not h.to_broker and t < 2:
         t = h.client_paused_until
         h.at(t)
-    assert req_cids(h.take_broker()) == [1] and t == pytest.approx(1.0)
-    assert h.storage.released_at_cap == 1 and h.client_paused_until is not None  # 2 is held
+    assert req_cids(h.take_broker()) == [1, 2, 3, 4, 5] and t == pytest.approx(1.0)
+    assert h.storage.released_at_cap == 5 and h.storage.deferred == 4  # 1 held, 4 rechecks
+    # one sent in the next cycle, after the answers: held again, for the cap
+    h.at(1.0 + BEHIND_RELEASE_SECONDS + 0.1)
+    h.client(produce_req(6))
+    assert h.take_broker() == b"" and h.client_paused_until is not None
+    start = h.now
+    while not h.to_broker and h.now < start + 2:
+        h.at(h.client_paused_until)
+    assert req_cids(h.take_broker()) == [6] and h.now == pytest.approx(start + 1.0)
+
+
+def test_a_request_sent_behind_a_held_one_arrives_later_still_goes_on_with_it():
+    """What the client wrote while the first was held may reach the proxy in
+    the next read, just after the release: it goes on too."""
+    h = StorageHarness(pause_max_ms=1000)
+    h.cluster(PAUSE_STATE)
+    h.client(produce_req(1))
+    while not h.to_broker and h.now < 2:
+        h.at(h.client_paused_until)
+    assert req_cids(h.take_broker()) == [1]
+    h.at(h.now + 0.01)
+    h.client(produce_req(2) + produce_req(3))
+    assert req_cids(h.take_broker()) == [2, 3]
 
 
 def test_fetches_and_other_apis_carry_on_during_a_pause():
@@ -188,6 +213,22 @@ def test_partition_scope_touches_only_producers_of_a_filling_partition(chunk):
     assert req_cids(h.take_broker()) == [4]
 
 
+def test_partition_scope_throttles_once_for_what_was_sent_behind_the_throttled_request():
+    """Five requests to a paused partition, pipelined: the first earns the
+    pause, the four read when the client is read again go on unthrottled (a
+    second pause each would put the last past the client's timeout); the
+    next one after them earns it again."""
+    h = PartitionHarness(pause_max_ms=8000)
+    h.partitions({("hot", 1): PAUSE_STATE})
+    h.client(b"".join(produce_to(c, [("hot", 1)]) for c in range(1, 6)))
+    assert req_cids(h.take_broker()) == [1] and h.client_paused_until == pytest.approx(8.0)
+    h.at(8.0)
+    assert req_cids(h.take_broker()) == [2, 3, 4, 5] and h.client_paused_until is None
+    h.at(8.0 + BEHIND_RELEASE_SECONDS + 0.1)
+    h.client(produce_to(6, [("hot", 1)]) + produce_to(7, [("hot", 1)]))
+    assert req_cids(h.take_broker()) == [6] and h.client_paused_until is not None
+
+
 def test_partition_scope_throttles_by_the_strongest_partition():
     h = PartitionHarness(base_rate=1000.0)
     h.partitions({("warm", 0): State(THROTTLE, 0.9), ("hotter", 0): State(THROTTLE, 0.1)})
@@ -281,9 +322,39 @@ def test_no_first_snapshot_within_the_maximum_age_is_unknown_as_a_stale_one(reac
 def test_the_reach_is_an_option_checked_at_start():
     from kthrottle.config import ConfigError, build_config
 
-    base = {"bootstrap_servers": [("k", 1)], "zookeeper": "127.0.0.1:2181"}
+    base = {"bootstrap_servers": [("k", 1)], "zookeeper": "127.0.0.1:2181",
+            "storage_scope": "cluster"}
     config = build_config({}, dict(base, storage_unknown_scope="broker"))
     assert StorageThrottle.build(config, None).policy.unknown_scope == "broker"
     assert build_config({}, base).storage_unknown_scope == "cluster"
     with pytest.raises(ConfigError, match="storage-unknown-scope must be cluster or broker"):
         build_config({}, dict(base, storage_unknown_scope="volume"))
+
+
+def test_zookeeper_alone_means_quotas_and_no_storage_throttling():
+    """Nobody asked for storage-aware throttling: no filter, so no fail-safe
+    that would pause producers when no cluster state comes."""
+    from kthrottle.config import build_config
+
+    base = {"bootstrap_servers": [("k", 1)], "zookeeper": "127.0.0.1:2181"}
+    assert StorageThrottle.build(build_config({}, base), None) is None
+    assert StorageThrottle.build(build_config({}, dict(base, storage_scope="off")), None) is None
+    for scope in ("cluster", "partition"):
+        built = StorageThrottle.build(build_config({}, dict(base, storage_scope=scope)), None)
+        assert built is not None and built.policy.scope == scope
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"storage_fail_safe": "OPEN"}, "storage-fail-safe: storage-aware throttling is off unless "
+     "storage-scope is given"),
+    ({"storage_max_age_ms": 5000, "storage_excluded_principals": ["User:agent"]},
+     "storage-max-age-ms, storage-excluded-principals: storage-aware throttling is off"),
+    ({"storage_scope": "cluster", "zookeeper": None}, "storage-scope cluster follows the "
+     "cluster state kthrottle spark-sync writes to ZooKeeper: give --zookeeper"),
+])
+def test_storage_settings_that_would_do_nothing_are_refused(values, message):
+    from kthrottle.config import ConfigError, build_config
+
+    base = {"bootstrap_servers": [("k", 1)], "zookeeper": "127.0.0.1:2181"}
+    with pytest.raises(ConfigError, match=message):
+        build_config({}, dict(base, **values))

@@ -42,7 +42,8 @@ def storage_proxy(broker, zookeeper, tmp_path):
     zk.start(timeout=10)
     zk.ensure_path("/")
     p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
-                     ["--zookeeper", zookeeper.hosts + chroot, "--storage-base-rate", "200000",
+                     ["--zookeeper", zookeeper.hosts + chroot, "--storage-scope", "cluster",
+                      "--storage-base-rate", "200000",
                       "--storage-pause-max-ms", "20000"])
     p.admin = free_port()
     p.extra_args += ["--admin-listen", "127.0.0.1:%d" % p.admin]
@@ -115,3 +116,102 @@ def test_a_stale_snapshot_takes_the_fail_safe_and_a_malformed_one_is_refused(sto
     _set(zk, snapshot(10))
     p.wait_for_log("the cluster state is known again")
     assert p.alive()
+
+
+def test_a_proxy_given_only_zookeeper_never_holds_a_producer_for_storage(
+        broker, zookeeper, tmp_path):
+    """--zookeeper alone means quotas: a PAUSE in the cluster-state znode (a
+    job some other proxy follows) holds nobody here, and there is no fail-safe
+    to fall into when the state is missing or stale."""
+    from aiokafka import AIOKafkaProducer
+    from kazoo.client import KazooClient
+
+    chroot = "/zk-only-%s" % uuid.uuid4().hex[:8]
+    zk = KazooClient(hosts=zookeeper.hosts + chroot)
+    zk.start(timeout=10)
+    zk.ensure_path("/")
+    _set(zk, snapshot(85))  # past the hard limit: PAUSE, for a proxy that follows it
+    admin = free_port()
+    p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
+                     ["--zookeeper", zookeeper.hosts + chroot,
+                      "--admin-listen", "127.0.0.1:%d" % admin]).start()
+    topic = "zk-only-%s" % uuid.uuid4().hex[:8]
+    broker.create_topic(topic, partitions=1)
+
+    async def produce(values):
+        producer = AIOKafkaProducer(bootstrap_servers=p.bootstrap, client_id="writer",
+                                    request_timeout_ms=10000)
+        await producer.start()
+        try:
+            started = time.monotonic()
+            for value in values:
+                await asyncio.wait_for(producer.send_and_wait(topic, value, partition=0), 8)
+            return time.monotonic() - started
+        finally:
+            await producer.stop()
+
+    try:
+        p.wait_for_log("quotas from ZooKeeper")
+        assert asyncio.run(produce([b"a", b"b", b"c"])) < 8
+        _set(zk, snapshot(10, generated_at=time.time() - 600))  # stale: no fail-safe either
+        time.sleep(1.5)
+        assert asyncio.run(produce([b"d"])) < 8
+        metrics = admin_get(admin, "/metrics")
+        assert "kthrottle_storage_state{" not in metrics
+        assert "kthrottle_storage_fail_safe 1" not in metrics
+        status = json.loads(admin_get(admin, "/status.json"))
+        assert status["storage"] == {"configured": False}
+        assert "storage:" not in p.log() and p.alive()
+    finally:
+        p.stop()
+        zk.stop()
+        zk.close()
+
+
+def test_a_pipelining_producer_held_by_a_pause_has_every_request_answered_in_time(
+        broker, zookeeper, tmp_path):
+    """librdkafka with 5 requests in flight, as the Java producer keeps them:
+    each was held in turn before, the fifth answered after 5 x the cap and
+    expired at the client; now the ones sent behind the first go on with it."""
+    from confluent_kafka import Producer
+    from kazoo.client import KazooClient
+
+    chroot = "/pipe-%s" % uuid.uuid4().hex[:8]
+    zk = KazooClient(hosts=zookeeper.hosts + chroot)
+    zk.start(timeout=10)
+    zk.ensure_path("/")
+    p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
+                     ["--zookeeper", zookeeper.hosts + chroot, "--storage-scope", "cluster",
+                      "--storage-pause-max-ms", "3000"]).start()
+    topic = "pipe-%s" % uuid.uuid4().hex[:8]
+    broker.create_topic(topic, partitions=1)
+    try:
+        producer = Producer({"bootstrap.servers": p.bootstrap, "linger.ms": 0,
+                             "max.in.flight.requests.per.connection": 5,
+                             "request.timeout.ms": 11000, "message.timeout.ms": 11500,
+                             "retries": 0, "enable.idempotence": False})
+        producer.produce(topic, b"warm", partition=0)
+        assert producer.flush(15) == 0
+        _set(zk, snapshot(85))  # PAUSE
+        p.wait_for_log("producers now meet PAUSE")
+        sent, done = {}, {}
+
+        def delivered(err, msg):
+            done[msg.value()] = (err, time.monotonic())
+
+        for i in range(5):  # one request each: the one before is in flight
+            value = b"m%d" % i
+            sent[value] = time.monotonic()
+            producer.produce(topic, value, partition=0, on_delivery=delivered)
+            producer.poll(0.2)
+        producer.flush(30)
+        assert sorted(done) == sorted(sent)
+        assert [v for v, (err, _) in done.items() if err is not None] == []
+        waited = {v: done[v][1] - sent[v] for v in sent}
+        assert max(waited.values()) < 9, waited  # at the cap (3 s) and no more, with margin
+        assert min(waited.values()) > 1.5, waited  # they were held
+        _set(zk, snapshot(10))
+    finally:
+        p.stop()
+        zk.stop()
+        zk.close()

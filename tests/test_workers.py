@@ -354,7 +354,7 @@ def test_the_cluster_state_and_shares_the_primary_follows_reach_the_other_worker
     zk.start(timeout=10)
     zk.ensure_path("/")
     p = _start(broker, tmp_path, ["--zookeeper", zookeeper.hosts + chroot,
-                                  "--storage-base-rate", "200000",
+                                  "--storage-scope", "cluster", "--storage-base-rate", "200000",
                                   "--storage-pause-max-ms", "20000", "--proxy-id", "p1"])
     pids = worker_pids(p)
     topic = "ws-%s" % uuid.uuid4().hex[:8]

@@ -14,9 +14,13 @@ agents, canaries) are never touched.
   as Kafka delays it (X = (O - T) / T x W).
 - PAUSE: a Produce request is not read (nor anything after it on that
   connection) until the state clears, checked every ``recheck_ms``; after
-  ``pause_max_ms`` it goes on anyway (a client's request.timeout.ms, 30 s by
-  default, must not expire first), and the next one is held again. Nothing of
-  a held request reaches the broker.
+  ``pause_max_ms`` it goes on anyway, and so do the requests the client had
+  sent behind it (read within ``BEHIND_RELEASE_SECONDS`` of its release): a
+  client's request.timeout.ms (30 s by default) runs from when it sent each
+  request, and a pipelining client (the Java producer keeps 5 in flight) whose
+  requests were held one after another would see the last ones expire. The
+  next request after those is held again. Nothing of a request reaches the
+  broker while it is held.
 
 With ``scope="partition"`` only Produce requests that write to a partition
 in THROTTLE or PAUSE are touched, by the strongest state among their
@@ -38,34 +42,46 @@ from ..filter import HEAD, NOTHING, Defer, Filter, Observe, Throttle
 
 log = logging.getLogger("kthrottle.storage")
 
+SCOPES = ("cluster", "partition", "off")
+
 DEFAULT_BASE_RATE = 1024 * 1024  # bytes/s kept at factor 1 by producers without a quota
 DEFAULT_PAUSE_MAX_MS = 10_000
 DEFAULT_RECHECK_MS = 250
+# Requests read this soon after a held one went on at the cap were sent while
+# it was held (they sat in the socket behind it): they go on too, so that none
+# waits twice. A client that keeps writing gets this much unheld per cap.
+BEHIND_RELEASE_SECONDS = 0.5
+# The Java client's request.timeout.ms: a hold as long may expire requests
+REQUEST_TIMEOUT_MS = 30_000
 RATE_IDLE_SECONDS = 3600.0
 FACTOR_LOG_STEP = 0.1  # a THROTTLE factor moved this much is logged at INFO again
 
 
 class _Held:
-    """A connection's Produce request held back (PAUSE): since when."""
+    """A connection's Produce request held back (PAUSE): since when, and when
+    the last one went on at the cap (or, throttled for a partition's PAUSE,
+    when its client is read again)."""
 
-    __slots__ = ("since",)
+    __slots__ = ("since", "released")
 
     def __init__(self):
         self.since = None
+        self.released = None
 
 
 class StorageThrottle(Filter):
     name = "storage"
-    options_title = ("storage-aware throttling (the cluster state kthrottle spark-sync writes to "
-                     "--zookeeper)")
+    options_title = ("storage-aware throttling (off unless --storage-scope is given; the cluster "
+                     "state kthrottle spark-sync writes to --zookeeper)")
     options = (
-        Option("storage-scope", default="cluster", choices=("cluster", "partition", "off"),
-               help="cluster (default): when a broker volume passes its soft limit every "
-               "producer is slowed by the state's factor, and past its hard limit its Produce "
-               "requests are held; partition: only Produce requests writing to a partition with "
-               "a replica on such a volume are slowed, or throttled for --storage-pause-max-ms; "
-               "off: ignore the cluster state. Applies when --zookeeper is given, from the first "
-               "snapshot the job writes"),
+        Option("storage-scope", choices=SCOPES,
+               help="turns storage-aware throttling on (it is off unless given; --zookeeper "
+               "alone means quotas only). cluster: when a broker volume passes its soft limit "
+               "every producer is slowed by the state's factor, and past its hard limit its "
+               "Produce requests are held; partition: only Produce requests writing to a "
+               "partition with a replica on such a volume are slowed, or throttled for "
+               "--storage-pause-max-ms; off: the same as not given. Follows the cluster state "
+               "in --zookeeper from the first snapshot the job writes"),
         Option("storage-fail-safe", default="PAUSE", choices=("PAUSE", "OPEN"),
                help="what an unknown state means (a snapshot older than --storage-max-age-ms, "
                "brokers without a fresh volume report): PAUSE (default) or OPEN"),
@@ -81,8 +97,9 @@ class StorageThrottle(Filter):
                "scope). Without any fresh snapshot (none --storage-max-age-ms after start, or a "
                "stale one) every broker is unknown and the fail-safe reaches every producer"),
         Option("storage-pause-max-ms", INTEGER, default=10_000, metavar="MS",
-               help="longest a Produce request is held while paused, before it goes on "
-               "(default 10000; keep it under the clients' request.timeout.ms)"),
+               help="longest a Produce request is held while paused, before it goes on with "
+               "the requests the client sent behind it (default 10000; keep it well under the "
+               "clients' request.timeout.ms, 30000 in the Java client)"),
         Option("storage-excluded-principals", NAMES, default=[], metavar="LIST",
                help="comma-separated principals never throttled for storage (the volume "
                "agents, canaries)"),
@@ -115,9 +132,22 @@ class StorageThrottle(Filter):
 
     @classmethod
     def check(cls, config):
-        if config.storage_scope not in ("cluster", "partition", "off"):
-            raise ConfigError("storage-scope must be cluster, partition or off, got %r"
-                              % config.storage_scope)
+        scope = config.storage_scope
+        if scope is not None and scope not in SCOPES:
+            raise ConfigError("storage-scope must be cluster, partition or off, got %r" % scope)
+        if scope is None:
+            # storage-aware throttling is off unless asked for: a setting of
+            # it given alone is a mistake to say, not to ignore
+            given = [o.name for o in cls.options if o.name != "storage-scope"
+                     and getattr(config, o.attr) != o.default_value()]
+            if given:
+                raise ConfigError("%s: storage-aware throttling is off unless storage-scope is "
+                                  "given (cluster or partition, with --zookeeper)"
+                                  % ", ".join(given))
+        elif scope != "off" and not config.zookeeper:
+            raise ConfigError("storage-scope %s follows the cluster state kthrottle spark-sync "
+                              "writes to ZooKeeper: give --zookeeper HOST:PORT[/chroot] too"
+                              % scope)
         if config.storage_unknown_scope not in UNKNOWN_SCOPES:
             raise ConfigError("storage-unknown-scope must be cluster or broker, got %r"
                               % config.storage_unknown_scope)
@@ -131,8 +161,9 @@ class StorageThrottle(Filter):
 
     @classmethod
     def enabled(cls, config):
-        """The cluster state is followed when ZooKeeper is given."""
-        return bool(config.zookeeper) and config.storage_scope != "off"
+        """Only when asked for: storage-scope cluster or partition (with the
+        cluster state in --zookeeper)."""
+        return bool(config.zookeeper) and config.storage_scope in ("cluster", "partition")
 
     @classmethod
     def build(cls, config, services):
@@ -142,6 +173,10 @@ class StorageThrottle(Filter):
             return None
         from ...policy.storage import StoragePolicy
 
+        if config.storage_pause_max_ms >= REQUEST_TIMEOUT_MS:
+            log.warning("storage-pause-max-ms %d: a Produce request held that long meets the "
+                        "Java client's request.timeout.ms (%d) first; keep it well under the "
+                        "clients' timeout", config.storage_pause_max_ms, REQUEST_TIMEOUT_MS)
         settings = config.quota_settings()
         return cls(StoragePolicy(config.storage_scope, config.storage_fail_safe,
                                  config.storage_max_age_ms / 1000.0,
@@ -226,16 +261,22 @@ class StorageThrottle(Filter):
             return None
         now = ctx.now
         if state.state == PAUSE:
-            since = ctx.state.since
-            left = self.pause_max if since is None else since + self.pause_max - now
+            held = ctx.state
+            since = held.since
+            if since is None:
+                released = held.released
+                if released is not None and now - released < BEHIND_RELEASE_SECONDS:
+                    self.released_at_cap += 1  # it waited behind the one released
+                    return None
+                held.since = since = now
+            left = since + self.pause_max - now
             if left > 0:
-                if since is None:
-                    ctx.state.since = now
                 self.deferred += 1
                 return Defer(max(1, min(self.recheck_ms, to_ms(left))),
                              "storage PAUSE (%s)" % (self.reason or "a volume is past its "
                                                      "hard limit",))
-            ctx.state.since = None
+            held.since = None
+            held.released = now
             self.released_at_cap += 1
             return None
         ctx.state.since = None
@@ -255,6 +296,12 @@ class StorageThrottle(Filter):
         if worst.state == OPEN:
             return None
         if worst.state == PAUSE:
+            held = ctx.state
+            now = ctx.now
+            until = held.released
+            if until is not None and now < until + BEHIND_RELEASE_SECONDS:
+                return None  # sent behind the one throttled, while its client was not read
+            held.released = now + self.pause_max
             self.deferred += 1
             return Throttle(to_ms(self.pause_max), "storage PAUSE of a partition written to")
         return self._throttle(ctx, client_id, nbytes, worst)
