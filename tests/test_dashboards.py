@@ -299,8 +299,10 @@ def test_the_alert_rules_query_only_exported_metrics(rules):
     "kthrottle_storage_fail_safe",  # stale cluster state
     "kthrottle_fleet_fail_safe",  # stale fleet shares
     "kthrottle_quota_source_healthy",  # quota source down
+    "kthrottle_credentials_source_healthy",  # credentials store down
+    "kthrottle_zookeeper_connected",  # a ZooKeeper session lost (the cluster state's too)
     "kthrottle_broker_reachable",  # no broker reachable
-    "kthrottle_ready",  # readiness
+    "kthrottle_ready",  # readiness: a bootstrap broker answers
 ])
 def test_every_fail_safe_has_an_alert(rules, metric):
     assert [r["alert"] for r in rules if metric in parse_promql(r["expr"]).metrics]

@@ -250,7 +250,8 @@ def test_zookeeper_killed_keeps_the_quotas_and_a_change_made_meanwhile_is_picked
         writer = None
         topic = "resync-%s" % uuid.uuid4().hex[:8]
         broker.create_topic(topic)
-        proxy = admin_proxy(broker.bootstrap, tmp_path / "proxy.log", "--zookeeper", hosts)
+        proxy = admin_proxy(broker.bootstrap, tmp_path / "proxy.log", "--zookeeper", hosts,
+                            "--storage-scope", "cluster")
         proxy.wait_for_log("quotas from ZooKeeper %s: 1 entities" % hosts)
         a = proxy.admin
         with BackgroundProducer(proxy.bootstrap, topic, client) as producer:
@@ -481,7 +482,7 @@ def test_a_cluster_state_no_longer_refreshed_takes_the_fail_safe_then_resyncs(
     broker.create_topic(topic)
     try:
         proxy = admin_proxy(broker.bootstrap, tmp_path / "proxy.log", "--zookeeper", hosts,
-                            "--storage-max-age-ms", "3000")
+                            "--storage-scope", "cluster", "--storage-max-age-ms", "3000")
         a = proxy.admin
 
         def known():

@@ -195,6 +195,24 @@ def test_a_document_already_old_when_read_applies_the_fail_safe():
     assert "600 s old" in f.reason
 
 
+def test_no_shares_within_the_max_age_of_start_is_a_warning(caplog):
+    """None read yet at start is usual (INFO); none --share-max-age-ms later
+    is a WARNING, once: the fail-safe it keeps in force does not make the
+    proxy unready, so the log and kthrottle_fleet_fail_safe say it."""
+    caplog.set_level(logging.INFO, "kthrottle.fleet")
+    f = SharesFollower(manager(), "a", max_age=60.0, znode="/z/shares/a")
+    f.check(1000.0)
+    f.check(1060.0)
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    f.check(1061.0)
+    f.check(1100.0)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == ["fleet: still no quota shares for proxy a after 61 s (more than "
+                      "--share-max-age-ms 60000); the fail-safe still applies (last: the "
+                      "configured quotas until shares are read)"]
+    assert f.fail_safe_active
+
+
 # UsageTracker: what a report holds --------------------------------------------------
 
 def test_the_usage_report_lists_the_buckets_used_in_the_interval_with_their_demand():

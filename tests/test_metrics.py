@@ -436,7 +436,8 @@ def test_a_fully_configured_proxy_exports_what_metrics_lists(broker, zookeeper, 
     p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log", [
         "--zookeeper", hosts, "--proxy-id", "full", "--usage-interval", "1000",
         "--usage-topic", "usage-%s" % uuid.uuid4().hex[:8],
-        "--storage-max-age-ms", "2000", "--storage-fail-safe", "OPEN",
+        "--storage-scope", "cluster", "--storage-max-age-ms", "2000",
+        "--storage-fail-safe", "OPEN",
         "--security-protocol", "SASL_SSL", "--ssl-cert", pki["cert"], "--ssl-key", pki["key"],
         "--credentials-file", str(creds), "--admin-listen", str(admin),
         "--zero-copy"]).start()  # off for TLS clients, its counter shown at 0
@@ -444,11 +445,15 @@ def test_a_fully_configured_proxy_exports_what_metrics_lists(broker, zookeeper, 
     zk.start(timeout=10)
     try:
         wait_for_port("127.0.0.1", admin, proc=p.proc)
-        # neither shares nor a cluster state yet: not ready, and why
-        reasons = wait_until(lambda: (lambda r: r if len(r) == 2 else None)(
-            json.loads(get(admin, "/readyz", Accept="application/json")[1])["reasons"]), 15)
-        assert reasons[0].startswith("cluster state: ") and "storage fail-safe" in reasons[0]
-        assert reasons[1].startswith("fleet shares: no quota shares for proxy full")
+        # neither shares nor a cluster state yet: both fail-safes in force, which
+        # leaves the proxy ready (it serves with them) and names them as degraded
+        degraded = wait_until(lambda: (lambda r: r if len(r["degraded"]) == 2 else None)(
+            json.loads(get(admin, "/readyz", Accept="application/json")[1])), 15)
+        assert degraded["ready"] is True and degraded["reasons"] == []
+        degraded = degraded["degraded"]
+        assert degraded[0].startswith("cluster state: ") and "storage fail-safe" in degraded[0]
+        assert degraded[1].startswith("fleet shares: no quota shares for proxy full")
+        assert get(admin, "/readyz")[0] == 200
 
         now = time.time()
         report = BrokerReport(111, now, parse_limit("MinFreePercentage:40"),
@@ -460,7 +465,8 @@ def test_a_fully_configured_proxy_exports_what_metrics_lists(broker, zookeeper, 
             shares_document(ProxyShares("full", ("full",), 1.0,
                                         [(P, "", "full-app", QUOTA, QUOTA)]), now, 1)),
             makepath=True)
-        assert wait_until(lambda: get(admin, "/readyz")[0] == 200, 15)
+        assert wait_until(lambda: json.loads(get(admin, "/readyz", Accept="application/json")[1])
+                          == {"ready": True, "reasons": [], "degraded": []}, 15)
 
         # a login refused, a TLS handshake refused, then a client that produces and
         # consumes over SASL_SSL (every quota of the entity gets a bucket)

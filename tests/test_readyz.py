@@ -1,8 +1,11 @@
-"""/healthz and /readyz, and what the proxy says when no bootstrap broker
-answers: a real ``kthrottle proxy`` in front of a Tansu broker that the test
-stops and starts again on the same port; and the proxy's own contact with
-the brokers (health.BrokerContact) on an event loop here, against a port with
-nothing behind it and then a real broker on it."""
+"""/healthz (liveness) and /readyz (readiness: "can serve clients"), and
+what the proxy says when no bootstrap broker answers: a real ``kthrottle
+proxy`` in front of a Tansu broker that the test stops and starts again on
+the same port; the proxy's own contact with the brokers
+(health.BrokerContact) on an event loop here, against a port with nothing
+behind it and then a real broker on it; a quota file that no longer parses,
+which leaves the proxy ready (a ``degraded:`` line, not a 503); and every
+degraded condition on an admin endpoint in this process."""
 import asyncio
 import json
 import logging
@@ -14,6 +17,7 @@ import urllib.request
 from conftest import ProxyProcess
 from kthrottle.embedded import TansuBroker, free_port, wait_for_port
 from kthrottle.proxy import health
+from test_admin import StandIn, running
 
 
 def get(port, path, **headers):
@@ -38,7 +42,15 @@ def wait_for_status(port, status, timeout):
     raise AssertionError("/readyz still answers %r after %g s" % (got, timeout))
 
 
-def test_readyz_follows_the_broker_and_the_quota_file(tmp_path):
+def metric(port, name):
+    """The value of a family without labels on /metrics (None: absent)."""
+    for line in get(port, "/metrics")[2].splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def test_readyz_follows_the_broker(tmp_path):
     broker = TansuBroker(log_path=tmp_path / "tansu.log")  # its port, not started yet
     quotas = tmp_path / "quotas.toml"
     quotas.write_text('[clients."ready-app"]\nproducer_byte_rate = 100000\n')
@@ -54,11 +66,12 @@ def test_readyz_follows_the_broker_and_the_quota_file(tmp_path):
         status, content_type, body = get(admin, "/readyz")
         assert (status, content_type) == (503, "text/plain")
         assert body.startswith("no bootstrap broker has answered yet (%s" % broker.bootstrap)
-        assert body.count("\n") == 1  # one reason, one line
+        assert body.count("\n") == 1  # one reason, one line; nothing degraded
         status, content_type, body = get(admin, "/readyz", Accept="application/json")
         assert (status, content_type) == (503, "application/json")
         answer = json.loads(body)
         assert answer["ready"] is False and len(answer["reasons"]) == 1
+        assert answer["degraded"] == []
         assert "kthrottle_ready 0.0" in get(admin, "/metrics")[2]
 
         broker.start()
@@ -70,13 +83,6 @@ def test_readyz_follows_the_broker_and_the_quota_file(tmp_path):
         assert "kthrottle_ready 1.0" in text
         age = float(text.split("\nkthrottle_broker_answer_age_seconds ")[1].split()[0])
         assert 0 <= age < health.READY_WITHIN_SECONDS
-
-        # a quota file that no longer parses: the last quotas stay, the proxy is not ready
-        quotas.write_text("[clients.\n")
-        _, _, body = wait_for_status(admin, 503, 10)
-        assert body.startswith("quota source: quota file %s" % quotas)
-        quotas.write_text('[clients."ready-app"]\nproducer_byte_rate = 200000\n')
-        wait_for_status(admin, 200, 10)
 
         # the broker goes away: not ready once its last answer is 10 s old
         broker.stop()
@@ -149,3 +155,142 @@ def test_the_probes_are_open_when_quotas_requires_a_token(tmp_path, broker):
         assert wait_for_status(admin, 200, 10)[2] == "ready\n"
     finally:
         p.stop()
+
+
+def _in_force(port):
+    """The producer_byte_rate of clients "ready-app" in force (/quotas)."""
+    entities = json.loads(get(port, "/quotas")[2])["entities"]
+    return [e["quotas"].get("producer_byte_rate") for e in entities
+            if "ready-app" in json.dumps(e["entity"])]
+
+
+def test_a_quota_file_that_does_not_parse_leaves_the_proxy_ready(tmp_path, broker):
+    """Issue 42: one bad edit of a quota file every proxy reads must not take
+    them all out of their load balancer. The last good quotas stay in force,
+    the source is reported unhealthy (metric, log line, a degraded line on
+    /readyz), and /readyz answers 200 throughout."""
+    quotas = tmp_path / "quotas.toml"
+    quotas.write_text('[clients."ready-app"]\nproducer_byte_rate = 100000\n')
+    admin = free_port()
+    p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
+                     ["--quota-file", str(quotas), "--admin-listen", str(admin)]).start()
+    try:
+        assert wait_for_status(admin, 200, 15)[2] == "ready\n"
+        assert metric(admin, "kthrottle_quota_source_healthy") == 1
+        assert _in_force(admin) == [100000]
+
+        quotas.write_text("[clients.\n")  # a TOML typo
+        refused = "kthrottle.quotas: quota file %s is not valid TOML: " % quotas
+        deadline = time.monotonic() + 10
+        seen = []  # (status, body) of every /readyz while the file is broken
+        while metric(admin, "kthrottle_quota_source_healthy") != 0:
+            assert time.monotonic() < deadline, "the quota source is still said healthy"
+            seen.append(get(admin, "/readyz")[::2])
+            time.sleep(0.1)
+        p.wait_for_log(refused)
+        line = [x for x in p.log().splitlines() if refused in x]
+        assert len(line) == 1 and "the last known quotas stay in force" in line[0]
+        assert line[0].split(refused)[0].rstrip().endswith(("WARNING", "ERROR")), line[0]
+        # ready all along, a few seconds of it: the source is named as degraded
+        degraded = ("degraded: quota source: quota file %s is not readable or not current; "
+                    "the last known quotas stay in force\n" % quotas)
+        until = time.monotonic() + 3
+        while time.monotonic() < until:
+            seen.append(get(admin, "/readyz")[::2])
+            time.sleep(0.25)
+        assert all(status == 200 for status, _ in seen), seen
+        assert seen[-1] == (200, "ready\n" + degraded)
+        status, content_type, body = get(admin, "/readyz", Accept="application/json")
+        assert (status, content_type) == (200, "application/json")
+        answer = json.loads(body)
+        assert answer["ready"] is True and answer["reasons"] == []
+        assert len(answer["degraded"]) == 1
+        assert answer["degraded"][0].startswith("quota source: quota file %s " % quotas)
+        assert metric(admin, "kthrottle_ready") == 1
+        assert metric(admin, "kthrottle_quota_source_healthy") == 0
+        assert _in_force(admin) == [100000]  # the last good quotas
+        assert get(admin, "/healthz")[0] == 200
+
+        # fixed: healthy again, the new quotas in force, nothing degraded
+        quotas.write_text('[clients."ready-app"]\nproducer_byte_rate = 200000\n')
+        fixed = time.monotonic()
+        while metric(admin, "kthrottle_quota_source_healthy") != 1:
+            assert time.monotonic() - fixed < 10, "the quota source is still said unhealthy"
+            assert get(admin, "/readyz")[0] == 200
+            time.sleep(0.1)
+        assert get(admin, "/readyz")[::2] == (200, "ready\n")
+        assert json.loads(get(admin, "/readyz", Accept="application/json")[2]) == {
+            "ready": True, "reasons": [], "degraded": []}
+        assert _in_force(admin) == [200000]
+        p.wait_for_log("INFO kthrottle.quotas: quota file %s is valid again" % quotas)
+    finally:
+        p.stop()
+
+
+class _Source:
+    def __init__(self, describe):
+        self.describe, self.healthy, self.rejected = describe, True, 0
+
+
+def test_every_degraded_condition_leaves_readyz_at_200_and_is_named():
+    """On an admin endpoint in this process, in front of stand-ins: a quota
+    source and a credentials store not current, the cluster-state session
+    lost, the storage and fleet-share fail-safes in force. Each gives a
+    degraded line, none a 503; only no broker answering does."""
+    contact = types.SimpleNamespace(age=lambda now: 1.0, error=None)
+    source = _Source("quota file /etc/kthrottle/quotas.toml")
+    credentials = _Source("credentials file /etc/kthrottle/credentials.toml")
+    cluster_state = types.SimpleNamespace(healthy=True, rejected=0)
+    proxy = StandIn()
+    proxy.storage = types.SimpleNamespace(
+        reason=None, current=types.SimpleNamespace(state="OPEN", factor=1.0),
+        policy=types.SimpleNamespace(state=None), deferred=0, throttled=0)
+    fleet = types.SimpleNamespace(
+        fail_safe_active=False, follower=types.SimpleNamespace(reason=None),
+        shares_age=lambda now: None, reports=0, errors=0, rejected=0)
+    with running(proxy, source=source, credentials=credentials, cluster_state=cluster_state,
+                 fleet=fleet, contact=contact) as server:
+        port = server.address[1]
+
+        def readyz():
+            status, content_type, body = get(port, "/readyz")
+            assert content_type == "text/plain"
+            as_json = json.loads(get(port, "/readyz", Accept="application/json")[2])
+            return status, body, as_json
+
+        assert readyz() == (200, "ready\n", {"ready": True, "reasons": [], "degraded": []})
+        source.healthy = credentials.healthy = cluster_state.healthy = False
+        proxy.storage.reason = "no cluster state yet"
+        fleet.fail_safe_active = True
+        fleet.follower.reason = "no quota shares for proxy p1 yet"
+        degraded = [
+            "quota source: quota file /etc/kthrottle/quotas.toml is not readable or not "
+            "current; the last known quotas stay in force",
+            "credentials: credentials file /etc/kthrottle/credentials.toml is not readable "
+            "or not current; the last known credentials stay in force",
+            "cluster state: the ZooKeeper session following it is not connected",
+            "cluster state: no cluster state yet; the storage fail-safe applies",
+            "fleet shares: no quota shares for proxy p1 yet; the share fail-safe applies"]
+        status, body, as_json = readyz()
+        assert status == 200
+        assert body == "ready\n" + "".join("degraded: %s\n" % line for line in degraded)
+        assert as_json == {"ready": True, "reasons": [], "degraded": degraded}
+        text = get(port, "/metrics")[2]
+        assert "\nkthrottle_ready 1.0\n" in text
+        assert "\nkthrottle_quota_source_healthy 0.0\n" in text
+        assert "\nkthrottle_credentials_source_healthy 0.0\n" in text
+        assert "\nkthrottle_storage_fail_safe 1.0\n" in text
+        assert "\nkthrottle_fleet_fail_safe 1.0\n" in text
+
+        # no broker answers: 503 for that alone; what is degraded still listed
+        contact.age = lambda now: None
+        contact.error = "127.0.0.1:9092 Connect call failed"
+        status, body, as_json = readyz()
+        assert status == 503
+        assert body == ("no bootstrap broker has answered yet (127.0.0.1:9092 Connect call "
+                        "failed)\n" + "".join("degraded: %s\n" % line for line in degraded))
+        assert as_json == {"ready": False, "reasons": [
+            "no bootstrap broker has answered yet (127.0.0.1:9092 Connect call failed)"],
+            "degraded": degraded}
+        assert "\nkthrottle_ready 0.0\n" in get(port, "/metrics")[2]
+        assert get(port, "/healthz")[:2] == (200, "text/plain")

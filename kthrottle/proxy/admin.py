@@ -9,6 +9,15 @@ metric tags, so a user-level quota shows as client_id="" (all that user's
 clients share it), as in Kafka. ``METRICS`` lists every family the proxy can
 export; the collector makes its families from it.
 
+The probes: /healthz is liveness (200 while the process's event loop runs);
+/readyz is readiness, "can serve clients" (200 while a bootstrap broker has
+answered recently, 503 otherwise). A source the proxy cannot read, or a
+fail-safe in force, leaves it serving with the last known state: /readyz
+names it on a ``degraded:`` line but still answers 200, so that one bad edit
+of a file every proxy reads does not take them all out of their load
+balancer. Its own metric (kthrottle_quota_source_healthy, ...) and alert
+report it.
+
 Served with aiohttp on the proxy's own event loop. Exposure:
 
 - It binds to 127.0.0.1 unless --admin-listen names a host.
@@ -127,7 +136,7 @@ TLS = "TLS listeners (SSL, SASL_SSL)"
 SOURCES = "Quota sources"
 CREDENTIALS = "Credential stores (--credentials-file, or ZooKeeper)"
 ZK = "ZooKeeper sessions (quotas, credentials, cluster state or shares followed there)"
-STORAGE = "Storage-aware throttling (--zookeeper, --storage-scope not off)"
+STORAGE = "Storage-aware throttling (--storage-scope cluster or partition, with --zookeeper)"
 ZERO_COPY = "Zero-copy pass-through (--zero-copy)"
 FLEET = "Fleet members (--proxy-id)"
 PROCESS = "The process (prometheus_client's process and platform collectors)"
@@ -238,7 +247,8 @@ METRICS = [
            "observe-only connection creation quota would have given", ("ip",), OBSERVED),
     # the proxy
     Metric("kthrottle_ready", "gauge", "1 while /readyz answers 200: a bootstrap broker "
-           "answered within the last %g s and every configured source is healthy"
+           "answered within the last %g s, so the proxy can serve clients (a source or "
+           "fail-safe it goes on without does not change it: see its own metric)"
            % READY_WITHIN_SECONDS),
     Metric("kthrottle_broker_answer_age_seconds", "gauge", "Seconds since a bootstrap broker "
            "last answered the proxy's own ApiVersions (asked every few seconds; absent until "
@@ -462,7 +472,12 @@ class ProxyCollector:
         return shown, len(omitted)
 
     def not_ready(self, now=None):
-        """Why /readyz answers 503: one line per reason; none when ready."""
+        """Why /readyz answers 503: one line per reason; none when ready.
+
+        Ready means "can serve clients": a bootstrap broker answered within
+        READY_WITHIN_SECONDS. Nothing else is looked at here: a source or
+        fail-safe the proxy goes on without (``degraded``) must not take every
+        proxy of a fleet out of its load balancer at once."""
         server = self.server
         if now is None:
             now = server.loop.time()
@@ -476,28 +491,37 @@ class ProxyCollector:
             elif age > READY_WITHIN_SECONDS:
                 reasons.append("no bootstrap broker has answered for %.0f s%s"
                                % (age, " (%s)" % contact.error if contact.error else ""))
+        return reasons
+
+    def degraded(self):
+        """What the proxy serves without for now, one line each (none: all
+        is current): a source it cannot read (the last known state stays in
+        force), a ZooKeeper session lost, a fail-safe in force. /readyz shows
+        these without answering 503; each has its own metric (and alert) and
+        was logged at WARNING or ERROR when it began."""
+        lines = []
         source = self.source
         if source is not None and not source.healthy:
-            reasons.append("quota source: %s is not readable or not current; the last known "
-                           "quotas stay in force" % source.describe)
+            lines.append("quota source: %s is not readable or not current; the last known "
+                         "quotas stay in force" % source.describe)
         credentials = self.credentials
         if credentials is not None and not credentials.healthy:
-            reasons.append("credentials: %s is not readable or not current; the last known "
-                           "credentials stay in force" % credentials.describe)
-        storage = getattr(server, "storage", None)
+            lines.append("credentials: %s is not readable or not current; the last known "
+                         "credentials stay in force" % credentials.describe)
+        storage = getattr(self.server, "storage", None)
         if storage is not None:
             cluster_state = self.cluster_state
             if cluster_state is not None and not cluster_state.healthy:
-                reasons.append("cluster state: the ZooKeeper session following it is not "
-                               "connected")
+                lines.append("cluster state: the ZooKeeper session following it is not "
+                             "connected")
             if storage.reason is not None:
-                reasons.append("cluster state: %s; the storage fail-safe applies"
-                               % (storage.reason,))
+                lines.append("cluster state: %s; the storage fail-safe applies"
+                             % (storage.reason,))
         fleet = self.fleet
         if fleet is not None and fleet.fail_safe_active:
-            reasons.append("fleet shares: %s; the share fail-safe applies"
-                           % (fleet.follower.reason or "no fresh quota shares",))
-        return reasons
+            lines.append("fleet shares: %s; the share fail-safe applies"
+                         % (fleet.follower.reason or "no fresh quota shares",))
+        return lines
 
 
 def _bucket_metrics(shown, omitted, now):
@@ -826,10 +850,12 @@ class AdminServer:
 
     ``token`` (from --admin-token-file) and ``ssl_ca`` (client certificates)
     protect /quotas only; /metrics and the probes stay open (see the module
-    docstring for what the metrics' labels show). ``source``,
-    ``credentials``, ``cluster_state``, ``fleet`` and ``contact`` are what
-    /readyz looks at (ProxyCollector). Raises ValueError when the TLS files
-    cannot be loaded."""
+    docstring for what the metrics' labels show). /healthz is liveness (the
+    process and its loop run); /readyz is readiness (``contact``: a bootstrap
+    broker answers), and lists as degraded what of ``source``,
+    ``credentials``, ``cluster_state`` and ``fleet`` is not current
+    (ProxyCollector). Raises ValueError when the TLS files cannot be
+    loaded."""
 
     def __init__(self, server, host, port, source=None, cluster_state=None, fleet=None, *,
                  credentials=None, contact=None, max_entities=DEFAULT_MAX_ENTITIES,
@@ -963,14 +989,20 @@ class AdminServer:
         return _text(200, "ok\n", **{"Cache-Control": "no-store"})
 
     async def _readyz(self, request):
-        """200 while ready; 503 and why (a line per reason; JSON if asked)."""
+        """200 ``ready`` while the proxy can serve clients; 503 and why (a
+        line per reason) while it cannot. Either way, a ``degraded: `` line
+        per source or fail-safe it goes on without (JSON if asked: ``ready``,
+        ``reasons``, ``degraded``)."""
         reasons = self.collector.not_ready()
+        degraded = self.collector.degraded()
         status = 503 if reasons else 200
         if "application/json" in request.headers.get("Accept", ""):
-            body = json.dumps({"ready": not reasons, "reasons": reasons}).encode() + b"\n"
+            body = json.dumps({"ready": not reasons, "reasons": reasons,
+                               "degraded": degraded}).encode() + b"\n"
             return web.Response(status=status, body=body, content_type="application/json",
                                 headers={"Cache-Control": "no-store"})
-        return _text(status, "".join(r + "\n" for r in reasons) or "ready\n",
+        lines = (reasons or ["ready"]) + ["degraded: " + line for line in degraded]
+        return _text(status, "".join(line + "\n" for line in lines),
                      **{"Cache-Control": "no-store"})
 
     async def _quotas(self, request):

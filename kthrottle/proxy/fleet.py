@@ -115,6 +115,8 @@ class SharesFollower:
         self.reason = None  # why the fail-safe applies, when it does
         self.changes = 0  # fail-safe transitions (on or off)
         self._applied = None  # (what, document) last applied to the manager
+        self._first_check = None  # wall time of the first check
+        self._none_warned = False  # "still no quota shares" said
 
     def age(self, wall_now):
         return None if self.document is None else max(0.0, wall_now - self.document.generated_at)
@@ -171,6 +173,16 @@ class SharesFollower:
                 m.apply_whole()
             self._applied = what
         active = reason is not None
+        if self._first_check is None:
+            self._first_check = wall_now
+        elif (active and doc is None and not self._none_warned
+              and wall_now - self._first_check > self.max_age):
+            # none read since start is said at INFO (a proxy starting before its
+            # first shares is usual); none within --share-max-age-ms, at WARNING
+            log.warning("fleet: still no quota shares for proxy %s after %.0f s (more than "
+                        "--share-max-age-ms %d); the fail-safe still applies (%s)", self.proxy_id,
+                        wall_now - self._first_check, round(self.max_age * 1000), said)
+            self._none_warned = True
         if active != self.fail_safe_active:
             if active:
                 (log.info if self.fail_safe_active is None else log.warning)(
