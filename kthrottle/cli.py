@@ -14,7 +14,7 @@ from .config import (
     option_groups,
 )
 from .embedded import LOCAL_EXTRA_INSTALL, LOCAL_USER
-from .options import OptionGroup, arg_type
+from .options import CommandParser, OptionGroup, arg_type
 
 
 def parse_worker(text):
@@ -51,7 +51,7 @@ def _add_proxy_flags(p, bootstrap_required_text):
 
 
 def make_parser():
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(  # its commands' parsers are CommandParsers too
         prog="kthrottle",
         description="A Kafka-protocol throttling proxy. Clients point at the proxy's address "
         "and everything they send reaches the brokers through it.",
@@ -93,15 +93,20 @@ def _flag_values(args):
     return values
 
 
+def _command_parser(parser, *names):
+    """The parser of ``kthrottle NAME...`` (``proxy``; ``quotas``, ``alter``)."""
+    for name in names:
+        parser = parser._subparsers._group_actions[0].choices[name]
+    return parser
+
+
 def main(argv=None):
     parser = make_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.command == "quotas":
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-        action_parser = parser._subparsers._group_actions[0].choices["quotas"]
-        action_parser = action_parser._subparsers._group_actions[0].choices[args.action]
-        return quotas_command.run(args, action_parser)
+        return quotas_command.run(args, _command_parser(parser, "quotas", args.action))
     if args.command in ("volume-agent", "spark-sync"):
         from .spark_sync import agent, job
 
@@ -117,8 +122,8 @@ def main(argv=None):
         flags = _flag_values(args)
         if args.command == "proxy":
             config = build_config(file_values, flags)
-    except ConfigError as exc:
-        parser.exit(2, "kthrottle: error: %s\n" % exc)
+    except ConfigError as exc:  # as argparse's errors: the command named, its --help
+        _command_parser(parser, args.command).error(str(exc))
     if args.command == "proxy":
         from .proxy.app import run_loop, serve
         from .proxy.memory import tune_allocator
@@ -136,7 +141,7 @@ def main(argv=None):
         tune_allocator()
         run_loop(lambda: serve(config))
         return 0
-    return _local(parser, file_values, flags)
+    return _local(_command_parser(parser, "local"), file_values, flags)
 
 
 def _local(parser, file_values, flags):
@@ -162,7 +167,7 @@ def _local(parser, file_values, flags):
                 raise ConfigError("workers %d: kthrottle local runs one proxy process (workers "
                                   "is for kthrottle proxy)" % config.workers)
         except ConfigError as exc:
-            parser.exit(2, "kthrottle: error: %s\n" % exc)
+            parser.error(str(exc))
         from .proxy.memory import tune_allocator
 
         tune_allocator()

@@ -415,6 +415,28 @@ def format_client_settings(settings):
             for item in settings]
 
 
+def admin_url(config):
+    """The admin endpoint's base URL (``http://127.0.0.1:9464/``; https with
+    --admin-ssl-cert), for a browser on this machine: a wildcard address is
+    reached at the loopback one."""
+    host, port = config.admin_listen
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    if ":" in host:
+        host = "[%s]" % host
+    return "%s://%s:%d/" % ("https" if config.admin_ssl_cert else "http", host, port)
+
+
+def admin_banner(config):
+    """The banner's line of the admin endpoint: the status page, /metrics,
+    /quotas; and where the page's token is, with --admin-token-file (never
+    the token itself)."""
+    url = admin_url(config)
+    token = (" (open it as %s#token=<the token in %s>)" % (url, config.admin_token_file)
+             if config.admin_token_file else "")
+    return ("Status page on %s%s, metrics on /metrics, live connections on /quotas"
+            % (url, token))
+
+
 def run_local(config, listener=None):
     """``kthrottle local``: a Tansu broker, the proxy in front of it (its
     configuration already checked), the client settings printed; Ctrl-C or
@@ -426,7 +448,8 @@ def run_local(config, listener=None):
     try:
         broker.start()
     except Exception as exc:
-        print("kthrottle: error: cannot start the local Tansu broker: %s" % exc, file=sys.stderr)
+        print("kthrottle local: error: cannot start the local Tansu broker: %s" % exc,
+              file=sys.stderr)
         return 1
     config.bootstrap_servers = [(broker.host, broker.port)]
     listener = listener or LocalListener(None)
@@ -453,8 +476,7 @@ def run_local(config, listener=None):
         if config.quota_file or config.zookeeper:
             lines.append("Quotas from %s" % (config.quota_file or "ZooKeeper " + config.zookeeper))
         if config.admin_listen:
-            lines.append("Metrics on http://%s:%d/metrics, live connections on /quotas"
-                         % config.admin_listen)
+            lines.append(admin_banner(config))
         print("\n".join(lines), flush=True)
 
     try:

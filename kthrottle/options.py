@@ -32,6 +32,33 @@ def arg_type(parse):
     return check
 
 
+class CommandParser(argparse.ArgumentParser):
+    """The parser of ``kthrottle`` and of each of its commands (argparse
+    makes the subcommands' parsers of the top one's class).
+
+    An error is one line naming the command it is about, then where to read
+    more, as command-line tools have it::
+
+        kthrottle proxy: error: argument --max-frame-size: invalid int value: 'x'
+        Try 'kthrottle proxy --help' for more information.
+
+    not argparse's whole usage first. An argument no parser knows is refused
+    by the (sub)command that was given it (argparse leaves it to the top
+    parser, whose message would name ``kthrottle`` and print its usage), so
+    parse_known_args returns no extras: every caller here wants them refused.
+    --help is argparse's own."""
+
+    def error(self, message):
+        self.exit(2, "%s: error: %s\nTry '%s --help' for more information.\n"
+                  % (self.prog, message, self.prog))
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error("unrecognized arguments: %s" % " ".join(extras))
+        return namespace, extras
+
+
 # values shared by several commands --------------------------------------------------
 
 def parse_host_port(value, what):

@@ -38,6 +38,121 @@ def test_help_explains_the_proxy_flags():
         assert flag in alter.stdout
 
 
+# the errors: one line naming the command, then where to read more -------------------
+
+# enough of each command for argparse to reach the flag it does not know
+COMMANDS = {
+    "proxy": ["--bootstrap-server", "k:9092"],
+    "local": [],
+    "quotas alter": ["--quota-file", "q.toml"],
+    "quotas describe": ["--quota-file", "q.toml"],
+    "quotas delete": ["--quota-file", "q.toml"],
+    "quotas recommend": ["--file", "r.json"],
+    "volume-agent": ["--broker-id", "1", "--log-dir", "/tmp", "--soft-limit",
+                     "MinFreePercentage:20", "--hard-limit", "MinFreePercentage:10",
+                     "--bootstrap-server", "k:9092"],
+    "spark-sync": ["--bootstrap-server", "k:9092", "--zookeeper", "zk:2181"],
+}
+
+
+def run_main(capsys, *argv):
+    """(exit status, stderr lines) of cli.main, which exits on a bad command line."""
+    from kthrottle import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(list(argv))
+    return exc.value.code, capsys.readouterr().err.splitlines()
+
+
+def refused(command, message):
+    """What a refused command line prints: the error first, then one line."""
+    return ["kthrottle%s: error: %s" % (command and " " + command, message),
+            "Try 'kthrottle%s --help' for more information." % (command and " " + command)]
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_an_unknown_flag_is_refused_by_the_command_it_was_given_to(capsys, command):
+    code, err = run_main(capsys, *command.split(), *COMMANDS[command], "--no-such-flag")
+    assert code == 2
+    assert err == refused(command, "unrecognized arguments: --no-such-flag")
+
+
+def test_unknown_arguments_before_the_command_or_after_it_as_the_user_wrote_them(capsys):
+    assert run_main(capsys, "--no-such-flag", "proxy") == (
+        2, refused("", "unrecognized arguments: --no-such-flag"))
+    assert run_main(capsys, "proxy", "--bootstrap-server", "k:9092", "extra", "--nope") == (
+        2, refused("proxy", "unrecognized arguments: extra --nope"))
+    assert run_main(capsys, "prxy")[1][0].startswith(
+        "kthrottle: error: argument COMMAND: invalid choice: 'prxy'")
+    assert run_main(capsys, "quotas") == (
+        2, refused("quotas", "the following arguments are required: ACTION"))
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["proxy", "--bootstrap-server", "k:9092", "--listen", "nonsense"],
+     "argument --listen: --listen must be HOST:PORT, got 'nonsense'"),
+    (["proxy", "--bootstrap-server", "k:9092", "--workers", "abc"], "argument --workers: "),
+    (["proxy", "--bootstrap-server", "k:9092", "--max-frame-size", "abc"],
+     "argument --max-frame-size: invalid int value: 'abc'"),
+    # refused once parsed (a ConfigError): the same form
+    (["proxy", "--bootstrap-server", "k:9092", "--max-frame-size", "-3"],
+     "max-frame-size must be a positive number of bytes"),
+    (["proxy"], "no upstream cluster: give --bootstrap-server HOST:PORT"),
+    (["proxy", "--bootstrap-server", "k:9092", "--listen", "0.0.0.0:9092"],
+     "--advertised-host is required"),
+    (["local", "--listen", "nonsense"], "argument --listen: "),
+    (["local", "--max-frame-size", "-3"], "max-frame-size must be a positive number of bytes"),
+    (["quotas", "alter", "--quota-file", "q.toml", "--entity-type", "users"],
+     "name the entity: "),
+    (["quotas", "describe", "--entity-type", "groups"], "argument --entity-type: invalid choice"),
+    (["quotas", "recommend", "--file", "r.json", "--headroom", "0"], "argument --headroom: "),
+    (["volume-agent", *COMMANDS["volume-agent"][:6], "--hard-limit", "Lots"],
+     "argument --hard-limit: "),
+    (["spark-sync", "--zookeeper", "zk:2181"],
+     "the following arguments are required: --bootstrap-server"),
+])
+def test_a_bad_value_is_one_line_naming_the_command_then_where_help_is(capsys, argv, message):
+    code, err = run_main(capsys, *argv)
+    command = " ".join(argv[:2] if argv[0] == "quotas" else argv[:1])
+    assert code == 2
+    assert len(err) == 2 and err[1] == refused(command, "")[1], err
+    assert err[0].startswith("kthrottle %s: error: %s" % (command, message)), err
+    assert not any(line.startswith("usage:") for line in err)
+
+
+def test_the_command_itself_refuses_in_that_form_and_help_is_still_the_usage():
+    out = kthrottle("proxy", "--bootstrap-server", "k:9092", "--no-such-flag")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == ("kthrottle proxy: error: unrecognized arguments: --no-such-flag\n"
+                          "Try 'kthrottle proxy --help' for more information.\n")
+    out = kthrottle("proxy", "--help")
+    assert out.returncode == 0 and out.stdout.startswith("usage: kthrottle proxy [-h]")
+    assert "--bootstrap-server" in out.stdout and out.stderr == ""
+
+
+def test_the_local_banner_names_the_status_page(tmp_path):
+    from kthrottle.embedded import admin_banner
+
+    def banner(listen, **settings):
+        return admin_banner(ProxyConfig(admin_listen=listen, **settings))
+
+    assert banner(("127.0.0.1", 9464)) == (
+        "Status page on http://127.0.0.1:9464/, metrics on /metrics, live connections on /quotas")
+    assert banner(("127.0.0.1", 9464), admin_ssl_cert="c.pem", admin_ssl_key="k.pem").startswith(
+        "Status page on https://127.0.0.1:9464/, ")
+    # a wildcard address is reached at the loopback one
+    assert banner(("0.0.0.0", 9464)).startswith("Status page on http://127.0.0.1:9464/, ")
+    assert banner(("::", 9464)).startswith("Status page on http://[::1]:9464/, ")
+    # the page takes the token from the URL fragment: where it is, never the token
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    line = banner(("127.0.0.1", 9464), admin_token_file=str(token))
+    assert line == ("Status page on http://127.0.0.1:9464/ (open it as "
+                    "http://127.0.0.1:9464/#token=<the token in %s>), metrics on /metrics, live "
+                    "connections on /quotas" % token)
+    assert "s3cret" not in line
+
+
 def test_quota_settings_come_from_flags_or_the_config_file(tmp_path):
     path = tmp_path / "kthrottle.toml"
     path.write_text('bootstrap-server = ["k1:9092"]\nquota-file = "q.toml"\nquota-mode = "window"\n'
@@ -111,6 +226,8 @@ def test_bad_config_files_give_a_clear_error(tmp_path, text, message):
     out = kthrottle("proxy", "--config", str(path))
     assert out.returncode == 2
     assert message in out.stderr
+    assert out.stderr.startswith("kthrottle proxy: error: ")
+    assert out.stderr.endswith("\nTry 'kthrottle proxy --help' for more information.\n")
     assert "Traceback" not in out.stderr
 
 
@@ -137,17 +254,20 @@ def test_local_runs_broker_and_proxy_and_stops_both_on_ctrl_c():
 
     listen = free_port()
     node_port = free_port()
+    admin = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "kthrottle", "local", "--listen", "127.0.0.1:%d" % listen,
-         "--node-port-base", str(node_port - TANSU_NODE_ID)],
+         "--node-port-base", str(node_port - TANSU_NODE_ID), "--admin-listen", str(admin)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
     try:
         banner = ""
         deadline = time.monotonic() + 30
-        while "Point clients at" not in banner and time.monotonic() < deadline:
+        while "live connections on /quotas" not in banner and time.monotonic() < deadline:
             banner += proc.stdout.readline()
+        assert ("Status page on http://127.0.0.1:%d/, metrics on /metrics, live connections "
+                "on /quotas" % admin) in banner, banner
         match = re.search(r"Tansu broker \(pid (\d+)\) on 127.0.0.1:(\d+)", banner)
         assert match and "bootstrap.servers=127.0.0.1:%d" % listen in banner, banner
         broker_pid, broker_port = int(match.group(1)), int(match.group(2))

@@ -274,6 +274,6 @@ def test_a_proxy_id_without_zookeeper_is_a_clear_error(broker, tmp_path):
                           "--proxy-id", "a"], capture_output=True, text=True, timeout=30,
                          cwd=ROOT)
     assert out.returncode == 2
-    assert "kthrottle: error: proxy-id a makes this proxy a member of a fleet sharing its " \
+    assert "kthrottle proxy: error: proxy-id a makes this proxy a member of a fleet sharing its " \
            "quotas: give --zookeeper" in out.stderr
     assert "Traceback" not in out.stderr

@@ -100,6 +100,48 @@ def test_a_bucket_that_is_gone_keeps_its_points_until_they_are_older_than_the_sp
     assert history.series == {}
 
 
+def test_a_connection_with_nothing_left_to_wait_is_not_throttled():
+    """A mute or hold within TIMER_SLACK of its end is over (the pipeline
+    reads the client then): not a row reading "Throttled for 0.00 s"."""
+    from kthrottle.proxy.pipeline import TIMER_SLACK
+    from kthrottle.proxy.status import throttled_report
+
+    now = 500.0
+
+    def conn(principal, muted=0.0, held=0.0):
+        return types.SimpleNamespace(
+            principal=principal, muted_until=now + muted, client_quotas={(principal, "app"): None},
+            pipeline=types.SimpleNamespace(hold_until=now + held))
+
+    server = types.SimpleNamespace(quotas=None, connections=[
+        conn("User:done", muted=0.0004), conn("User:due", muted=TIMER_SLACK * 0.9),
+        conn("User:released", held=TIMER_SLACK / 2), conn("User:past", muted=-1.0, held=-1.0),
+        conn("User:muted", muted=0.25), conn("User:held", muted=0.001, held=1.5)])
+    report = throttled_report(server, now)
+    assert [(r["principal"], r["remaining_ms"], r["muted_ms"], r["held_ms"])
+            for r in report["clients"]] == [("User:held", 1500, 1, 1500),
+                                            ("User:muted", 250, 250, 0)]
+    assert report["total"] == 2
+
+
+def test_the_entity_says_whether_its_bucket_is_every_users_or_every_client_ids():
+    manager = QuotaManager({"clients/app": {PRODUCER_BYTE_RATE: 1000.0},
+                            "users/alice": {PRODUCER_BYTE_RATE: 1000.0},
+                            "users/bob/clients/<default>": {PRODUCER_BYTE_RATE: 1000.0}},
+                           QuotaSettings())
+    for user, client_id in (("carol", "app"), ("alice", "x"), ("bob", "")):
+        manager.client(user, client_id).on_request(PRODUCE, 100, 1, 10.0)
+    history = History(span=20, interval=5)
+    history.sample(manager, 10.0, 10.0)
+    shared = {e["entity"]: (e["user"], e["client_id"], e["all_users"], e["all_client_ids"])
+              for e in history.to_json()["entities"]}
+    assert shared == {
+        "clients/app": ("", "app", True, False),  # every user's connections as client-id app
+        "users/alice": ("alice", "", False, True),  # every client-id of alice's
+        # bob's connections with no client-id: their own bucket, not all client-ids
+        "users/bob/clients/<default>": ("bob", "", False, False)}
+
+
 # -- a live proxy --------------------------------------------------------------
 
 def get(port, path, token=None):
@@ -172,6 +214,8 @@ def test_status_json_has_the_history_who_is_throttled_and_what_is_not_configured
     e = entity_of(doc, "clients/" + CLIENT)
     assert (e["kind"], e["user"], e["client_id"], e["quota"], e["limit"], e["unit"]) == (
         "produce", "", CLIENT, QUOTA, QUOTA, "B/s")
+    # a client-id quota: one bucket for every user's connections with that client-id
+    assert (e["all_users"], e["all_client_ids"]) == (True, False)
     points = e["points"]
     assert len(points) >= 2
     times = [p[0] for p in points]
@@ -303,6 +347,9 @@ def test_the_page_shows_the_chart_the_throttled_client_and_not_configured(thrott
         assert row.get_attribute("data-kind") == "produce"
         assert row.get_attribute("data-quota") == "%d" % QUOTA
         assert row.query_selector("td.quota").text_content() == "10240 B/s (10.0 KiB/s)"
+        # [clients."status-throttled"] names no user: every user's, not a blank
+        cells = [td.text_content() for td in row.query_selector_all("td")]
+        assert cells[1:4] == ["produce", "(all users)", CLIENT], cells
         chart = row.query_selector("svg.chart")
         shown = int(chart.get_attribute("data-points"))
         assert shown >= 2
@@ -320,7 +367,7 @@ def test_the_page_shows_the_chart_the_throttled_client_and_not_configured(thrott
             '#throttled-clients tr[data-client-id="%s"]' % CLIENT, timeout=20000)
         cells = [td.text_content() for td in client.query_selector_all("td")]
         assert cells[0] == "ANONYMOUS" and cells[1] == CLIENT
-        assert re.fullmatch(r"\d+\.\d\d? s( \(responses held\))?", cells[3]), cells
+        assert re.fullmatch(r"\d+\.\d{1,3} s( \(responses held\))?", cells[3]), cells
         assert int(client.get_attribute("data-remaining-ms")) > 0
 
         assert page.text_content("#storage-summary") == "not configured"
@@ -353,6 +400,74 @@ def test_the_page_without_the_token_says_how_to_give_it_and_shows_nothing(thrott
         assert not page.is_visible("#entities")
     finally:
         page.close()
+
+
+def test_the_page_names_every_user_or_client_id_and_drops_a_wait_that_is_over(chromium,
+                                                                              tmp_path):
+    """What the page makes of /status.json (given here): who shares a bucket
+    whose entity names no user or no client-id, and a connection with no
+    time left to serve, which is not throttled."""
+    admin = free_port()
+    p = ProxyProcess("127.0.0.1:%d" % free_port(), tmp_path / "proxy.log",
+                     ["--admin-listen", str(admin)]).start()  # the page's files; no broker
+    now = round(time.time(), 3)
+
+    def entity(entity, user, client_id, all_users, all_client_ids):
+        return {"key": PRODUCER_BYTE_RATE, "kind": "produce", "unit": "B/s", "user": user,
+                "client_id": client_id, "entity": entity, "quota": 1024.0, "limit": 1024.0,
+                "rate": 10.0, "points": [[now - 5, 10.0, 1024.0, 0, 10.0]],
+                "observe_only": False, "all_users": all_users, "all_client_ids": all_client_ids}
+
+    def client(principal, remaining_ms):
+        return {"principal": principal, "client_id": principal.lower(), "connections": 1,
+                "remaining_ms": remaining_ms, "muted_ms": remaining_ms, "held_ms": 0,
+                "over": ["produce"]}
+
+    doc = {"generated_at": now,
+           "quotas": {"configured": True, "interval_s": 5.0, "span_s": 900,
+                      "history_started_at": now - 60, "points_since": None, "not_charted": 0,
+                      "entities": [entity("clients/app", "", "app", True, False),
+                                   entity("users/alice", "alice", "", False, True),
+                                   entity("users/bob/clients/<default>", "bob", "", False,
+                                          False)]},
+           "throttled": {"clients": [client("Short", 3), client("Done", 0)], "total": 2},
+           "storage": {"configured": False}, "fleet": {"configured": False}}
+    try:
+        wait_for_port("127.0.0.1", admin, proc=p.proc)
+        page = chromium.new_page()
+        errors = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.route("**/status.json*", lambda route: route.fulfill(
+            status=200, content_type="application/json", body=json.dumps(doc)))
+        try:
+            page.goto("http://127.0.0.1:%d/" % admin)
+            page.wait_for_selector('#entities tr[data-entity="users/alice"]', timeout=15000)
+
+            def who(entity):
+                row = page.query_selector('#entities tr[data-entity="%s"]' % entity)
+                cells = row.query_selector_all("td")
+                return [(td.text_content(), "all" in (td.get_attribute("class") or ""))
+                        for td in cells[2:4]]
+
+            assert who("clients/app") == [("(all users)", True), ("app", False)]
+            assert who("users/alice") == [("alice", False), ("(all client-ids)", True)]
+            assert who("users/bob/clients/<default>") == [("bob", False), ("", False)]
+
+            rows = page.query_selector_all("#throttled-clients tbody tr")
+            assert [r.get_attribute("data-principal") for r in rows] == ["Short"]
+            assert rows[0].query_selector("td.remaining").text_content() == "0.003 s"
+            assert "0.00 s" not in page.text_content("#throttled")
+
+            doc["throttled"] = {"clients": [client("Done", 0)], "total": 1}
+            page.wait_for_function(
+                "() => document.getElementById('throttled-note').textContent === "
+                "'no client is throttled now'", timeout=15000)
+            assert not page.is_visible("#throttled-clients")
+        finally:
+            page.close()
+        assert not errors, errors
+    finally:
+        p.stop()
 
 
 # -- storage and the fleet, with real values ------------------------------------
@@ -408,8 +523,8 @@ def test_storage_per_broker_and_volume_and_the_fleet_shares(broker, zookeeper, c
     admin = free_port()
     usage_topic = "usage-%s" % uuid.uuid4().hex[:8]
     p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
-                     ["--zookeeper", hosts, "--proxy-id", "a", "--usage-topic", usage_topic,
-                      "--admin-listen", str(admin)]).start()
+                     ["--zookeeper", hosts, "--storage-scope", "cluster", "--proxy-id", "a",
+                      "--usage-topic", usage_topic, "--admin-listen", str(admin)]).start()
     topic = "status-%s" % uuid.uuid4().hex[:8]
     broker.create_topic(topic)
     try:
@@ -436,7 +551,8 @@ def test_storage_per_broker_and_volume_and_the_fleet_shares(broker, zookeeper, c
                 fleet["fail_safe_active"], fleet["sharing"]) == (True, "a", 7, 2, False, "shares")
         assert fleet["buckets"] == [{
             "key": PRODUCER_BYTE_RATE, "kind": "produce", "unit": "B/s", "user": "",
-            "client_id": client, "quota": quota, "share": quota / 4, "fraction": 0.25}]
+            "client_id": client, "quota": quota, "share": quota / 4, "fraction": 0.25,
+            "all_users": True, "all_client_ids": False}]
 
         page, requested, errors = open_page(chromium, admin)
         try:
@@ -452,8 +568,8 @@ def test_storage_per_broker_and_volume_and_the_fleet_shares(broker, zookeeper, c
             assert "ZooKeeper connected" in summary
             share = page.wait_for_selector('#fleet-shares tr[data-client-id="%s"]' % client)
             assert [td.text_content() for td in share.query_selector_all("td")] == [
-                "produce", "", client, "500000 B/s (488.3 KiB/s)", "125000 B/s (122.1 KiB/s)",
-                "25.0 %"]
+                "produce", "(all users)", client, "500000 B/s (488.3 KiB/s)",
+                "125000 B/s (122.1 KiB/s)", "25.0 %"]
             assert page.text_content("#fleet-summary").startswith(
                 "proxy a; shares of cycle 7 for 2 proxies")
             page.wait_for_selector('#entities tr[data-entity="clients/%s"]' % client)

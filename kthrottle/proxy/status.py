@@ -34,11 +34,15 @@ from importlib import resources
 from aiohttp import web
 
 from ..policy.entities import (
+    CLIENT_ID_TYPE,
     CONSUMER_BYTE_RATE,
     CONTROLLER_MUTATION_RATE,
     PRODUCER_BYTE_RATE,
     REQUEST_RATE,
+    USER_TYPE,
+    parse_entity,
 )
+from .pipeline import TIMER_SLACK
 
 log = logging.getLogger("kthrottle.admin")
 
@@ -64,6 +68,21 @@ _STATIC = {  # path -> (file in static/, content type)
     "/status.js": ("status.js", "text/javascript; charset=utf-8"),
     "/status.css": ("status.css", "text/css; charset=utf-8"),
 }
+
+
+def _shared_by(entity):
+    """{"all_users": ..., "all_client_ids": ...}: whether the quota entity a
+    bucket counts for names no user (``clients/app``: every user's
+    connections with that client-id share the bucket; the static defaults
+    too) or no client-id (``users/alice``). The bucket's tags cannot say it:
+    a client may send an empty client-id."""
+    if entity == "static":  # quota.producer.default: per client-id, any user
+        return {"all_users": True, "all_client_ids": False}
+    try:
+        types = parse_entity(entity)
+    except (TypeError, ValueError):
+        return {"all_users": False, "all_client_ids": False}
+    return {"all_users": USER_TYPE not in types, "all_client_ids": CLIENT_ID_TYPE not in types}
 
 
 def _number(value, digits=3):
@@ -121,7 +140,7 @@ class _Series:
             "user": self.user, "client_id": self.client_id, "entity": self.entity,
             "quota": _number(self.quota), "limit": _number(self.limit),
             "rate": _number(self.rate), "points": [list(p) for p in points],
-            "observe_only": self.observe_only,
+            "observe_only": self.observe_only, **_shared_by(self.entity),
         }
 
 
@@ -196,13 +215,15 @@ class History:
 def throttled_report(server, now):
     """Who is throttled now: the connections not read until later (a
     throttle time being served) or whose responses are held (old clients),
-    per principal and client-id, with the longest time still to serve."""
+    per principal and client-id, with the longest time still to serve. A
+    wait within TIMER_SLACK of its end is over: the pipeline reads the
+    client (and sends what it held) then, so it is not shown as "0.00 s"."""
     manager = server.quotas
     rows = {}
     for conn in list(server.connections):
         muted = conn.muted_until - now
         held = getattr(getattr(conn, "pipeline", None), "hold_until", 0.0) - now
-        if muted <= 0 and held <= 0:
+        if muted <= TIMER_SLACK and held <= TIMER_SLACK:
             continue
         remaining = max(muted, held, 0.0)
         over = set()
@@ -327,7 +348,8 @@ def fleet_report(fleet, manager, wall):
             buckets.append({"key": key, "kind": KIND.get(key, key), "unit": UNIT.get(key, ""),
                             "user": user, "client_id": client_id,
                             "quota": _number(bucket.quota), "share": _number(bucket.limit),
-                            "fraction": _number((bucket.limit or 0.0) / bucket.quota, 4)})
+                            "fraction": _number((bucket.limit or 0.0) / bucket.quota, 4),
+                            **_shared_by(bucket.entity)})
     buckets.sort(key=lambda b: (b["key"], b["user"], b["client_id"]))
     out["buckets"] = buckets[:MAX_SHARES]
     out["buckets_total"] = len(buckets)

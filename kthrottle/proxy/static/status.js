@@ -66,8 +66,21 @@ function rate(value, unit) {
   return (Number.isInteger(value) ? String(value) : value.toFixed(2)) + " " + unit;
 }
 
+// a wait of a few ms reads as such, not as "0.00 s"
 function seconds(ms) {
-  return (ms / 1000).toFixed(ms < 10000 ? 2 : 1) + " s";
+  return (ms / 1000).toFixed(ms < 10 ? 3 : ms < 10000 ? 2 : 1) + " s";
+}
+
+// The User and Client-id cells of a bucket. A quota entity that names no
+// user (clients/app: `kthrottle quotas describe` says "client-id 'app'")
+// counts every user's connections with that client-id in one bucket: that
+// is said, not left blank; likewise an entity that names no client-id
+// (users/alice).
+function who(b) {
+  return [
+    b.all_users ? {text: "(all users)", cls: "all"} : b.user,
+    b.all_client_ids ? {text: "(all client-ids)", cls: "all"} : b.client_id,
+  ];
 }
 
 function chart(entity, now, span) {
@@ -131,7 +144,7 @@ function showQuotas(q, now) {
   fill(tbody, entities.map(e => row([
     {text: e.entity || "", cls: "entity"},
     // observe-only: its dots are the throttles it would have given
-    e.observe_only ? e.kind + " (observe-only)" : e.kind, e.user, e.client_id,
+    e.observe_only ? e.kind + " (observe-only)" : e.kind, ...who(e),
     {text: rate(e.quota, e.unit), cls: "num quota"},
     {text: rate(e.limit, e.unit), cls: "num"},
     {text: rate(e.rate, e.unit), cls: "num"},
@@ -140,10 +153,13 @@ function showQuotas(q, now) {
 }
 
 function showThrottled(t) {
+  // nothing left to wait: not throttled (the proxy leaves those out itself)
+  const clients = t.clients.filter(c => c.remaining_ms > 0);
+  const total = t.total - (t.clients.length - clients.length);
   const note = document.getElementById("throttled-note");
-  note.textContent = t.total ? (t.total > t.clients.length ?
-    "the " + t.clients.length + " longest of " + t.total : "") : "no client is throttled now";
-  fill(document.querySelector("#throttled-clients tbody"), t.clients.map(c => row([
+  note.textContent = total ? (total > clients.length ?
+    "the " + clients.length + " longest of " + total : "") : "no client is throttled now";
+  fill(document.querySelector("#throttled-clients tbody"), clients.map(c => row([
     c.principal, c.client_id === null ? "\u2014" : c.client_id,
     {text: c.connections, cls: "num"},
     {text: seconds(c.remaining_ms) + (c.held_ms > c.muted_ms ? " (responses held)" : ""),
@@ -216,7 +232,7 @@ function showFleet(f) {
   parts.push(f.reports + " usage reports sent, " + f.report_errors + " failed");
   summary.textContent = parts.join("; ");
   fill(tbody, f.buckets.map(b => row([
-    b.kind, b.user, b.client_id, {text: rate(b.quota, b.unit), cls: "num"},
+    b.kind, ...who(b), {text: rate(b.quota, b.unit), cls: "num"},
     {text: rate(b.share, b.unit), cls: "num"},
     {text: b.fraction === null ? "" : (b.fraction * 100).toFixed(1) + " %", cls: "num"},
   ], {kind: b.kind, user: b.user, clientId: b.client_id})));
