@@ -33,7 +33,8 @@ import time
 import uuid
 from pathlib import Path
 
-from harness import Run, add_output_dir, check_src, markdown_table, names, parser, write_results
+from harness import (Run, add_output_dir, check_src, markdown_table, names, output_dir, parser,
+                     write_results)
 
 
 class Group(threading.Thread):
@@ -156,11 +157,12 @@ def main(argv=None):
                    help="run the proxy from this source tree (a worktree of an older "
                    "commit, say) instead of this one")
     add_output_dir(p, help="where broker_failover.md goes (broker_failover_other_tree.md with "
-                   "--proxy-src; default benchmarks/results)")
+                   "--proxy-src)")
     args = p.parse_args(argv)
     libraries = names(args.libraries)
     if args.proxy_src is not None:
         args.proxy_src = check_src(p, "--proxy-src", args.proxy_src)
+    output_dir(args, "broker_failover")
 
     groups, producer = [], None
     rows = []

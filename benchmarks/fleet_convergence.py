@@ -282,6 +282,7 @@ def main(argv=None):
         args.proxies = [] if args.late_join else [2, 3, 10]
     args.tree = harness.SourceTree(harness.check_src(p, "--src", args.src) if args.src
                                    else harness.REPO)
+    harness.output_dir(args, "fleet_convergence")
     results, late = [], None
     with harness.Run("fleet_convergence") as run:
         zk_server = run.zookeeper()

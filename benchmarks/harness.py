@@ -58,7 +58,10 @@ from kthrottle.embedded import (  # noqa: E402
     wait_for_port,
 )
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# where a run writes unless told: a new directory of its own under RUNS, which git ignores
+# (fresh_run_dir, output_dir). benchmarks/results holds the committed results: a run writes
+# there only when told to (--output-dir benchmarks/results), never by default.
+RUNS = Path(__file__).resolve().parent / "runs"
 
 # quotas that never bind, for every client-id: the per-request quota path without a throttle
 # (10 GB/s produce and fetch, 10^9 requests/s)
@@ -1033,8 +1036,41 @@ def add_flags(p, flags):
         p.add_argument(flag, type=kind, default=default, help=text)
 
 
-def add_output_dir(p, help="where the results are written", default=RESULTS):
-    p.add_argument("--output-dir", type=Path, default=default, help=help)
+def fresh_run_dir(name, base=None):
+    """A new, empty directory for one run's results: RUNS/NAME-DATE-TIME (-2, -3, ...
+    when that is taken)."""
+    base = Path(base or RUNS)
+    base.mkdir(parents=True, exist_ok=True)
+    stem = "%s-%s" % (name, time.strftime("%Y%m%d-%H%M%S"))
+    for n in range(1, 1000):
+        path = base / (stem if n == 1 else "%s-%d" % (stem, n))
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError("no fresh directory under %s" % base)
+
+
+def add_output_dir(p, help="where the results are written"):
+    """--output-dir; not given, the script writes into a new directory under
+    benchmarks/runs/ (``output_dir``), never over the committed results."""
+    p.add_argument("--output-dir", type=Path, default=argparse.SUPPRESS,  # no "(default: None)"
+                   help="%s (default: a new directory under benchmarks/runs/, which git "
+                   "ignores; --output-dir benchmarks/results replaces the committed results)"
+                   % help)
+
+
+def output_dir(args, name):
+    """Where this run writes: ``args.output_dir`` (--output-dir) if given, else a fresh
+    run directory for ``name`` (``fresh_run_dir``); made, said, and set as
+    ``args.output_dir``."""
+    given = getattr(args, "output_dir", None)
+    out = Path(given) if given is not None else fresh_run_dir(name)
+    out.mkdir(parents=True, exist_ok=True)
+    print("results will be written in %s" % out, flush=True)
+    args.output_dir = out
+    return out
 
 
 def add_rounds(p, default=3, help="how many times every measurement is made"):

@@ -53,8 +53,9 @@ printed, with the final reading's counts, is::
 
 and the exit status is non-zero if anything is missing, duplicated, out of order or misplaced,
 a delivery failed, or the run did not complete. Writes ``nothing_lost.md`` into
-``--output-dir`` (``benchmarks/results/``; ``--report-name`` changes the name); a failed run
-keeps its logs and a ``details.txt`` of the records not read back.
+``--output-dir`` (default: a new directory under ``benchmarks/runs/``, which git ignores;
+``--output-dir benchmarks/results`` replaces the committed report; ``--report-name`` changes
+the name); a failed run keeps its logs and a ``details.txt`` of the records not read back.
 
 Examples::
 
@@ -80,6 +81,7 @@ from harness import (
     machine_facts,
     metric_sum,
     new_runner,
+    output_dir,
     parser,
     storage_snapshot,
     write_znode,
@@ -206,7 +208,7 @@ class Cluster:
                          "--entity-type", "clients", "--entity-name", CLIENT_ID,
                          "--add-config", "producer_byte_rate=%d" % self.scenario.quota)
         self.proxy = self.run.kthrottle(
-            self.broker, ["--zookeeper", self.zookeeper.hosts,
+            self.broker, ["--zookeeper", self.zookeeper.hosts, "--storage-scope", "cluster",
                           "--storage-pause-max-ms", str(self.scenario.pause_max_ms())],
             admin=True)
         return self
@@ -945,6 +947,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    output_dir(args, "nothing_lost")
     command = command_line("nothing_lost", argv)
     scenario = Scenario(records=args.records, record_size=args.record_size,
                         partitions=args.partitions, quota=args.quota, pause_at=args.pause_at,
@@ -961,8 +964,8 @@ def main(argv=None):
         print(line)
     print("whole run: %.1f s" % run.elapsed)
     print(out.summary(), flush=True)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / args.report_name).write_text(markdown(out, facts, command, run.elapsed))
+    print("wrote %s" % (args.output_dir / args.report_name))
     return run.finish(not out.ok())
 
 

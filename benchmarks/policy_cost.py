@@ -24,7 +24,8 @@ off), median of ``--repeats`` runs; p99 comes from timing single calls, which ad
 own cost (shown in the table as "timer"). The per-request cost is measured again at every
 ``--scaling`` entity count to show it does not grow with the number of configured entities.
 
-Writes ``policy_cost.md`` into ``--output-dir`` (``benchmarks/results/``).
+Writes ``policy_cost.md`` into ``--output-dir`` (default: a new directory under
+``benchmarks/runs/``).
 
 Example (about 30 s on the 2-core project VM)::
 
@@ -408,6 +409,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    harness.output_dir(args, "policy_cost")
     command = harness.command_line("policy_cost", argv)
     started = time.monotonic()
     timer_ns = timer_cost()

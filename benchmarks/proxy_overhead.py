@@ -100,6 +100,7 @@ try:
         MB,
         NON_BINDING_QUOTAS,
         REPO,
+        RUNS,
         Endpoint,
         Run,
         SourceTree,
@@ -124,6 +125,7 @@ try:
         delete_topic,
         fmt,
         free_port,
+        fresh_run_dir,
         in_thread,
         markdown_table,
         machine_facts,
@@ -145,8 +147,6 @@ except ModuleNotFoundError as exc:  # before anything starts: what to install
     sys.exit("benchmarks/proxy_overhead.py: %s; it comes with the bench extra: run %s"
              % (exc, BENCH_EXTRA))
 
-# where a run writes unless told (.gitignore'd): never over the committed results
-RUNS = REPO / "benchmarks" / "runs"
 RELAY, RELAY_SSL = "bare-relay", "bare-relay-ssl"
 QUOTA_CONFIG, WORKERS_CONFIG, SSL_CONFIG = "kthrottle-quota", "kthrottle-workers2", "kthrottle-ssl"
 ZERO_COPY_CONFIG = "kthrottle-zero-copy"
@@ -1009,17 +1009,7 @@ def missing_from_bench_extra(args):
 
 def fresh_output_dir(base=None):
     """A new directory for this run's results: RUNS/proxy_overhead-DATE-TIME."""
-    base = Path(base or RUNS)
-    base.mkdir(parents=True, exist_ok=True)
-    stem = "proxy_overhead-" + time.strftime("%Y%m%d-%H%M%S")
-    for n in range(1, 1000):
-        path = base / (stem if n == 1 else "%s-%d" % (stem, n))
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue
-    raise RuntimeError("no fresh directory under %s" % base)
+    return fresh_run_dir("proxy_overhead", base or RUNS)
 
 
 def main(argv=None):

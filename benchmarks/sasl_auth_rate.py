@@ -44,6 +44,7 @@ from harness import (
     markdown_table,
     names,
     new_runner,
+    output_dir,
     parser,
     rank_percentile,
     sasl_login,
@@ -230,6 +231,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    output_dir(args, "sasl_auth_rate")
     facts = machine_facts()
     rows = []
     with Run("sasl_auth_rate") as run:

@@ -92,6 +92,7 @@ from harness import (
     machine_facts,
     names,
     new_runner,
+    output_dir,
     parser,
     rank_percentile,
     read_frame,
@@ -875,6 +876,7 @@ def source_tree(label, src, extra_front_args=()):
 
 def main(argv=None):
     args = parse_args(argv)
+    output_dir(args, "sasl_flood")
     command = command_line("sasl_flood", argv)
     trees = []
     if args.baseline_src:

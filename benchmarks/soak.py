@@ -54,8 +54,10 @@ offered; each phase stops at the first step that does not hold. On a 2-core mach
 generators, the broker and the proxy share the cores: every step reports each one's CPU and the
 load generators' own loop lag, so that a step failed by the machine can be told apart.
 
-Results go to ``--output`` (``benchmarks/results/soak.md``): a soak run rewrites the soak
-section, ``--find-limit`` the capacity section, each keeping the other.
+Results go to ``--output`` (default: ``soak.md`` in a new directory under
+``benchmarks/runs/``, which git ignores): a soak run rewrites the soak section, ``--find-limit``
+the capacity section, each keeping the other (``--output benchmarks/results/soak.md``
+updates the committed results).
 
 Examples::
 
@@ -63,6 +65,7 @@ Examples::
     python benchmarks/soak.py                           # 1,000 connections, 10 minutes
     python benchmarks/soak.py --find-limit              # capacity steps, ~6 minutes
 """
+import argparse
 import asyncio
 import json
 import math
@@ -84,7 +87,6 @@ from harness import (
     MB,
     MIB,
     MP,
-    RESULTS,
     TANSU_NODE_ID,
     CpuSampler,
     Run,
@@ -92,6 +94,7 @@ from harness import (
     admin_get,
     busy_percent,
     command_line,
+    fresh_run_dir,
     handle_signals,
     machine_cpu,
     machine_facts,
@@ -120,7 +123,6 @@ RECONNECT_DELAY = 1.0
 CLOSE_AFTER = 1.0  # seconds after the measured interval that clients close
 SETUP_ATTEMPTS = 3
 HELD_FRACTION = 0.9  # a step holds while unthrottled producers get this share of their offer
-DEFAULT_OUTPUT = RESULTS / "soak.md"
 
 
 # --------------------------------------------------------------------------- Kafka frames
@@ -1341,7 +1343,9 @@ def parse_args(argv=None):
     add_flags(p, FLAGS)
     p.add_argument("--find-limit", action="store_true")
     p.add_argument("--verbose", action="store_true", help="progress lines inside each step")
-    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    p.add_argument("--output", type=Path, default=argparse.SUPPRESS,  # no "(default: None)"
+                   help="the Markdown file whose section this run rewrites (default: soak.md "
+                   "in a new directory benchmarks/runs/soak-DATE-TIME, which git ignores)")
     args = p.parse_args(argv)
     try:
         args.limit_connections = [int(x) for x in args.limit_connections.split(",") if x.strip()]
@@ -1358,6 +1362,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if getattr(args, "output", None) is None:
+        args.output = fresh_run_dir("soak") / "soak.md"
+    print("results will be written in %s" % args.output, flush=True)
     command = command_line("soak", argv)
     handle_signals()
     soft, hard = raise_fd_limit()

@@ -509,6 +509,7 @@ def main(argv=None):
     args.checks = [c for c in args.checks if c]
     if args.cycles < 2:
         p.error("--cycles must be 2 or more: a report is published after the first")
+    harness.output_dir(args, "spark_standalone")
     import pyspark
 
     out = {"facts": {"pyspark": pyspark.__version__, "python": python_version(sys.executable),

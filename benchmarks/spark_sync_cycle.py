@@ -463,6 +463,7 @@ def main(argv=None):
                    help="measure cycles over report topics holding a backlog instead")
     args = p.parse_args(argv)
     args.command = harness.command_line("spark_sync_cycle", argv)
+    harness.output_dir(args, "spark_sync_cycle")
     if args.backlog:
         return main_backlog(args)
     out = {"sizes": {}, "partitions": {}}

@@ -26,7 +26,8 @@
    the write returning to the proxy applying it (polling adds up to ``--poll-ms`` plus one
    HTTP request, about 1 ms).
 
-Writes ``storage_cost.md`` into ``--output-dir`` (``benchmarks/results/``).
+Writes ``storage_cost.md`` into ``--output-dir`` (default: a new directory under
+``benchmarks/runs/``).
 
 Example (about 40 s)::
 
@@ -186,6 +187,7 @@ FLAGS = (
 def main(argv=None):
     args = harness.flag_parser(__doc__.split("\n\n")[0], FLAGS, raw=True).parse_args(argv)
     args.command = harness.command_line("storage_cost", argv)
+    harness.output_dir(args, "storage_cost")
     print("per Produce request (%d partitions x %d B):" % (args.partitions, args.record_bytes))
     costs = request_costs(args)
     print("snapshot to proxy (%d writes):" % args.writes, flush=True)

@@ -23,8 +23,9 @@ frames, a few percent more (see the report). At the end of each quota size the p
 ``/metrics`` (admin endpoint) is read for its throttle counters and measured rate.
 
 Writes ``throttle_accuracy.md`` and ``throttle_accuracy.png`` into ``--output-dir``
-(``benchmarks/results/``). Every process this script starts binds 127.0.0.1 on a free port and
-is stopped by PID at the end, on Ctrl-C and on errors too.
+(default: a new directory under ``benchmarks/runs/``). Every process this script starts
+binds 127.0.0.1 on a free port and is stopped by PID at the end, on Ctrl-C and on errors
+too.
 
 Example (smoke run, about 25 s)::
 
@@ -772,6 +773,7 @@ def measure_all(run, args, runs, failures):
 
 def main(argv=None):
     args = parse_args(argv)
+    harness.output_dir(args, "throttle_accuracy")
     command = harness.command_line("throttle_accuracy", argv)
     facts = harness.machine_facts()
     runs, failures = [], []

@@ -20,7 +20,8 @@ responses (the same partitions and records, in 64 KiB reads), under:
 Mean over a timed loop (``time.perf_counter_ns``, garbage collector off), median of
 ``--repeats`` runs, the configurations taking turns; "added" is the difference from ``before``.
 
-Writes ``topic_quotas.md`` into ``--output-dir`` (``benchmarks/results/``).
+Writes ``topic_quotas.md`` into ``--output-dir`` (default: a new directory under
+``benchmarks/runs/``).
 
 Example (about 30 s)::
 
@@ -182,6 +183,7 @@ FLAGS = (
 def main(argv=None):
     args = harness.flag_parser(__doc__.split("\n\n")[0], FLAGS, raw=True).parse_args(argv)
     args.command = harness.command_line("topic_quotas", argv)
+    harness.output_dir(args, "topic_quotas")
     print("per request and its response (%d partitions x %d B):"
           % (args.partitions, args.record_bytes))
     found = costs(args)

@@ -3,6 +3,7 @@ listener needs (and makes the TLS and SASL material it needs), the README's
 produce/consume examples work against it as written, a flag that does nothing
 is not offered, a missing extra is named with the command that installs it,
 and a benchmark run does not write over the committed results."""
+import ast
 import os
 import re
 import selectors
@@ -261,9 +262,10 @@ def test_the_benchmark_names_a_missing_extra_before_anything_starts():
     assert "Tansu broker" not in out.stdout and "round" not in out.stdout
 
 
-def test_a_benchmark_run_writes_to_a_fresh_ignored_directory(tmp_path):
+def test_a_benchmark_run_writes_to_a_fresh_ignored_directory(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
+        import harness
         import proxy_overhead
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
@@ -272,11 +274,106 @@ def test_a_benchmark_run_writes_to_a_fresh_ignored_directory(tmp_path):
     assert first != second and first.is_dir() and second.is_dir()
     assert not any(first.iterdir())
     runs = proxy_overhead.RUNS
-    assert not runs.resolve().is_relative_to((ROOT / "benchmarks" / "results").resolve())
+    assert runs == harness.RUNS
+    assert not runs.resolve().is_relative_to(COMMITTED_RESULTS)
     if shutil.which("git") and (ROOT / ".git").exists():
         ignored = subprocess.run(["git", "check-ignore", "-q", str(runs / "x" / "y.md")],
                                  cwd=ROOT, timeout=30)
         assert ignored.returncode == 0, "benchmarks/runs is not ignored by git"
+    # what the other benchmarks write into: --output-dir when given, else a new directory
+    # under runs/ for each run
+    monkeypatch.setattr(harness, "RUNS", tmp_path / "runs")
+    p = harness.parser("a benchmark")
+    harness.add_output_dir(p)
+    made = [harness.output_dir(p.parse_args([]), "nothing_lost") for _ in range(2)]
+    assert made[0] != made[1] and all(d.parent == tmp_path / "runs" for d in made)
+    assert made[0].name.startswith("nothing_lost-") and not any(made[0].iterdir())
+    given = tmp_path / "given"
+    assert harness.output_dir(p.parse_args(["--output-dir", str(given)]), "x") == given
+    assert given.is_dir()
+
+
+COMMITTED_RESULTS = (ROOT / "benchmarks" / "results").resolve()
+
+
+def _benchmark_scripts():
+    return sorted((ROOT / "benchmarks").glob("*.py"))
+
+
+def test_no_benchmark_defaults_to_writing_into_the_committed_results(monkeypatch):
+    """Each benchmark's parse_args (or main), given no flags, as far as its arguments are
+    parsed (the parse raises instead of returning: nothing runs): no path among their
+    values lies in benchmarks/results."""
+    import argparse
+    import importlib
+    import inspect
+
+    class Parsed(Exception):
+        pass
+
+    parse = argparse.ArgumentParser.parse_known_args
+
+    def parsed(self, args=None, namespace=None):
+        raise Parsed(parse(self, args, namespace)[0])
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", parsed)
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    defaults, required = {}, []
+    for script in _benchmark_scripts():
+        module = importlib.import_module(script.stem)
+        entry = getattr(module, "parse_args", None) or getattr(module, "main", None)
+        if entry is None:
+            continue
+        try:
+            entry([]) if inspect.signature(entry).parameters else entry()
+        except Parsed as exc:
+            defaults[script.stem] = vars(exc.args[0])
+        except SystemExit as exc:  # flags it cannot run without (bare_relay's addresses)
+            assert exc.code == 2, script.name
+            required.append(script.stem)
+        else:
+            pytest.fail("%s: %s([]) returned without parsing its flags"
+                        % (script.name, entry.__name__))
+    # every script with an output flag was looked at
+    writers = {s.stem for s in _benchmark_scripts() if s.stem != "harness" and any(
+        mark in s.read_text() for mark in ('"--output', "add_output_dir", "flag_parser"))}
+    assert {"nothing_lost", "soak", "proxy_overhead", "throttle_accuracy"} <= writers
+    assert writers <= set(defaults), writers - set(defaults)
+    into_results = ["%s.py %s=%s" % (name, flag, value)
+                    for name, values in sorted(defaults.items())
+                    for flag, value in values.items()
+                    if isinstance(value, (str, Path)) and value
+                    and Path(value).resolve().is_relative_to(COMMITTED_RESULTS)]
+    assert into_results == [], (
+        "these write into benchmarks/results by default: %s; a run writes a new directory "
+        "under benchmarks/runs (harness.output_dir) unless told" % into_results)
+
+
+def _names_results(node):
+    return (isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and "results" in Path(node.value).parts)
+
+
+def test_no_benchmark_builds_a_path_into_the_committed_results():
+    """A static look at every benchmarks/*.py: the committed results are written only
+    where --output-dir says (a run's default, or a fallback after parsing, never names
+    them): no X / "results", Path(..., "results"), os.path.join(..., "results"),
+    open("results/...")."""
+    path_calls = {"Path", "PurePath", "join", "joinpath", "open"}
+    found = []
+    for script in _benchmark_scripts():
+        for node in ast.walk(ast.parse(script.read_text(), str(script))):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+                parts = (node.left, node.right)
+            elif isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                parts = node.args if name in path_calls else ()
+            else:
+                continue
+            if any(_names_results(part) for part in parts):
+                found.append("%s:%d" % (script.name, node.lineno))
+    assert found == [], "paths into benchmarks/results: %s" % found
 
 
 PINNED_CHILDREN = r'''

@@ -2,6 +2,7 @@
 flags, and its publications to a real Tansu broker (directly, through a
 terminating SASL kthrottle, and while the broker goes away and comes back)."""
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 from conftest import ROOT, ProxyProcess
 from kthrottle.embedded import TansuBroker, free_port
 from kthrottle.policy.storage import Limit, parse_limit, parse_report, volume_state
+from kthrottle.sources.kafka_publisher import _LastKafkaError
 from kthrottle.spark_sync import agent
 from quota_clients import kthrottle_quotas, wait_until
 
@@ -371,7 +373,7 @@ def test_the_command_rejects_bad_flags_and_explains_them():
     done = run_agent(*BASE[:-1], "MinFreeBytes:2GiB", "--soft-limit", "MinFreeBytes:1GiB",
                      "--once")
     assert done.returncode == 2
-    assert "usage: kthrottle volume-agent" in done.stderr
+    assert done.stderr.startswith("kthrottle volume-agent: error: ")
     assert "is stricter than --soft-limit" in done.stderr
     done = run_agent("--broker-id", "1", "--soft-limit", SOFT, "--hard-limit", HARD)
     assert done.returncode == 2 and "the following arguments are required" in done.stderr
@@ -608,10 +610,41 @@ def test_publishes_through_a_terminating_sasl_kthrottle(broker, tmp_path):
         done = run_agent(*common, "--timeout", "2s", env={agent.PASSWORD_ENV: wrong})
         assert done.returncode == 1 and time.monotonic() - started < 20
         assert wrong not in done.stdout + done.stderr
-        assert "kthrottle volume-agent: error: not published within 2s" in done.stderr
-        assert "SaslAuthenticationFailedError" in done.stderr
+        # said in the error line itself, not only in kafka-python's DEBUG lines:
+        # every attempt gets the failure answer before the proxy closes (it
+        # waits for the client's close), and a later attempt the deadline cuts
+        # short does not hide it
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("kthrottle volume-agent: error: not published within 2s"), last
+        assert "last connection error: [Error 58] SaslAuthenticationFailedError" in last, last
+        assert "socket disconnected" not in done.stderr, done.stderr[-3000:]
     finally:
         proxy.stop()
+
+
+def test_an_authentication_failure_stays_the_error_told_until_the_next_publication():
+    kept = _LastKafkaError()
+    kafka_log = logging.getLogger("kafka.test-last-error")
+    kafka_log.addHandler(kept)
+    kafka_log.propagate = False
+    try:
+        def failed(error):
+            kafka_log.warning("Bootstrap connection to bootstrap-0 failed: %s (backoff 0.05 secs)",
+                              error)
+
+        failed("KafkaConnectionError: socket disconnected")
+        assert kept.last == "KafkaConnectionError: socket disconnected"
+        failed("[Error 58] SaslAuthenticationFailedError: SaslAuthenticationFailedError: "
+               "Authentication failed during authentication due to invalid credentials")
+        # the last attempt, cut short by the publication's deadline, says less
+        failed("[Error 7] RequestTimedOutError: Request timed out after 62 ms")
+        failed("KafkaConnectionError: socket disconnected")
+        assert kept.take() == ("[Error 58] SaslAuthenticationFailedError: Authentication "
+                               "failed during authentication due to invalid credentials")
+        failed("KafkaConnectionError: socket disconnected")  # the next publication: news
+        assert kept.take() == "KafkaConnectionError: socket disconnected"
+    finally:
+        kafka_log.removeHandler(kept)
 
 
 def test_publishes_over_mtls_to_a_tls_kthrottle(broker, tmp_path):

@@ -11,6 +11,7 @@ import functools
 import logging
 import socket
 
+from .filter import REFUSED_AUTHENTICATION
 from .health import REFUSED_BROKER_UNREACHABLE
 from .limits import HANDSHAKE_TIMEOUT, TLS_HANDSHAKE, UNKNOWN_NODE
 from .pipeline import (
@@ -52,6 +53,12 @@ def tls_writes(transport, chunks):
 
 # the reading pause of a side whose bytes go socket to socket (--zero-copy)
 ZERO_COPY = "zero-copy"
+# After the answer to a failed authentication the proxy waits for the client
+# to close (clients close on that answer), at most this long (seconds), before
+# closing itself: the answer and the close arriving together, kafka-python 3
+# drops the answer (the bytes it read in the same pass as the end of the
+# stream) and says "socket disconnected" instead of the authentication failure.
+FAILED_AUTHENTICATION_LINGER = 1.0
 
 
 def no_delay(transport):
@@ -69,8 +76,9 @@ def no_delay(transport):
 
 
 class _Unread(asyncio.Protocol):
-    """The protocol of a connection held over its connection_creation_rate
-    until the server closes it: what its client sends is dropped."""
+    """The protocol of a connection held over its connection_creation_rate,
+    or answered a failed authentication, until the server closes it: what its
+    client sends is dropped; its client's close closes it."""
 
     def data_received(self, data):
         pass
@@ -519,7 +527,8 @@ class ClientConnection(asyncio.Protocol):
             elif kind is RunJob:
                 self._start_job(action)
             elif kind is Close:
-                self._closed(action.reason, action.refused)
+                self._closed(action.reason, action.refused,
+                             answered=any(a.__class__ is SendToClient for a in actions))
                 return
 
     def _start_job(self, action):
@@ -571,7 +580,9 @@ class ClientConnection(asyncio.Protocol):
             self._run(self.pipeline.close(reason))
             self._closed(reason)
 
-    def _closed(self, reason, refused=None, quiet=False):
+    def _closed(self, reason, refused=None, quiet=False, answered=False):
+        """``answered``: the last actions wrote the client an answer (a
+        failed authentication's: see FAILED_AUTHENTICATION_LINGER)."""
         if self.closed:
             return
         self.closed = True
@@ -588,9 +599,21 @@ class ClientConnection(asyncio.Protocol):
         task = self._connect_task
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
-        for side in (self.client, self.upstream):
-            if side.transport is not None:
-                side.transport.close()
+        client = self.client.transport
+        if client is not None:
+            held = getattr(server, "held", None)
+            if (answered and refused == REFUSED_AUTHENTICATION and held is not None
+                    and not client.is_closing()):
+                # the answer goes out; the socket closes when the client closes
+                # it (what it sends meanwhile is dropped), at the latest when
+                # the server's HeldConnections does (at once when it is full)
+                client.set_protocol(_UNREAD)
+                client.resume_reading()
+                held.hold(client.close, FAILED_AUTHENTICATION_LINGER * 1000)
+            else:
+                client.close()
+        if self.upstream.transport is not None:
+            self.upstream.transport.close()
         if refused is not None:
             server.refusals.refused(self.address, "%s (connection %d, %s listener)" % (
                 self.peer, self.conn_id, self.listener_name), refused, reason)

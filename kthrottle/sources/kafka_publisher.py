@@ -42,6 +42,11 @@ class PublishError(Exception):
     pass
 
 
+# a failed login as kafka-python names it: SaslAuthenticationFailedError,
+# AuthenticationFailedError, UnsupportedSaslMechanismError, IllegalSaslStateError
+_AUTHENTICATION_FAILED = re.compile(r"Authentication\w*Error|Sasl\w*Error")
+
+
 class LastConnectionError(logging.Handler):
     """Keeps the last connection error a Kafka client library logged (the
     part of a WARNING that ``_AFTER`` matches, as ``cause`` words it): the
@@ -61,13 +66,17 @@ class LastConnectionError(logging.Handler):
             return
         if m:
             cause = self.cause(m.group(1))
-            if cause is not None:
+            if cause is not None and self.replaces(cause):
                 self.last = cause
 
     @staticmethod
     def cause(text):
         """The error as told (None: nothing worth telling)."""
         return text
+
+    def replaces(self, cause):
+        """Whether ``cause`` is told rather than the one kept."""
+        return True
 
     def take(self):
         last, self.last = self.last, None
@@ -86,6 +95,13 @@ class _LastKafkaError(LastConnectionError):
             return None
         # kafka-python repeats the class name: "X: X: details"
         return re.sub(r"(\w+Error): \1: ", r"\1: ", text)
+
+    def replaces(self, cause):
+        """An authentication failure is kept until taken (a publication
+        takes at its start): the attempt its deadline cuts short, or a
+        connection lost after it, says less."""
+        return not (self.last and _AUTHENTICATION_FAILED.search(self.last)
+                    and not _AUTHENTICATION_FAILED.search(cause))
 
 
 KAFKA_ERRORS = _LastKafkaError()
