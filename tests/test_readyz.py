@@ -50,13 +50,19 @@ def metric(port, name):
     return None
 
 
-def test_readyz_follows_the_broker(tmp_path):
-    broker = TansuBroker(log_path=tmp_path / "tansu.log")  # its port, not started yet
+def _proxy_with_a_quota_file(tmp_path, bootstrap):
+    """(the quota file, the admin port, the started ProxyProcess)."""
     quotas = tmp_path / "quotas.toml"
     quotas.write_text('[clients."ready-app"]\nproducer_byte_rate = 100000\n')
     admin = free_port()
-    p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
+    p = ProxyProcess(bootstrap, tmp_path / "proxy.log",
                      ["--quota-file", str(quotas), "--admin-listen", str(admin)]).start()
+    return quotas, admin, p
+
+
+def test_readyz_follows_the_broker(tmp_path):
+    broker = TansuBroker(log_path=tmp_path / "tansu.log")  # its port, not started yet
+    quotas, admin, p = _proxy_with_a_quota_file(tmp_path, broker.bootstrap)
     try:
         wait_for_port("127.0.0.1", admin, proc=p.proc)
         # no broker yet: said at once, in the log and by /readyz; the process serves
@@ -169,11 +175,7 @@ def test_a_quota_file_that_does_not_parse_leaves_the_proxy_ready(tmp_path, broke
     them all out of their load balancer. The last good quotas stay in force,
     the source is reported unhealthy (metric, log line, a degraded line on
     /readyz), and /readyz answers 200 throughout."""
-    quotas = tmp_path / "quotas.toml"
-    quotas.write_text('[clients."ready-app"]\nproducer_byte_rate = 100000\n')
-    admin = free_port()
-    p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
-                     ["--quota-file", str(quotas), "--admin-listen", str(admin)]).start()
+    quotas, admin, p = _proxy_with_a_quota_file(tmp_path, broker.bootstrap)
     try:
         assert wait_for_status(admin, 200, 15)[2] == "ready\n"
         assert metric(admin, "kthrottle_quota_source_healthy") == 1

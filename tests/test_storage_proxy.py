@@ -3,6 +3,7 @@ front of a real Tansu broker, with real producers and consumers. The test
 writes the snapshot znode itself, as the Spark job does, so that each state
 is reached on cue."""
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -33,8 +34,10 @@ def snapshot(consumed_pct, generated_at=None):
     return json.dumps(cluster_snapshot({111: report}, [111], {}, now, 60)).encode()
 
 
-@pytest.fixture
-def storage_proxy(broker, zookeeper, tmp_path):
+@contextlib.contextmanager
+def proxy_following(broker, zookeeper, tmp_path, *args):
+    """A proxy given ``--zookeeper`` (a chroot of its own) and ``args``, its
+    admin endpoint on ``p.admin``; and a ZooKeeper client on that chroot."""
     from kazoo.client import KazooClient
 
     chroot = "/st-%s" % uuid.uuid4().hex[:8]
@@ -42,16 +45,24 @@ def storage_proxy(broker, zookeeper, tmp_path):
     zk.start(timeout=10)
     zk.ensure_path("/")
     p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
-                     ["--zookeeper", zookeeper.hosts + chroot, "--storage-scope", "cluster",
-                      "--storage-base-rate", "200000",
-                      "--storage-pause-max-ms", "20000"])
+                     ["--zookeeper", zookeeper.hosts + chroot, *args])
     p.admin = free_port()
     p.extra_args += ["--admin-listen", "127.0.0.1:%d" % p.admin]
-    p.start()
-    yield p, zk
-    p.stop()
-    zk.stop()
-    zk.close()
+    try:
+        p.start()
+        yield p, zk
+    finally:
+        p.stop()
+        zk.stop()
+        zk.close()
+
+
+@pytest.fixture
+def storage_proxy(broker, zookeeper, tmp_path):
+    with proxy_following(broker, zookeeper, tmp_path, "--storage-scope", "cluster",
+                         "--storage-base-rate", "200000",
+                         "--storage-pause-max-ms", "20000") as parts:
+        yield parts
 
 
 def _set(zk, data):
@@ -124,17 +135,7 @@ def test_a_proxy_given_only_zookeeper_never_holds_a_producer_for_storage(
     job some other proxy follows) holds nobody here, and there is no fail-safe
     to fall into when the state is missing or stale."""
     from aiokafka import AIOKafkaProducer
-    from kazoo.client import KazooClient
 
-    chroot = "/zk-only-%s" % uuid.uuid4().hex[:8]
-    zk = KazooClient(hosts=zookeeper.hosts + chroot)
-    zk.start(timeout=10)
-    zk.ensure_path("/")
-    _set(zk, snapshot(85))  # past the hard limit: PAUSE, for a proxy that follows it
-    admin = free_port()
-    p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
-                     ["--zookeeper", zookeeper.hosts + chroot,
-                      "--admin-listen", "127.0.0.1:%d" % admin]).start()
     topic = "zk-only-%s" % uuid.uuid4().hex[:8]
     broker.create_topic(topic, partitions=1)
 
@@ -150,22 +151,20 @@ def test_a_proxy_given_only_zookeeper_never_holds_a_producer_for_storage(
         finally:
             await producer.stop()
 
-    try:
+    with proxy_following(broker, zookeeper, tmp_path) as (p, zk):
         p.wait_for_log("quotas from ZooKeeper")
+        _set(zk, snapshot(85))  # past the hard limit: PAUSE, for a proxy that follows it
+        time.sleep(1.5)
         assert asyncio.run(produce([b"a", b"b", b"c"])) < 8
         _set(zk, snapshot(10, generated_at=time.time() - 600))  # stale: no fail-safe either
         time.sleep(1.5)
         assert asyncio.run(produce([b"d"])) < 8
-        metrics = admin_get(admin, "/metrics")
+        metrics = admin_get(p.admin, "/metrics")
         assert "kthrottle_storage_state{" not in metrics
         assert "kthrottle_storage_fail_safe 1" not in metrics
-        status = json.loads(admin_get(admin, "/status.json"))
+        status = json.loads(admin_get(p.admin, "/status.json"))
         assert status["storage"] == {"configured": False}
         assert "storage:" not in p.log() and p.alive()
-    finally:
-        p.stop()
-        zk.stop()
-        zk.close()
 
 
 def test_a_pipelining_producer_held_by_a_pause_has_every_request_answered_in_time(
@@ -174,18 +173,11 @@ def test_a_pipelining_producer_held_by_a_pause_has_every_request_answered_in_tim
     each was held in turn before, the fifth answered after 5 x the cap and
     expired at the client; now the ones sent behind the first go on with it."""
     from confluent_kafka import Producer
-    from kazoo.client import KazooClient
 
-    chroot = "/pipe-%s" % uuid.uuid4().hex[:8]
-    zk = KazooClient(hosts=zookeeper.hosts + chroot)
-    zk.start(timeout=10)
-    zk.ensure_path("/")
-    p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
-                     ["--zookeeper", zookeeper.hosts + chroot, "--storage-scope", "cluster",
-                      "--storage-pause-max-ms", "3000"]).start()
     topic = "pipe-%s" % uuid.uuid4().hex[:8]
     broker.create_topic(topic, partitions=1)
-    try:
+    with proxy_following(broker, zookeeper, tmp_path, "--storage-scope", "cluster",
+                         "--storage-pause-max-ms", "3000") as (p, zk):
         producer = Producer({"bootstrap.servers": p.bootstrap, "linger.ms": 0,
                              "max.in.flight.requests.per.connection": 5,
                              "request.timeout.ms": 11000, "message.timeout.ms": 11500,
@@ -211,7 +203,3 @@ def test_a_pipelining_producer_held_by_a_pause_has_every_request_answered_in_tim
         assert max(waited.values()) < 9, waited  # at the cap (3 s) and no more, with margin
         assert min(waited.values()) > 1.5, waited  # they were held
         _set(zk, snapshot(10))
-    finally:
-        p.stop()
-        zk.stop()
-        zk.close()
