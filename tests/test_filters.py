@@ -269,7 +269,7 @@ def test_each_filter_reads_only_the_options_it_declares(tmp_path):
         dict(base, security_protocol="SASL_PLAINTEXT", sasl_mode="passthrough"),
         dict(base, upstream_security_protocol="SASL_PLAINTEXT", upstream_sasl_username="proxy",
              upstream_sasl_password_file=str(password)),
-        dict(base, zookeeper="127.0.0.1:2181"),
+        dict(base, zookeeper="127.0.0.1:2181", storage_scope="cluster"),
         dict(base, admin_principals=frozenset({"admin"})),
     ]
     read = {cls: set() for cls in registry.REGISTERED}
