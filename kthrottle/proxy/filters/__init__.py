@@ -11,6 +11,7 @@ its TOML file. ``forbidden_api_keys.py`` is the smallest example.
 from . import (
     address_rewrite,
     admin_api,
+    broker_only,
     controller_mutation,
     forbidden_api_keys,
     quotas,
@@ -28,8 +29,10 @@ REGISTERED = (
     upstream_login.UpstreamSaslLogin,
     sasl_terminate.SaslTerminate,
     sasl_passthrough.SaslPassthrough,
-    # an API an operator forbids stays forbidden, even one the proxy answers
+    # an API an operator forbids stays forbidden, even one the proxy answers;
+    # so do those only brokers and controllers send
     forbidden_api_keys.ForbiddenApiKeys,
+    broker_only.BrokerOnlyApis,
     # after authentication (it needs the principal); it answers in the
     # broker's place, so before what would count or rewrite the request
     admin_api.AdminApi,
@@ -58,12 +61,14 @@ def standard_filters(advertise, quotas=None, authenticator=None, upstream_login=
     """The proxy's chain from filters made by hand (tests and benchmarks
     that run a pipeline without a configuration), in the registered order."""
     from .address_rewrite import AddressRewrite
+    from .broker_only import BrokerOnlyApis
     from .controller_mutation import ControllerMutationQuota
     from .quotas import FetchCap, QuotaAccounting
     from .topic_quotas import TopicQuotas
     from .version_gate import VersionGate
 
-    chosen = [upstream_login, authenticator, VersionGate(), AddressRewrite(advertise), storage]
+    chosen = [upstream_login, authenticator, BrokerOnlyApis(), VersionGate(),
+              AddressRewrite(advertise), storage]
     if quotas is not None:
         chosen += [QuotaAccounting(), TopicQuotas(quotas), FetchCap(), ControllerMutationQuota()]
     order = {cls: i for i, cls in enumerate(REGISTERED)}

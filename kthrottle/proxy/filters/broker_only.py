@@ -1,0 +1,48 @@
+"""Refuse, from clients, the requests only brokers and controllers send.
+
+Kafka authorizes these as ClusterAction on the cluster: the ZooKeeper-mode
+controller's orders to brokers (LeaderAndIsr, StopReplica, UpdateMetadata,
+ControlledShutdown) and the KRaft quorum's and brokers' requests to the
+controllers. No broker or controller talks to another through a
+client-facing proxy, so from a client they can only be a probe: in
+sasl-mode terminate the broker would see them under the proxy's own
+principal, which may hold ClusterAction, and they count against no quota.
+The connection is closed, as a broker closes one that sends an API its
+listener does not serve, with a WARNING naming the API and the principal,
+counted in kthrottle_connections_refused_total{reason="broker_only_api"}.
+
+Always on: nothing to configure, and no other API is looked at (the filter
+table asks this filter about these keys alone).
+"""
+from ..filter import HEAD, NOTHING, Filter, Refuse
+
+REFUSED_BROKER_ONLY_API = "broker_only_api"  # the refusal counter's label
+
+# API key -> Kafka's name
+BROKER_ONLY_APIS = {
+    # the ZooKeeper-mode controller and brokers
+    4: "LeaderAndIsr", 5: "StopReplica", 6: "UpdateMetadata", 7: "ControlledShutdown",
+    # the KRaft quorum (KIP-595, KIP-630, KIP-853) and brokers towards the
+    # controllers (KIP-631, KIP-590, KIP-730, KIP-858, KIP-919)
+    52: "Vote", 53: "BeginQuorumEpoch", 54: "EndQuorumEpoch", 56: "AlterPartition",
+    58: "Envelope", 59: "FetchSnapshot", 62: "BrokerRegistration", 63: "BrokerHeartbeat",
+    67: "AllocateProducerIds", 70: "ControllerRegistration", 73: "AssignReplicasToDirs",
+    82: "UpdateRaftVoter",
+}
+
+
+class BrokerOnlyApis(Filter):
+    name = "broker-only-apis"
+
+    @classmethod
+    def build(cls, config, services):
+        return cls()
+
+    def request_need(self, api_key, api_version):
+        return HEAD if api_key in BROKER_ONLY_APIS else NOTHING
+
+    def on_request(self, ctx, head, inflight):
+        return Refuse("%s (api key %d v%d) is sent by brokers and controllers only, never "
+                      "through this proxy; principal %s" % (
+                          BROKER_ONLY_APIS[head.api_key], head.api_key, head.api_version,
+                          ctx.principal), REFUSED_BROKER_ONLY_API)

@@ -1,0 +1,85 @@
+"""Requests only brokers and controllers send are refused from clients: the
+connection closes and nothing reaches the broker (as a feeding pipeline, and
+through a running proxy with a raw socket)."""
+import socket
+import struct
+
+import pytest
+
+from kafka_frames import advertise
+from kthrottle.codecs import apis
+from kthrottle.config import build_config
+from kthrottle.proxy.filters import REGISTERED, build_filters, standard_filters
+from kthrottle.proxy.filters.broker_only import BROKER_ONLY_APIS, BrokerOnlyApis
+from test_pipeline import Harness, metadata_req, metadata_resp, produce_req, raw_request, req_cids
+
+
+@pytest.mark.parametrize("api_key", sorted(BROKER_ONLY_APIS))
+def test_a_broker_only_request_closes_its_connection_and_reaches_no_broker(api_key):
+    h = Harness(filters=standard_filters(advertise))
+    h.client(metadata_req(1))
+    assert req_cids(h.take_broker()) == [1]
+    h.broker(metadata_resp(1))
+    h.client(raw_request(2, api_key, 0, b"\x00" * 16) + produce_req(3))
+    assert h.take_broker() == b""  # neither it nor what follows it
+    assert h.refused == "broker_only_api"
+    assert "%s (api key %d v0) is sent by brokers and controllers only" % (
+        BROKER_ONLY_APIS[api_key], api_key) in h.closed
+    assert "principal ANONYMOUS" in h.closed
+
+
+def test_it_is_always_on_and_looks_at_nothing_else():
+    from kthrottle.proxy.filter import Services
+
+    config = build_config({}, {"bootstrap_servers": [("127.0.0.1", 9)]})
+    services = Services()
+    services.advertise = advertise
+    assert any(isinstance(f, BrokerOnlyApis) for f in build_filters(config, services))
+    assert BrokerOnlyApis in REGISTERED
+    f = BrokerOnlyApis()
+    h = Harness(filters=[f])
+    for api_key in (apis.PRODUCE, apis.FETCH, apis.METADATA, 24, 27, 55, 64, 80, 81):
+        assert h.conn.table.lookup(api_key, 0)[1] == ()
+    assert h.conn.table.lookup(4, 7)[1] == ((f, 0),)
+
+
+def _raw(port, frame):
+    """Send ``frame`` on a fresh connection to the proxy; what comes back
+    before it closes (b"" when it closes without an answer)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(frame)
+        got = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return got
+            got += chunk
+
+
+def test_through_the_proxy_leader_and_isr_is_refused_and_clients_carry_on(broker, tmp_path):
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+
+    from conftest import ProxyProcess
+
+    proxy = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log").start()
+    try:
+        # a LeaderAndIsr v0 (controller id 1, epoch 1, no partitions, no leaders)
+        body = struct.pack(">iiii", 1, 1, 0, 0)
+        assert _raw(proxy.port, raw_request(7, 4, 0, body, client_id=b"probe")) == b""
+        proxy.wait_for_log("LeaderAndIsr (api key 4 v0) is sent by brokers and controllers only")
+        assert "broker_only_api" in proxy.log()
+
+        async def produce():
+            producer = AIOKafkaProducer(bootstrap_servers=proxy.bootstrap)
+            await producer.start()
+            try:
+                return await producer.send_and_wait("broker-only-topic", b"still flows")
+            finally:
+                await producer.stop()
+
+        assert asyncio.run(produce()).offset >= 0
+        assert proxy.alive()
+    finally:
+        proxy.stop()
