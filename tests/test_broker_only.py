@@ -11,7 +11,17 @@ from kthrottle.codecs import apis
 from kthrottle.config import build_config
 from kthrottle.proxy.filters import REGISTERED, build_filters, standard_filters
 from kthrottle.proxy.filters.broker_only import BROKER_ONLY_APIS, BrokerOnlyApis
-from test_pipeline import Harness, metadata_req, metadata_resp, produce_req, raw_request, req_cids
+from test_pipeline import (
+    Harness,
+    cids,
+    fetch_req,
+    fetch_resp,
+    metadata_req,
+    metadata_resp,
+    produce_req,
+    raw_request,
+    req_cids,
+)
 
 
 @pytest.mark.parametrize("api_key", sorted(BROKER_ONLY_APIS))
@@ -38,9 +48,25 @@ def test_it_is_always_on_and_looks_at_nothing_else():
     assert BrokerOnlyApis in REGISTERED
     f = BrokerOnlyApis()
     h = Harness(filters=[f])
-    for api_key in (apis.PRODUCE, apis.FETCH, apis.METADATA, 24, 27, 55, 64, 80, 81):
+    for api_key in (apis.PRODUCE, apis.METADATA, 24, 27, 55, 64, 80, 81):
         assert h.conn.table.lookup(api_key, 0)[1] == ()
     assert h.conn.table.lookup(4, 7)[1] == ((f, 0),)
+    # a Fetch's head, up to v14 (replica_id), on the short way
+    assert h.conn.table.lookup(apis.FETCH, 15)[1] == ()
+    assert (apis.FETCH, 11) in h.conn.table.quick and (apis.FETCH, 11) not in h.conn.table.plain
+
+
+@pytest.mark.parametrize("version", [0, 4, 11, 12, 14])
+def test_a_follower_fetch_is_refused_and_a_consumers_goes_on_the_short_way(version):
+    h = Harness(filters=standard_filters(advertise))
+    h.client(fetch_req(1, version=version) + fetch_req(2, version=version))
+    assert req_cids(h.take_broker()) == [1, 2]
+    assert h.long_heads["request"] <= 1  # the head read once, then compared
+    h.broker(fetch_resp(1, version=version) + fetch_resp(2, version=version))
+    assert cids(h.take_client()) == [1, 2]
+    h.client(fetch_req(3, version=version, replica_id=0, client_id="broker-0"))
+    assert h.take_broker() == b"" and h.refused == "broker_only_api"
+    assert "a follower's Fetch (v%d, replica_id 0) is sent by brokers only" % version in h.closed
 
 
 def _raw(port, frame):
@@ -70,6 +96,9 @@ def test_through_the_proxy_leader_and_isr_is_refused_and_clients_carry_on(broker
         assert _raw(proxy.port, raw_request(7, 4, 0, body, client_id=b"probe")) == b""
         proxy.wait_for_log("LeaderAndIsr (api key 4 v0) is sent by brokers and controllers only")
         assert "broker_only_api" in proxy.log()
+        # a Fetch claiming to be follower 0's: refused before it reaches the broker
+        assert _raw(proxy.port, fetch_req(8, version=11, replica_id=0, client_id="fake")) == b""
+        proxy.wait_for_log("a follower's Fetch (v11, replica_id 0) is sent by brokers only")
 
         async def produce():
             producer = AIOKafkaProducer(bootstrap_servers=proxy.bootstrap)

@@ -746,7 +746,7 @@ CONSUMER_QUOTAS = {"clients/app-1": {CONSUMER_BYTE_RATE: 1e12, REQUEST_RATE: 1e9
 
 
 def _consumer_exchanges():
-    """Fetches at the usual layouts, of two client-ids, and a follower's."""
+    """Fetches at the usual layouts, of two client-ids."""
     return [(fetch_req(1), fetch_resp(1, records=b"a" * 4000)),
             (fetch_req(2), fetch_resp(2, records=b"b" * 100)),  # the same head: compared
             (fetch_req(3, version=4), fetch_resp(3, version=4)),
@@ -755,21 +755,20 @@ def _consumer_exchanges():
             (fetch_req(6, version=15), fetch_resp(6, version=15)),  # no replica_id
             (fetch_req(7, version=16), fetch_resp(7, version=16)),  # NodeEndpoints: walked
             (fetch_req(8, client_id="app-2"), fetch_resp(8, records=b"c" * 700)),
-            (fetch_req(9, replica_id=2), fetch_resp(9)),  # a follower: no client quota
             (fetch_req(10), fetch_resp(10, records=b"d" * 50))]
 
 
 def test_a_consumers_fetches_take_the_short_way_under_quotas_with_the_same_result():
     short, long = both_ways(CONSUMER_QUOTAS, _consumer_exchanges())
     assert short.long_heads == {"request": 0, "response": 1}  # the v16 response alone
-    assert long.long_heads == {"request": 10, "response": 10}
+    assert long.long_heads == {"request": 9, "response": 9}
     assert short.conn.client_quotas.keys() == long.conn.client_quotas.keys()
     totals = bucket_totals(short)
     assert totals == bucket_totals(long)
     fetched = {k[2]: v for k, v in totals.items() if k[0] == CONSUMER_BYTE_RATE}
     assert fetched["app-1"] > 4000 and fetched["app-2"] > 700
     requests = {k[2]: v for k, v in totals.items() if k[0] == REQUEST_RATE}
-    assert requests == {"app-1": 8}  # not the follower's
+    assert requests == {"app-1": 8}
 
 
 @pytest.mark.parametrize("version", [11, 4])  # a client that backs off itself, one held
@@ -1175,19 +1174,27 @@ def test_a_fetch_response_over_quota_mutes_the_client_and_its_fetch_is_capped():
     assert h.client_paused_until is not None
 
 
-def test_replication_fetches_and_cluster_actions_count_against_no_client_quota():
-    snapshot = {"clients/<default>": {REQUEST_RATE: 1.0, CONSUMER_BYTE_RATE: 10.0}}
-    h = Harness(snapshot)
-    follower = fetch_req(1, replica_id=3, max_bytes=1 << 20, client_id="broker-3")
-    h.client(follower)
-    assert h.take_broker() == follower  # not capped
-    h.broker(fetch_resp(1, records=b"r" * 50000))
-    assert h.client_paused_until is None
-    for cid in range(2, 12):  # LeaderAndIsr (4): exempt from request quotas (KIP-124)
-        h.client(raw_request(cid, 4, 0))
-    assert h.client_paused_until is None
-    # nothing was counted anywhere
-    assert all(b.rate.total() == 0 for b in h.manager.buckets.values())
+@pytest.mark.parametrize("short_way", [True, False])
+@pytest.mark.parametrize("request_frame", [
+    fetch_req(2, replica_id=3, max_bytes=1 << 20, client_id="broker-3"),  # a follower's Fetch
+    raw_request(2, 4, 0),  # LeaderAndIsr
+])
+def test_replication_fetches_and_cluster_actions_are_refused_and_count_nowhere(
+        request_frame, short_way):
+    """Kafka exempts them from client quotas (KIP-124) because brokers send
+    them; from a client they are refused, so that no one fetches past a
+    quota by claiming to be a follower."""
+    snapshot = {"clients/<default>": {REQUEST_RATE: 1e6, CONSUMER_BYTE_RATE: 1e9}}
+    h = Harness(snapshot, short_way=short_way)
+    h.client(fetch_req(1, max_bytes=1 << 20))  # a consumer's head first: kept, compared
+    assert req_cids(h.take_broker()) == [1]
+    h.broker(fetch_resp(1, records=b"r" * 5))
+    assert cids(h.take_client()) == [1]
+    counted = bucket_totals(h)
+    h.client(request_frame + fetch_req(3))
+    assert h.take_broker() == b"" and h.refused == "broker_only_api"
+    assert "is sent by brokers" in h.closed
+    assert bucket_totals(h) == counted
 
 
 def test_acks_0_is_exempt_from_the_request_quota():

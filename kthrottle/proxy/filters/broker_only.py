@@ -11,9 +11,17 @@ The connection is closed, as a broker closes one that sends an API its
 listener does not serve, with a WARNING naming the API and the principal,
 counted in kthrottle_connections_refused_total{reason="broker_only_api"}.
 
+So is a follower's Fetch: ``replica_id`` >= 0 (Fetch v0-14; from v15 it is a
+tag only brokers set, KIP-903), which Kafka also authorizes as ClusterAction
+and which a client quota does not count (KIP-124): a client that claims to be
+a follower would fetch past every quota.
+
 Always on: nothing to configure, and no other API is looked at (the filter
-table asks this filter about these keys alone).
+table asks this filter about these keys alone). A consumer's Fetch takes the
+short way (Filter.quick): its head is read once per connection and client,
+and only a head that names a replica is sent the long way, to be refused.
 """
+from ...codecs.apis import FETCH
 from ..filter import HEAD, NOTHING, Filter, Refuse
 
 REFUSED_BROKER_ONLY_API = "broker_only_api"  # the refusal counter's label
@@ -29,6 +37,12 @@ BROKER_ONLY_APIS = {
     67: "AllocateProducerIds", 70: "ControllerRegistration", 73: "AssignReplicasToDirs",
     82: "UpdateRaftVoter",
 }
+# Fetch versions whose replica_id is a field a client could set
+FOLLOWER_FETCH_VERSIONS = range(0, 15)
+
+
+def _long_way():
+    return False
 
 
 class BrokerOnlyApis(Filter):
@@ -39,9 +53,27 @@ class BrokerOnlyApis(Filter):
         return cls()
 
     def request_need(self, api_key, api_version):
+        if api_key == FETCH:
+            return HEAD if api_version in FOLLOWER_FETCH_VERSIONS else NOTHING
         return HEAD if api_key in BROKER_ONLY_APIS else NOTHING
 
+    def quick(self, api_key, api_version):
+        return api_key == FETCH
+
+    def quick_check(self, ctx, head):
+        # a consumer (replica_id -1) is judged by nothing here; a head that
+        # names a replica goes the long way, to on_request
+        return _long_way if head.replica_id >= 0 else None
+
     def on_request(self, ctx, head, inflight):
+        if head.api_key == FETCH:
+            replica_id = head.replica_id
+            if replica_id < 0:
+                return None
+            return Refuse("a follower's Fetch (v%d, replica_id %d) is sent by brokers only, "
+                          "never through this proxy; principal %s" % (
+                              head.api_version, replica_id, ctx.principal),
+                          REFUSED_BROKER_ONLY_API)
         return Refuse("%s (api key %d v%d) is sent by brokers and controllers only, never "
                       "through this proxy; principal %s" % (
                           BROKER_ONLY_APIS[head.api_key], head.api_key, head.api_version,
