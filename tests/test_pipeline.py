@@ -1197,13 +1197,20 @@ def test_replication_fetches_and_cluster_actions_are_refused_and_count_nowhere(
     assert bucket_totals(h) == counted
 
 
-def test_acks_0_is_exempt_from_the_request_quota():
-    h = Harness({"clients/app-1": {REQUEST_RATE: 1.0}})
-    for cid in range(1, 20):
-        h.client(produce_req(cid, acks=0))
-    assert h.client_paused_until is None
-    h.client(metadata_req(30))
-    h.client(metadata_req(31))  # the 1 s burst is one request
+@pytest.mark.parametrize("short_way", [True, False])
+def test_acks_0_counts_against_the_request_quota_and_mutes_the_client(short_way):
+    """Kafka exempts acks=0 from request quotas (no response carries a
+    throttle time); a client sending acks=0 would then have no request quota
+    at all. The proxy counts it and stops reading the client instead."""
+    h = Harness({"clients/app-1": {REQUEST_RATE: 1.0}}, short_way=short_way)
+    h.client(b"".join(produce_req(cid, acks=0) for cid in range(1, 20)))
+    # the 1 s burst is one request; the next earns the throttle, and the
+    # client is not read after it
+    assert req_cids(h.take_broker()) == [1, 2]
+    assert h.client_paused_until is not None
+    assert h.take_client() == b""  # nothing to answer
+    h.at(h.client_paused_until)
+    assert req_cids(h.take_broker()) == [3]  # one more, then muted again
     assert h.client_paused_until is not None
 
 

@@ -457,7 +457,7 @@ def test_request_throttles_are_capped_at_one_window_and_exemptions_hold():
                          QuotaSettings(window=2.0)).client("ANONYMOUS", "c")
     assert max(wider.on_request(3, 0, None, 0.0).delay_ms for _ in range(5)) == 2000
     assert not request_quota_applies(4, None)  # LeaderAndIsr (KIP-124)
-    assert not request_quota_applies(0, 0)  # acks=0 Produce
+    assert request_quota_applies(0, 0)  # acks=0 Produce: counted, the client muted
     assert request_quota_applies(0, 1) and request_quota_applies(3, None)
     assert not client_quotas_apply(1, 2)  # a follower's fetch
     assert client_quotas_apply(1, -1)

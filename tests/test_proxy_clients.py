@@ -199,6 +199,58 @@ def test_acks_0_produce_keeps_the_connection_in_step(proxy, broker):
     assert "correlation id" not in proxy.log()
 
 
+def test_acks_0_produce_is_held_to_the_request_quota(broker, tmp_path):
+    """Kafka exempts acks=0 from request quotas; through the proxy a client
+    that sends acks=0 is held to its request_rate: it is not read while it
+    owes the time, so its records reach the broker at the quota's pace."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    from conftest import ProxyProcess
+
+    quotas = tmp_path / "quotas.toml"
+    quotas.write_text('[clients."acks0"]\nrequest_rate = 5\n')
+    p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
+                     ["--quota-file", str(quotas)]).start()
+    topic = topic_name("acks0q")
+    broker.create_topic(topic, partitions=1)
+
+    async def count(consumer):
+        got = 0
+        for records in (await consumer.getmany(timeout_ms=500)).values():
+            got += len(records)
+        return got
+
+    async def run():
+        producer = AIOKafkaProducer(bootstrap_servers=p.bootstrap, acks=0, linger_ms=0,
+                                    client_id="acks0")
+        await producer.start()
+        consumer = AIOKafkaConsumer(bootstrap_servers=p.bootstrap, auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            for i in range(40):  # one request each
+                await producer.send(topic, b"%d" % i, partition=0)
+                await producer.flush()
+            sent = asyncio.get_running_loop().time()
+            consumer.assign([TopicPartition(topic, 0)])
+            early = await count(consumer)
+            while asyncio.get_running_loop().time() - sent < 1.5:
+                early += await count(consumer)
+            total = early
+            while total < 40 and asyncio.get_running_loop().time() - sent < 30:
+                total += await count(consumer)
+            return early, total
+        finally:
+            await consumer.stop()
+            await producer.stop()
+
+    try:
+        early, total = asyncio.run(run())
+        assert early <= 20, early  # 5/s after a 1 s burst: about 9 in 1.5 s (all 40 before)
+        assert total == 40
+    finally:
+        p.stop()
+
+
 def _raw_connect(proxy):
     s = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
     return s

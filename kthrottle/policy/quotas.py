@@ -84,9 +84,11 @@ def client_quotas_apply(api_key, replica_id):
 
 def request_quota_applies(api_key, acks):
     """Whether a request counts against the request-rate quota (KIP-124):
-    cluster actions do not, nor does an acks=0 Produce (no response carries
-    its throttle time, so Kafka does not count it)."""
-    return api_key not in REQUEST_QUOTA_EXEMPT and not (api_key == PRODUCE and acks == 0)
+    cluster actions do not (the proxy refuses them from clients anyway). An
+    acks=0 Produce does, unlike in Kafka: Kafka exempts it because no
+    response can carry its throttle time, but the proxy can stop reading the
+    client instead, and an exempt request is a way past the quota."""
+    return api_key not in REQUEST_QUOTA_EXEMPT
 
 
 class Resolution(NamedTuple):

@@ -31,7 +31,7 @@ class QuotaAccounting(Filter):
 
     def on_request(self, ctx, head, inflight):
         api_key = head.api_key
-        if api_key == apis.PRODUCE:  # acks=0 too: it counts against the byte quota alone
+        if api_key == apis.PRODUCE:  # acks=0 too: its throttle mutes the client
             return _verdict(ctx.quotas_for(head.client_id or "").on_request(
                 api_key, head.frame_len, head.acks, ctx.now))
         if api_key == apis.FETCH and not client_quotas_apply(api_key, head.replica_id):
