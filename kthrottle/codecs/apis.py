@@ -14,6 +14,9 @@ METADATA = 3
 FIND_COORDINATOR = 10
 API_VERSIONS = 18
 DESCRIBE_CLUSTER = 60
+# Share groups (KIP-932): ShareFetch moves record data, as Fetch does
+SHARE_FETCH = 78
+SHARE_ACKNOWLEDGE = 79
 
 # Responses the proxy decodes (to rewrite broker addresses or version ranges):
 # the highest version it can decode is the highest kafka-python's schemas know.
