@@ -20,11 +20,12 @@ TANSU_NODE_ID = 111  # every Tansu broker reports this node id
 class ProxyProcess:
     """``kthrottle proxy`` as a separate process, as users run it."""
 
-    def __init__(self, bootstrap, log_path, extra_args=()):
+    def __init__(self, bootstrap, log_path, extra_args=(), node_id=TANSU_NODE_ID):
         self.port = free_port()
-        # node 111 is served on node_port_base + 111: make that a free port
+        # the broker's node (Tansu's 111; Apache Kafka's node.id) is served on
+        # node_port_base + node_id: make that a free port
         self.node_port = free_port()
-        self.node_port_base = self.node_port - TANSU_NODE_ID
+        self.node_port_base = self.node_port - node_id
         self.bootstrap_upstream = bootstrap
         self.log_path = Path(log_path)
         self.extra_args = list(extra_args)
@@ -102,6 +103,34 @@ def proxy(broker, tmp_path_factory):
     p.start()
     yield p
     p.stop()
+
+
+@pytest.fixture(scope="session")
+def apache_kafka(tmp_path_factory):
+    """One Apache Kafka 4 node (KRaft, broker and controller in one JVM) for the whole session:
+    a kafka_cluster.KafkaBroker, its address in ``.bootstrap`` (127.0.0.1). Where the machine
+    has IPv6 loopback it has a second listener on [::1] only (``.bootstrap_ipv6``): a proxy in
+    front of that one is the only way a Java client started with IPV4_ONLY_JVM_ARGS can reach
+    the broker. Fails (never skips) when Java or the jars are missing: scripts/test fetches
+    them."""
+    from kafka_cluster import KafkaBroker, KafkaMissing, ipv6_loopback
+
+    kafka = KafkaBroker(tmp_path_factory.mktemp("apache-kafka-data"),
+                        ipv6_listener=ipv6_loopback(),
+                        log_path=tmp_path_factory.mktemp("apache-kafka") / "kafka.log")
+    try:
+        kafka.start()
+    except KafkaMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield kafka
+    kafka.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    # every test on the real Apache Kafka is marked `kafka` (-m "not kafka" leaves them out)
+    for item in items:
+        if "apache_kafka" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kafka)
 
 
 @pytest.fixture(scope="module")

@@ -6,4 +6,5 @@ class ProtocolError(Exception):
     """
 
 
+REQUEST_TIMED_OUT = 7  # retriable everywhere: the request was not written
 THROTTLING_QUOTA_EXCEEDED = 89  # KIP-599: a controller mutation refused over its quota

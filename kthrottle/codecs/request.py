@@ -255,11 +255,17 @@ class RequestHead:
                 self._need(pos + 4, "Fetch replica_id")
                 replica_id = INT32.unpack_from(self.buf, pos)[0]
                 max_bytes_at = pos + 12  # replica_id, max_wait_ms, min_bytes
-            if version >= 3:
+            session_at = None
+            if version >= 7:
+                # isolation_level (v4+), then session_id and session_epoch
+                # (KIP-227)
+                session_at = max_bytes_at + 5
+                self._need(session_at + 8, "Fetch session_id")
+            elif version >= 3:
                 self._need(max_bytes_at + 4, "Fetch max_bytes")
             else:
                 max_bytes_at = None
-            fields = self._fetch = (replica_id, max_bytes_at)
+            fields = self._fetch = (replica_id, max_bytes_at, session_at)
         return fields
 
     @property
@@ -272,6 +278,13 @@ class RequestHead:
     def max_bytes_offset(self):
         """Offset of Fetch ``max_bytes`` (v3+), else None."""
         return self._fetch_fields()[1]
+
+    @property
+    def fetch_session_id(self):
+        """Fetch ``session_id`` (KIP-227, v7+): 0 when the request is in no
+        incremental fetch session (and before v7)."""
+        at = self._fetch_fields()[2]
+        return 0 if at is None else INT32.unpack_from(self.buf, at)[0]
 
     def fields_for_policy(self):
         """Locate every body field a decision on this request may read, so

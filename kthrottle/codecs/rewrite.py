@@ -55,6 +55,8 @@ def rewrite_response(frame, api_key, api_version, advertise):
     limit = apis.MAX_DECODABLE_VERSION[api_key]
     if api_version > limit:
         raise ProtocolError("api_key %d v%d is newer than the proxy can decode" % (api_key, api_version))
+    if api_version < apis.MIN_DECODABLE_VERSION.get(api_key, 0):
+        raise ProtocolError("api_key %d v%d is older than the proxy can decode" % (api_key, api_version))
     body = response_body_offset(frame, apis.response_header_is_flexible(api_key, api_version))
     edits, nodes = handler(frame, body, api_version, advertise)
     if not edits:
@@ -217,23 +219,89 @@ def _produce(buf, pos, version, advertise):
 
 
 def _api_versions(buf, pos, version, advertise):
-    """Clamp advertised max versions to what the proxy can decode (in place)."""
+    """The APIs advertised as apis.advertised_range says: version ranges
+    narrowed to what the proxy decodes (in place), and the APIs it refuses
+    (unknown ones, broker-only ones) left out, the array's count with them.
+    Each kept entry's own tagged fields, and every byte after the array
+    (throttle_time_ms, features), stay as they came."""
     error_code, pos = read_int16(buf, pos)
     if error_code != 0:
         return [], []  # an error answer is v0 and only lists versions to retry with
     compact = version >= 3
     edits = []
+    count_at = pos
     count, pos = read_array_length(buf, pos, compact)
+    if count < 0:
+        return [], []  # null (not nullable, ApiVersionsResponse.json): the client's to refuse
+    if count > (len(buf) - pos) // 6:  # each entry takes 6 bytes or more
+        raise ProtocolError("ApiVersions answer of %d APIs in %d bytes" % (count, len(buf) - pos))
+    kept = count
     for _ in range(count):
+        entry_at = pos
         api_key, pos = read_int16(buf, pos)
-        max_at = pos + 2
-        max_version, pos = read_int16(buf, max_at)
-        limit = apis.MAX_DECODABLE_VERSION.get(api_key)
-        if limit is not None and max_version > limit:
-            edits.append((max_at, pos, INT16.pack(limit)))
+        low, pos = read_int16(buf, pos)
+        high, pos = read_int16(buf, pos)
         if compact:
             pos = skip_tagged_fields(buf, pos)
+        advertised = apis.advertised_range(api_key, low, high)
+        if advertised is None:
+            edits.append((entry_at, pos, b""))
+            kept -= 1
+        elif advertised != (low, high):
+            edits.append((entry_at + 2, entry_at + 6, INT16.pack(advertised[0])
+                          + INT16.pack(advertised[1])))
+    if kept != count:
+        count_end = read_array_length(buf, count_at, compact)[1]
+        edits.insert(0, (count_at, count_end,
+                         write_uvarint(kept + 1) if compact else INT32.pack(kept)))
     return edits, []
+
+
+def _share(buf, pos, version, advertise, fetch):
+    """ShareFetch and ShareAcknowledge v1+ (ShareFetchResponse.json,
+    ShareAcknowledgeResponse.json): NodeEndpoints is a plain field after the
+    responses (KIP-932), each entry as in KIP-951's."""
+    pos = skip_string(buf, pos + 6, True)  # throttle_time_ms, error_code; error_message
+    if fetch or version >= 2:
+        pos += 4  # acquisition_lock_timeout_ms (ShareFetch v1+, ShareAcknowledge v2+)
+    topics, pos = read_array_length(buf, pos, True)
+    for _ in range(topics):
+        partitions, pos = read_array_length(buf, pos + 16, True)  # topic_id
+        for _ in range(partitions):
+            # partition_index, error_code; error_message
+            pos = skip_string(buf, pos + 6, True)
+            if fetch:
+                # acknowledge_error_code; acknowledge_error_message
+                pos = skip_string(buf, pos + 2, True)
+            pos = skip_tagged_fields(buf, pos + 8)  # current_leader: leader_id, leader_epoch
+            if fetch:
+                pos = skip_compact_bytes(buf, pos)  # records
+                ranges, pos = read_array_length(buf, pos, True)  # acquired_records
+                for _ in range(ranges):
+                    # first_offset, last_offset, delivery_count
+                    pos = skip_tagged_fields(buf, pos + 18)
+            pos = skip_tagged_fields(buf, pos)
+        pos = skip_tagged_fields(buf, pos)
+    edits, nodes = [], []
+    count, pos = read_array_length(buf, pos, True)  # node_endpoints
+    if count > len(buf) - pos:
+        raise ProtocolError("NodeEndpoints of %d entries in %d bytes" % (count, len(buf) - pos))
+    for _ in range(count):
+        pos = _broker_entry(buf, pos, True, advertise, edits, nodes)
+        pos = skip_string(buf, pos, True)  # rack
+        pos = skip_tagged_fields(buf, pos)
+    pos = skip_tagged_fields(buf, pos)
+    if pos != len(buf):
+        raise ProtocolError("%d bytes after the response's tagged fields" % (len(buf) - pos))
+    return edits, nodes
+
+
+def _share_fetch(buf, pos, version, advertise):
+    return _share(buf, pos, version, advertise, True)
+
+
+def _share_acknowledge(buf, pos, version, advertise):
+    return _share(buf, pos, version, advertise, False)
 
 
 _HANDLERS = {
@@ -243,6 +311,8 @@ _HANDLERS = {
     apis.API_VERSIONS: _api_versions,
     apis.PRODUCE: _produce,
     apis.FETCH: _fetch,
+    apis.SHARE_FETCH: _share_fetch,
+    apis.SHARE_ACKNOWLEDGE: _share_acknowledge,
 }
 
 

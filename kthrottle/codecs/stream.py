@@ -1,4 +1,5 @@
-"""Cut-through rewrite of KIP-951 NodeEndpoints in Fetch v16+ and Produce v10+.
+"""Cut-through rewrite of KIP-951 NodeEndpoints in Fetch v16+ and Produce v10+,
+and of KIP-932's in ShareFetch and ShareAcknowledge v1+ (at the end of this doc).
 
 These responses name brokers in a top-level tagged field (tag 0, NodeEndpoints)
 that comes after everything else, after all the records of a Fetch. The frame's
@@ -31,6 +32,15 @@ A ValueError from ``advertise`` propagates (the proxy closes that connection).
 A response without tag 0 (the common case: brokers fill NodeEndpoints only for
 partitions answering NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH) comes out
 byte for byte as it came.
+
+ShareFetch and ShareAcknowledge (KIP-932) name the leaders in a plain
+NodeEndpoints field after their responses, followed by the top-level tagged
+section, which they define no tag of: the tail is that field and that section
+(``_rewrite_share_tail``). The endpoints are rewritten as above; a shorter
+tail is padded with one more top-level tagged field; when the tail would
+grow, or no padding fits, NodeEndpoints is left empty and padding takes the
+rest (the share consumer then looks the leaders up in Metadata). An empty
+NodeEndpoints (the common case again) comes out as it came.
 """
 import functools
 
@@ -69,15 +79,26 @@ def stream_rewriter(api_key, api_version, advertise):
         return None
     if api_version > apis.MAX_DECODABLE_VERSION[api_key]:
         raise ProtocolError("api_key %d v%d is newer than the proxy can decode" % (api_key, api_version))
+    if api_key in _SHARE:
+        fetch = api_key == apis.SHARE_FETCH
+        return StreamRewriter(functools.partial(_walk_share, fetch, api_version), advertise,
+                              _tail_at_of(api_key, api_version), _rewrite_share_tail)
     walker = (_walk_fetch if api_key == apis.FETCH
               else functools.partial(_walk_produce, api_version))
     return StreamRewriter(walker, advertise, _tail_at_of(api_key, api_version))
+
+
+_SHARE = (apis.SHARE_FETCH, apis.SHARE_ACKNOWLEDGE)
 
 
 def _tail_at_of(api_key, api_version):
     """The one-loop walk to the tail of a whole response of this API/version."""
     if api_key == apis.FETCH:
         return _fetch_tail_at
+    if api_key == apis.SHARE_FETCH:
+        return _share_fetch_tail_at
+    if api_key == apis.SHARE_ACKNOWLEDGE:
+        return _share_acknowledge_v2_tail_at if api_version >= 2 else _share_acknowledge_tail_at
     return _produce_v13_tail_at if api_version >= 13 else _produce_tail_at
 
 
@@ -92,6 +113,12 @@ def untouched_check(api_key, api_version):
     tail_at = _WHOLE_TAIL_AT.get((api_key, api_version))
     if tail_at is None:  # newer than the proxy can decode (or no NodeEndpoints)
         return None
+    if api_key in _SHARE:
+        def untouched_share(frame):
+            # an empty NodeEndpoints (N+1 = 1), no tagged fields
+            n = len(frame)
+            return tail_at(frame, n) == n - 2 and frame[n - 2] == 1 and not frame[n - 1]
+        return untouched_share
 
     def untouched(frame):
         n = len(frame)
@@ -110,15 +137,19 @@ class StreamRewriter:
     """
 
     __slots__ = ("nodes", "done", "_advertise", "_walk", "_req", "_pos", "_end",
-                 "_size", "_varint", "_shift", "_tail", "_tail_at")
+                 "_size", "_varint", "_shift", "_tail", "_tail_at", "_rewrite")
 
-    def __init__(self, walker, advertise, tail_at=None):
-        """``walker()``: a new walk of the structure (made when first needed)."""
+    def __init__(self, walker, advertise, tail_at=None, rewrite=None):
+        """``walker()``: a new walk of the structure (made when first needed);
+        ``rewrite(tail, advertise, nodes)``: the tail at the same length, or
+        None to forward it as it came (the top-level tagged section's
+        rewrite by default)."""
         self.nodes = []
         self.done = False
         self._advertise = advertise
         self._walk = walker
         self._tail_at = tail_at  # the whole frame's walk, for a frame in one chunk
+        self._rewrite = rewrite or _rewrite_tail
         self._req = None  # what the walker waits for
         self._pos = 0  # bytes of the frame fed so far
         self._end = None  # the frame's length, size prefix included, once known
@@ -267,7 +298,7 @@ class StreamRewriter:
 
     def _finish(self, tail, out):
         self._tail = None
-        new = _rewrite_tail(tail, self._advertise, self.nodes)
+        new = self._rewrite(tail, self._advertise, self.nodes)
         out.append(tail if new is None else new)
         self.done = True
         self._end = None
@@ -321,6 +352,32 @@ def _walk_produce(version):
             yield from _tags(n - 1 if n > 1 else 0)  # current_leader lives here
         yield from _tags(0)
     yield 4 << 2 | _SKIP  # throttle_time_ms
+
+
+def _walk_share(fetch, version):
+    """ShareFetch (``fetch``) or ShareAcknowledge v1+ up to NodeEndpoints, a
+    plain field after the responses (ShareFetchResponse.json,
+    ShareAcknowledgeResponse.json; KIP-932)."""
+    yield from _tags(4)  # correlation_id, header tagged fields (response header v1)
+    n = yield 6 << 2 | _VARINT  # throttle_time_ms, error_code; error_message
+    skip = n - 1 if n > 1 else 0
+    if fetch or version >= 2:
+        skip += 4  # acquisition_lock_timeout_ms (ShareFetch v1+, ShareAcknowledge v2+)
+    for _ in range((yield skip << 2 | _ARRAY)):  # responses
+        for _ in range((yield 16 << 2 | _ARRAY)):  # topic_id; partitions
+            n = yield 6 << 2 | _VARINT  # partition_index, error_code; error_message
+            if fetch:
+                # acknowledge_error_code; acknowledge_error_message
+                n = yield ((n - 1 if n > 1 else 0) + 2) << 2 | _VARINT
+            # current_leader (leader_id, leader_epoch; its tagged fields)
+            yield from _tags((n - 1 if n > 1 else 0) + 8)
+            if fetch:
+                n = yield _VARINT  # records (N+1)
+                # the records; acquired_records
+                for _ in range((yield (n - 1 if n > 1 else 0) << 2 | _ARRAY)):
+                    yield from _tags(18)  # first_offset, last_offset, delivery_count
+            yield from _tags(0)  # the partition's tagged fields
+        yield from _tags(0)  # the topic's
 
 
 # -- the same walks over a whole frame ------------------------------------------
@@ -438,6 +495,83 @@ def _fetch_tail_at(buf, n):
     return pos if pos < n else None
 
 
+def _string_end(buf, pos):
+    """The offset after a compact (nullable) string of a one-byte length, or
+    -1 (a longer one is left to the walker)."""
+    length = buf[pos]
+    if length >= 0x80:
+        return -1
+    return pos + (length if length else 1)
+
+
+def _share_tail_at(buf, n, fetch, lock_timeout):
+    """ShareFetch (``fetch``) or ShareAcknowledge v1+: NodeEndpoints' offset,
+    or None (as _walk_share)."""
+    try:
+        pos = _tags_at(buf, 8)  # size, correlation_id; header tagged fields
+        if pos < 0:
+            return None
+        pos = _string_end(buf, pos + 6)  # throttle_time_ms, error_code; error_message
+        if pos < 0:
+            return None
+        if lock_timeout:
+            pos += 4  # acquisition_lock_timeout_ms
+        topics = buf[pos] - 1
+        pos += 1
+        if topics >= 0x7F:
+            return None
+        for _ in range(topics):
+            pos += 16  # topic_id
+            partitions = buf[pos] - 1
+            pos += 1
+            if partitions >= 0x7F:
+                return None
+            for _ in range(partitions):
+                pos = _string_end(buf, pos + 6)  # partition_index, error_code; error_message
+                if pos < 0:
+                    return None
+                if fetch:
+                    # acknowledge_error_code; acknowledge_error_message
+                    pos = _string_end(buf, pos + 2)
+                    if pos < 0:
+                        return None
+                pos = _tags_at(buf, pos + 8)  # current_leader
+                if pos < 0:
+                    return None
+                if fetch:
+                    length, pos = read_uvarint(buf, pos)  # records
+                    pos += length - 1 if length else 0
+                    ranges = buf[pos] - 1  # acquired_records
+                    pos += 1
+                    if ranges >= 0x7F:
+                        return None
+                    for _ in range(ranges):
+                        pos = _tags_at(buf, pos + 18)
+                        if pos < 0:
+                            return None
+                pos = _tags_at(buf, pos)
+                if pos < 0:
+                    return None
+            pos = _tags_at(buf, pos)
+            if pos < 0:
+                return None
+    except (IndexError, ProtocolError):
+        return None
+    return pos if pos < n else None
+
+
+def _share_fetch_tail_at(buf, n):
+    return _share_tail_at(buf, n, True, True)
+
+
+def _share_acknowledge_tail_at(buf, n):
+    return _share_tail_at(buf, n, False, False)
+
+
+def _share_acknowledge_v2_tail_at(buf, n):
+    return _share_tail_at(buf, n, False, True)
+
+
 # untouched_check's walk for each API/version stream_rewriter takes and the
 # proxy can decode
 _WHOLE_TAIL_AT = {(api_key, version): _tail_at_of(api_key, version)
@@ -516,6 +650,54 @@ def _rewrite_tail(tail, advertise, nodes):
     if pad is None:
         raise ProtocolError("no padding for NodeEndpoints with tag numbers up to %d" % top)
     return write_uvarint(count) + rest + pad
+
+
+def _rewrite_share_tail(tail, advertise, nodes):
+    """ShareFetch's or ShareAcknowledge's tail (NodeEndpoints, then the
+    top-level tagged section, to the frame's end) with NodeEndpoints
+    rewritten, at the same length; None when it names no broker."""
+    total = len(tail)
+    if total == 2 and tail[0] == 1 and not tail[1]:
+        return None  # no endpoints, no tagged fields: the usual tail
+    n, p = read_uvarint(tail, 0)
+    n -= 1  # compact array; null (-1) counts as empty
+    if n > total - p:
+        raise ProtocolError("NodeEndpoints of %d entries in %d bytes" % (n, total - p))
+    for _ in range(n):  # where the array ends: node_id, host, port, rack, tagged fields
+        p = skip_tagged_fields(tail, skip_string(tail, skip_string(tail, p + 4, True) + 4, True))
+    array_end = p
+    count, fields_at = read_uvarint(tail, array_end)
+    if count > total - fields_at:
+        raise ProtocolError("%d tagged fields in %d bytes" % (count, total - fields_at))
+    pos = fields_at
+    top = -1
+    for _ in range(count):
+        tag, pos = read_uvarint(tail, pos)
+        size, pos = read_uvarint(tail, pos)
+        pos += size
+        if pos > total:
+            raise ProtocolError("truncated tagged field %d at the end of the response" % tag)
+        if tag > top:
+            top = tag
+    if pos != total:
+        raise ProtocolError("%d bytes after the response's tagged fields" % (total - pos))
+    if n <= 0:
+        return None
+    fields = tail[fields_at:]  # the tagged fields, as they came
+    value = _rewrite_endpoints(tail, 0, array_end, advertise, nodes)
+    deficit = total - len(value) - _uvarint_size(count) - len(fields)
+    if deficit == 0:
+        return b"".join((value, write_uvarint(count), fields))
+    if deficit > 0:
+        deficit = total - len(value) - _uvarint_size(count + 1) - len(fields)
+        pad = _padding(deficit, top) if deficit > 0 else None
+        if pad is not None:
+            return b"".join((value, write_uvarint(count + 1), fields, pad))
+    # Longer, or no padding fits: NodeEndpoints left empty (padding for the rest).
+    pad = _padding(total - 1 - _uvarint_size(count + 1) - len(fields), top)
+    if pad is None:
+        raise ProtocolError("no padding for NodeEndpoints with tag numbers up to %d" % top)
+    return b"".join((b"\x01", write_uvarint(count + 1), fields, pad))
 
 
 def _rewrite_endpoints(buf, pos, end, advertise, nodes):

@@ -7,7 +7,8 @@ decode and re-encode, which would drop tagged fields kafka-python's schemas
 do not know).
 
 Where the field sits is computed once, at import, from kafka-python's JSON
-schemas, for every response API and version they describe: in most it is the
+schemas, for every response API and version they describe (and for ShareFetch
+and ShareAcknowledge, which they do not, from Kafka's): in most it is the
 first body field; in OffsetDelete it follows a fixed-size error code; in
 Produce and ApiVersions it follows a variable-length array, so a small
 hand-written walk finds it (``WALK``). Versions newer than kafka-python knows
@@ -139,6 +140,14 @@ def _build_tables():
                 if where is None:
                     continue  # no walker: treated as unknown (a test keeps this empty)
             layout[api_key, version] = (apis.response_header_flexible(api_key, version), where)
+    # ShareFetch and ShareAcknowledge, which kafka-python has no schema for:
+    # throttle_time_ms is their first body field, after a flexible header
+    # (ShareFetchResponse.json, ShareAcknowledgeResponse.json; KIP-932)
+    for api_key in (apis.SHARE_FETCH, apis.SHARE_ACKNOWLEDGE):
+        for version in range(apis.MIN_DECODABLE_VERSION[api_key],
+                             apis.MAX_DECODABLE_VERSION[api_key] + 1):
+            offsets[api_key, version] = 0
+            layout[api_key, version] = (True, 0)
     return offsets, layout
 
 
@@ -245,8 +254,9 @@ def throttle_time_patch(head, api_key, api_version):
 # field and APIs whose Java class keeps the default (OffsetForLeaderEpoch,
 # IncrementalAlterConfigs, DescribeClientQuotas, AlterClientQuotas,
 # Describe/AlterUserScramCredentials, UpdateFeatures, DescribeCluster,
-# DescribeTransactions, ListTransactions, ListConfigResources), and any API
-# not listed here (conservative choice for the unknown).
+# DescribeTransactions, ListTransactions, ListConfigResources, ShareFetch,
+# ShareAcknowledge), and any API not listed here (conservative choice for the
+# unknown).
 # librdkafka does not back off at any version (measured against it).
 CLIENTS_BACK_OFF_FROM = {
     0: 6,  # Produce (ProduceResponse.shouldClientThrottle: version >= 6)

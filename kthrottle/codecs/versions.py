@@ -47,17 +47,17 @@ def parse_api_versions(frame, version=PROBE_VERSION):
 
 def api_versions_answer(correlation_id, version, ranges):
     """The answer to an ApiVersions request of ``version`` listing ``ranges``
-    ((api_key, min, max), as a broker gave them), each max clamped to what
-    the proxy decodes. None when ``version`` is newer than the proxy can
-    encode (the caller answers UNSUPPORTED_VERSION then)."""
+    ((api_key, min, max), as a broker gave them) as apis.advertised_range
+    says: each narrowed to what the proxy decodes, the APIs it refuses left
+    out. None when ``version`` is newer than the proxy can encode (the caller
+    answers UNSUPPORTED_VERSION then)."""
     if not 0 <= version <= ApiVersionsResponse.max_version:
         return None
     keys = []
     for api_key, low, high in ranges:
-        limit = apis.MAX_DECODABLE_VERSION.get(api_key)
-        if limit is not None and high > limit:
-            high = limit
-        keys.append((api_key, low, high))
+        advertised = apis.advertised_range(api_key, low, high)
+        if advertised is not None:
+            keys.append((api_key, *advertised))
     cls = ApiVersionsResponse[version]
     fields = {"error_code": 0, "api_keys": keys}
     if version >= 1:

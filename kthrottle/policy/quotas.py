@@ -50,6 +50,7 @@ TOKEN_BUCKET = "token-bucket"
 # without depending on the codecs).
 PRODUCE = 0
 FETCH = 1
+SHARE_FETCH = 78  # KIP-932: counted on the fetch quota, as Fetch is
 # Inter-broker cluster actions are exempt from request quotas (KIP-124):
 # LeaderAndIsr, StopReplica, UpdateMetadata, ControlledShutdown.
 REQUEST_QUOTA_EXEMPT = frozenset((4, 5, 6, 7))
@@ -421,6 +422,21 @@ class Bucket:
             return 0
         return to_ms(delay if delay < cap else cap)
 
+    def debt_seconds(self, now):
+        """How long the bucket is in debt for at ``now`` (0.0: it is not),
+        uncapped and without recording anything: while it is, no request
+        counted in it is let through, on any connection (Kafka keys the
+        quota on the <user, client-id> sensor, never on the connection). An
+        observe-only bucket owes nothing."""
+        if self.limit is None or self.observe_only:
+            return 0.0
+        tokens = self.tokens
+        if tokens is not None:
+            delay = tokens.full_at - now - tokens.span
+            return delay if delay > 0 else 0.0
+        total, w = self.rate.scan(now)
+        return throttle_seconds(total / w, self.limit, w)
+
     def measure(self, now):
         """Kafka's windowed rate: each request counted when it arrives."""
         return self.rate.measure(now)
@@ -494,6 +510,36 @@ class ClientQuotas:
         if self.generation != self.manager.generation:
             self.refresh()
         return self
+
+    def debt(self, api_key, acks, now):
+        """Decision: how long (ms, uncapped) the buckets a request of
+        ``api_key`` counts in are in debt at ``now``, and which quota key;
+        None when none is. The request quota for every request it applies to,
+        the producer byte rate for a Produce, the consumer byte rate for a
+        Fetch or ShareFetch."""
+        if self.generation != self.manager.generation:
+            self.refresh()
+        owed = 0.0
+        reason = None
+        bucket = self.request
+        if bucket is not None and request_quota_applies(api_key, acks):
+            owed = bucket.debt_seconds(now)
+            if owed:
+                reason = REQUEST_RATE
+        if api_key == PRODUCE:
+            bucket, key = self.produce, PRODUCER_BYTE_RATE
+        elif api_key == FETCH or api_key == SHARE_FETCH:
+            bucket, key = self.fetch, CONSUMER_BYTE_RATE
+        else:
+            bucket = None
+        if bucket is not None:
+            d = bucket.debt_seconds(now)
+            if d > owed:
+                owed, reason = d, key
+        # under a millisecond is paid: a timer due within one fires (as a
+        # mute that ends a little early must not hold the next request)
+        ms = int(owed * 1000)
+        return Decision(ms, reason) if ms > 0 else None
 
     def on_request(self, api_key, nbytes, acks, now):
         """A request of ``nbytes`` (the whole frame). A Produce counts whole

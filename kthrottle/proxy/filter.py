@@ -103,6 +103,15 @@ class Defer(NamedTuple):
     reason: str
 
 
+class Gather(NamedTuple):
+    """The head was not enough for this one: read the whole request, then
+    ask the filters again with it (they see every field). Only from a
+    request's head; the request is not counted twice."""
+
+
+GATHER_WHOLE = Gather()
+
+
 class ForwardRaw(NamedTuple):
     """For a raw token (see ``FilterContext.expect_raw``): send it on to the
     broker as it came. The broker's answer is a raw token too, matched by

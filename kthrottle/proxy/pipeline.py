@@ -57,6 +57,7 @@ from .filter import (  # noqa: F401 (the filter API, named here for the adapter 
     FilterContext,
     Forward,
     ForwardRaw,
+    Gather,
     Observe,
     Pending,
     QuickHead,
@@ -671,6 +672,8 @@ class Connection:
                                     return False
                             self.now = now
                             delay = self._judged(known, inflight, n, now)
+                            if delay < 0:
+                                return False  # its quota is owed: the long way holds it
                             if not delay and not api_key and known[7] is not None:
                                 self._renew_lease(known[7], n, now)
                     self.bytes_from_client += n
@@ -757,7 +760,7 @@ class Connection:
             # above, or renews it.
             self.now = now
             producing = self._heads[0]
-            for inflight, known, frame_len, end in marks:
+            for k, (inflight, known, frame_len, end) in enumerate(marks):
                 if known is producing:
                     lease = self._lease
                     if (lease is not None and lease[0] >= frame_len and lease[1]
@@ -770,6 +773,16 @@ class Connection:
                         self._renew_lease(known[7], frame_len, now)
                 else:
                     delay = self._judged(known, inflight, frame_len, now)
+                if delay < 0:
+                    # its quota is owed: it waits unread (as a Defer on the
+                    # long way), behind those before it, which go on
+                    if not k:
+                        return False  # nothing taken yet: the long way holds it
+                    delay = -delay
+                    end -= frame_len
+                    del admitted[admitted.index(inflight):]
+                    pos = end
+                    break
                 if delay:
                     if end < n:  # what follows it waits for the mute's end
                         del admitted[admitted.index(inflight) + 1:]
@@ -789,12 +802,19 @@ class Connection:
         """pass_request: the delay (ms, 0 for none) the quick filters' judges
         of a request's head ``known`` (Filter.quick_judge) give ``inflight``,
         the longest of them; a Fetch's judge also notes what its response
-        counts against."""
+        counts against. Negative: a judge deferred it (Defer), counting
+        nothing: minus the time it waits."""
         delay = 0
         fetch = inflight.api_key  # PRODUCE is 0
         for judge in known[4]:
             verdict = judge(frame_len, now, inflight) if fetch else judge(frame_len, now)
-            if verdict is not None and verdict.delay_ms > delay:
+            if verdict is None:
+                continue
+            if verdict.__class__ is Defer:
+                # its quota is owed (the first judge, before any counted it):
+                # not taken now (a negative delay says so)
+                return -verdict.delay_ms
+            if verdict.delay_ms > delay:
                 delay = inflight.throttle_ms = verdict.delay_ms
                 inflight.throttle_reason = verdict.reason
         return delay
@@ -1484,6 +1504,12 @@ class Connection:
                 if verdict.delay_ms > self._mute_due:
                     self._mute_due = verdict.delay_ms
                 return DEFER
+            elif cls is Gather:
+                if request is None or len(request.buf) >= request.frame_len:
+                    raise TypeError("filter %s asked to gather a request it has whole" % f.name)
+                self.requests -= 1  # counted when it is read whole
+                self._request_gathered = entry
+                return WHOLE
             else:
                 raise TypeError("filter %s answered %r" % (f.name, verdict))
         if delay:

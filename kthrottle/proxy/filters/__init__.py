@@ -19,11 +19,15 @@ from . import (
     sasl_terminate,
     storage,
     topic_quotas,
+    unknown_api_keys,
     upstream_login,
     version_gate,
 )
 
 REGISTERED = (
+    # an API key the proxy does not know is refused as that, whatever else
+    # the connection waits for (its authentication too)
+    unknown_api_keys.UnknownApiKeys,
     # the proxy's own login to the broker, then the client's authentication,
     # so that nothing reaches the others (or the broker) before it
     upstream_login.UpstreamSaslLogin,
@@ -65,9 +69,10 @@ def standard_filters(advertise, quotas=None, authenticator=None, upstream_login=
     from .controller_mutation import ControllerMutationQuota
     from .quotas import FetchCap, QuotaAccounting
     from .topic_quotas import TopicQuotas
+    from .unknown_api_keys import UnknownApiKeys
     from .version_gate import VersionGate
 
-    chosen = [upstream_login, authenticator, BrokerOnlyApis(), VersionGate(),
+    chosen = [UnknownApiKeys(), upstream_login, authenticator, BrokerOnlyApis(), VersionGate(),
               AddressRewrite(advertise), storage]
     if quotas is not None:
         chosen += [QuotaAccounting(), TopicQuotas(quotas), FetchCap(), ControllerMutationQuota()]

@@ -8,8 +8,9 @@ class AddressRewrite(Filter):
     """Every broker address a client is given becomes the proxy's, or the
     client connects around the proxy: Metadata, FindCoordinator and
     DescribeCluster are gathered and spliced; the KIP-951 NodeEndpoints at
-    the end of Produce v10+ and Fetch v16+ responses are rewritten while the
-    records stream on. A node id the proxy has no address for (``advertise``
+    the end of Produce v10+ and Fetch v16+ responses, and KIP-932's at the
+    end of ShareFetch and ShareAcknowledge v1+ responses, are rewritten while
+    the records stream on. A node id the proxy has no address for (``advertise``
     raises UnmappedNode, a ValueError) closes the one connection whose
     response named it, counted in kthrottle_connections_refused_total."""
 

@@ -2,8 +2,10 @@
 
 Kafka authorizes these as ClusterAction on the cluster: the ZooKeeper-mode
 controller's orders to brokers (LeaderAndIsr, StopReplica, UpdateMetadata,
-ControlledShutdown) and the KRaft quorum's and brokers' requests to the
-controllers. No broker or controller talks to another through a
+ControlledShutdown), the KRaft quorum's and brokers' requests to the
+controllers, and a share partition leader's to the share coordinator (KIP-932;
+the table is ``codecs.apis.BROKER_ONLY_APIS``, which ApiVersions answers
+never list either). No broker or controller talks to another through a
 client-facing proxy, so from a client they can only be a probe: in
 sasl-mode terminate the broker would see them under the proxy's own
 principal, which may hold ClusterAction, and they count against no quota.
@@ -21,22 +23,11 @@ table asks this filter about these keys alone). A consumer's Fetch takes the
 short way (Filter.quick): its head is read once per connection and client,
 and only a head that names a replica is sent the long way, to be refused.
 """
-from ...codecs.apis import FETCH
+from ...codecs.apis import BROKER_ONLY_APIS, FETCH
 from ..filter import HEAD, NOTHING, Filter, Refuse
 
 REFUSED_BROKER_ONLY_API = "broker_only_api"  # the refusal counter's label
 
-# API key -> Kafka's name
-BROKER_ONLY_APIS = {
-    # the ZooKeeper-mode controller and brokers
-    4: "LeaderAndIsr", 5: "StopReplica", 6: "UpdateMetadata", 7: "ControlledShutdown",
-    # the KRaft quorum (KIP-595, KIP-630, KIP-853) and brokers towards the
-    # controllers (KIP-631, KIP-590, KIP-730, KIP-858, KIP-919)
-    52: "Vote", 53: "BeginQuorumEpoch", 54: "EndQuorumEpoch", 56: "AlterPartition",
-    58: "Envelope", 59: "FetchSnapshot", 62: "BrokerRegistration", 63: "BrokerHeartbeat",
-    67: "AllocateProducerIds", 70: "ControllerRegistration", 73: "AssignReplicasToDirs",
-    82: "UpdateRaftVoter",
-}
 # Fetch versions whose replica_id is a field a client could set
 FOLLOWER_FETCH_VERSIONS = range(0, 15)
 

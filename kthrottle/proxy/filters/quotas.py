@@ -1,21 +1,51 @@
 """Kafka's client quotas: byte rates (KIP-13, KIP-55) and request rates
 (KIP-124), counted per <user, client-id> as the policy resolves them."""
 from ...codecs import apis
+from ...codecs.quota_answers import empty_fetch_response, produce_timed_out_response
 from ...codecs.request import capped_fetch_head
 from ...policy.quotas import client_quotas_apply
-from ..filter import HEAD, NOTHING, Filter, Forward, Throttle
+from ...policy.rate import to_ms
+from ..filter import GATHER_WHOLE, HEAD, NOTHING, Answer, Defer, Filter, Forward, Throttle
+
+
+# The longest a request is held while its bucket is in debt before it is
+# answered in the broker's place: within the 30 s request.timeout.ms of the
+# Java client and librdkafka, counting a mute of up to the default 10 s
+# throttle cap that may come before it.
+HOLD_SECONDS = 15.0
+
+
+class _Waiting:
+    """A connection's request held for its bucket's debt: since when."""
+
+    __slots__ = ("since",)
+
+    def __init__(self):
+        self.since = None
 
 
 class QuotaAccounting(Filter):
     """KIP-55 byte-rate and KIP-124 request-rate quotas: every request is
-    counted (the policy says which are exempt), a Fetch response counts its
-    size, and what a client earns comes back as a Throttle."""
+    counted (the policy says which are exempt), a Fetch or ShareFetch
+    response counts its size, and what a client earns comes back as a
+    Throttle.
+
+    The bucket owes the time, not the connection: while a bucket is in debt,
+    a request counted in it waits unread (Defer), on whichever connection it
+    comes, until the debt is paid, so that neither more connections nor
+    more requests in flight take more than the quota. A request held
+    HOLD_SECONDS is answered in the broker's place rather than left to time
+    out: a Fetch as Kafka answers one over its quota (empty, throttled), a
+    Produce REQUEST_TIMED_OUT (not written: the client retries)."""
 
     name = "quotas"
 
     @classmethod
     def build(cls, config, services):
         return None if services.quotas is None else cls()
+
+    def new_state(self):
+        return _Waiting()
 
     def request_need(self, api_key, api_version):
         return HEAD
@@ -27,34 +57,97 @@ class QuotaAccounting(Filter):
         return NOTHING
 
     def response_need(self, api_key, api_version):
-        return HEAD if api_key == apis.FETCH else NOTHING
+        return HEAD if api_key == apis.FETCH or api_key == apis.SHARE_FETCH else NOTHING
 
     def on_request(self, ctx, head, inflight):
         api_key = head.api_key
-        if api_key == apis.PRODUCE:  # acks=0 too: its throttle mutes the client
-            return _verdict(ctx.quotas_for(head.client_id or "").on_request(
-                api_key, head.frame_len, head.acks, ctx.now))
         if api_key == apis.FETCH and not client_quotas_apply(api_key, head.replica_id):
             return None
         quotas = ctx.quotas_for(head.client_id or "")
-        if api_key == apis.FETCH:  # its response counts too (on_response_head)
+        acks = head.acks if api_key == apis.PRODUCE else None
+        now = ctx.now
+        owed = quotas.debt(api_key, acks, now)
+        waiting = ctx.state
+        if owed is not None:
+            verdict = self._owed(ctx, head, inflight, quotas, owed, acks)
+            if verdict is not None:
+                return verdict
+        else:
+            waiting.since = None
+        if api_key == apis.PRODUCE:  # acks=0 too: its throttle mutes the client
+            return _verdict(quotas.on_request(api_key, head.frame_len, acks, now))
+        if api_key == apis.FETCH or api_key == apis.SHARE_FETCH:
+            ctx.note(inflight, quotas)  # its response counts too (on_response_head)
+        return _verdict(quotas.on_request(api_key, head.frame_len, None, now))
+
+    def _owed(self, ctx, head, inflight, quotas, owed, acks):
+        """A request whose bucket is in debt (``owed``, a Decision): held
+        (Defer) while its client still waits for the answer; then answered
+        in the broker's place, or (None) let through and counted."""
+        waiting = ctx.state
+        now = ctx.now
+        since = waiting.since
+        if since is None:
+            since = waiting.since = now
+        left = since + HOLD_SECONDS - now
+        api_key = head.api_key
+        if left > 0 or (api_key == apis.PRODUCE and acks == 0):  # acks=0: none waits
+            self.deferred += 1
+            wait = owed.delay_ms if left <= 0 else min(owed.delay_ms, to_ms(left))
+            return Defer(max(1, wait), owed.reason)
+        # held as long as a client waits: answered now, with the throttle
+        throttle = min(owed.delay_ms, to_ms(HOLD_SECONDS))
+        if api_key == apis.PRODUCE:
+            if len(head.buf) < head.frame_len:
+                return GATHER_WHOLE  # its answer names each partition
+            waiting.since = None
+            self.answered += 1
+            return Answer(produce_timed_out_response(head.buf, head.api_version,
+                                                     head.correlation_id, throttle), throttle)
+        if api_key == apis.FETCH:
+            waiting.since = None
+            if not head.fetch_session_id:
+                self.answered += 1
+                return Answer(empty_fetch_response(head.correlation_id, head.api_version,
+                                                   throttle), throttle)
+            # in an incremental fetch session (KIP-227) an answer of the
+            # proxy's own would leave the broker's session epoch behind the
+            # client's: the fetch goes on asking for one byte (a broker still
+            # sends one batch, KIP-74), and its response counts as any does
             ctx.note(inflight, quotas)
-        return _verdict(quotas.on_request(api_key, head.frame_len, None, ctx.now))
+            patched = capped_fetch_head(head, 1)
+            return Forward(patched) if patched is not None else None
+        waiting.since = None
+        return None  # counted, throttled as it comes
 
     def quick(self, api_key, api_version):
         return api_key == apis.PRODUCE or api_key == apis.FETCH
 
     def quick_judge(self, ctx, head):
-        # The policy's Decision has a Throttle's delay_ms and reason.
-        if head.api_key == apis.PRODUCE:  # acks 1 or -1 (pass_request)
-            return ctx.quotas_for(head.client_id).on_produce
-        if not client_quotas_apply(apis.FETCH, head.replica_id):
+        # The policy's Decision has a Throttle's delay_ms and reason; a
+        # request whose bucket is in debt is left to the long way (Defer).
+        if head.api_key != apis.PRODUCE and not client_quotas_apply(apis.FETCH,
+                                                                    head.replica_id):
             return None
         quotas = ctx.quotas_for(head.client_id)
+        debt = quotas.debt
+        if head.api_key == apis.PRODUCE:  # acks 1 or -1 (pass_request)
+            on_produce = quotas.on_produce
+
+            def judge_produce(frame_len, now):
+                owed = debt(apis.PRODUCE, 1, now)
+                if owed is not None:
+                    return Defer(owed.delay_ms, owed.reason)
+                return on_produce(frame_len, now)
+
+            return judge_produce
         note = ctx.note
         on_request = quotas.on_request
 
         def judge(frame_len, now, inflight):
+            owed = debt(apis.FETCH, None, now)
+            if owed is not None:
+                return Defer(owed.delay_ms, owed.reason)
             note(inflight, quotas)  # its response counts too (quick_response_head)
             return on_request(apis.FETCH, frame_len, None, now)
 
@@ -72,12 +165,14 @@ class QuotaAccounting(Filter):
         quotas = ctx.noted(inflight)
         if quotas is None:
             return None
-        # The response is forwarded whole even when over quota: Kafka answers
-        # an over-quota fetch empty, but a proxy that did so would drop
-        # records the broker counted as sent to an incremental fetch session
-        # (KIP-227). The client is made to wait instead, and its fetch size is
-        # capped (FetchCap).
+        # Counted whole, and forwarded whole: the requests the bucket's debt
+        # holds back pay for it (on_request).
         return _verdict(quotas.on_fetch_response(frame_len, ctx.now))
+
+    # counters for the status page and tests: requests held for a debt, and
+    # answered in the broker's place after HOLD_SECONDS
+    deferred = 0
+    answered = 0
 
 
 def _verdict(decision):
