@@ -1,0 +1,233 @@
+"""The bucket owes the time, not the connection (issue 43, item 1): while a
+quota bucket is in debt, every request counted in it waits, on whichever
+connection it comes, and a request held as long as a client waits is answered
+in the broker's place. Pipelines fed bytes with a fake clock, no I/O."""
+import struct
+import uuid
+
+import pytest
+
+from kthrottle.codecs._kafka import FetchResponse, ProduceResponse
+from kthrottle.policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE
+from kthrottle.proxy.filters import standard_filters
+from kthrottle.proxy.filters.quotas import HOLD_SECONDS
+from test_pipeline import (
+    Harness,
+    advertise,
+    fetch_req,
+    fetch_resp,
+    frames_of,
+    produce_req,
+    produce_resp,
+    req_cids,
+)
+
+from kafka.protocol.consumer import FetchRequest
+
+
+def another(h, short_way=True):
+    """A second connection of the same proxy: its quota buckets are h's."""
+    h2 = Harness(filters=standard_filters(advertise, h.manager), short_way=short_way)
+    h2.manager = h.manager
+    h2.conn.quota_manager = h.manager
+    return h2
+
+
+def session_fetch_req(cid, session_id, epoch, version=11, client_id="app-1"):
+    F = FetchRequest
+    part = F.FetchTopic.FetchPartition(partition=0, fetch_offset=5, partition_max_bytes=1 << 20)
+    req = F[version](replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=50 << 20,
+                     isolation_level=0, session_id=session_id, session_epoch=epoch,
+                     topics=[F.FetchTopic(topic="t", topic_id=uuid.UUID(int=3), partitions=[part])],
+                     forgotten_topics_data=[], rack_id="")
+    req.with_header(correlation_id=cid, client_id=client_id)
+    return req.encode(header=True, framed=True)
+
+
+def max_bytes_of(frame, version=11):
+    return FetchRequest.decode(frame[4:], version=version, header=True).max_bytes
+
+
+@pytest.mark.parametrize("short_way", [True, False])
+def test_a_produce_on_a_new_connection_waits_for_the_debt_another_left(short_way):
+    h = Harness({"clients/app-1": {PRODUCER_BYTE_RATE: 1000.0}}, short_way=short_way)
+    h.client(produce_req(1, nbytes=3000))  # 1 s of burst, 2 s of debt
+    assert req_cids(h.take_broker()) == [1]
+    h.at(0.1)
+    h2 = another(h, short_way)
+    h2.at(0.1)
+    h2.client(produce_req(7) + produce_req(8))
+    assert h2.take_broker() == b""  # held: the bucket is in debt
+    until = h2.client_paused_until
+    assert until is not None and 1.9 < until < 2.2
+    h2.at(until)
+    # the debt is paid: the first goes on and is counted; the next waits for
+    # the debt that one left, or goes on within what the bucket holds
+    assert req_cids(h2.take_broker())[:1] == [7]
+    h2.broker(produce_resp(7))
+    assert h2.closed is None and h.closed is None
+
+
+@pytest.mark.parametrize("short_way", [True, False])
+def test_a_fetch_on_a_new_connection_waits_for_the_debt_of_a_response_on_another(short_way):
+    h = Harness({"clients/app-1": {CONSUMER_BYTE_RATE: 1000.0}}, short_way=short_way)
+    h.client(fetch_req(1))
+    resp = fetch_resp(1, records=b"r" * 2500)
+    h.broker(resp)
+    assert len(h.take_client()) == len(resp)
+    owed = (len(resp) - 1000) / 1000.0  # about 4 s of debt past the 1 s burst
+    h.run(h.conn.client_eof())  # a client that reconnects to get past its throttle
+    h2 = another(h, short_way)
+    h2.at(0.01)
+    h2.client(fetch_req(2))
+    assert h2.take_broker() == b""
+    until = h2.client_paused_until
+    assert owed - 0.01 <= until <= owed + 0.01
+    h2.at(until)
+    assert req_cids(h2.take_broker()) == [2]
+
+
+def test_reconnecting_after_each_fetch_gains_nothing():
+    """One fetch per connection, then a new connection: over 30 s what the
+    clients get stays within the quota (plus the burst, and the one response
+    that may overshoot), where the throttle of one connection held nothing."""
+    quota = 10000.0
+    h = Harness({"clients/app-1": {CONSUMER_BYTE_RATE: quota}})
+    h.run(h.conn.client_eof())
+    got = 0
+    t = 0.0
+    cid = 0
+    conns = 0
+    while t < 30.0:
+        conn = another(h)
+        conns += 1
+        conn.at(t)
+        cid += 1
+        conn.client(fetch_req(cid))
+        if conn.take_broker():
+            conn.broker(fetch_resp(cid, records=b"r" * 4000))
+            got += len(conn.take_client())
+        else:
+            # held: it gives up and connects again at once, or waits its turn
+            conn.at(min(conn.client_paused_until or t, t + 0.05))
+            if conn.take_broker():
+                conn.broker(fetch_resp(cid, records=b"r" * 4000))
+                got += len(conn.take_client())
+        conn.run(conn.conn.client_eof())
+        t += 0.05
+    assert conns > 500
+    assert got <= quota * 30 + quota + 5000, got / (quota * 30)
+    assert got >= quota * 30 * 0.8  # still served
+
+
+def test_a_sessionless_fetch_held_as_long_as_a_client_waits_is_answered_empty_and_throttled():
+    h = Harness({"clients/app-1": {CONSUMER_BYTE_RATE: 1000.0}})
+    h.client(fetch_req(1))
+    h.broker(fetch_resp(1, records=b"r" * 100000))  # 99 s of debt
+    h.take_client()
+    h2 = another(h)
+    h2.at(0.5)
+    h2.client(fetch_req(2, version=11))
+    t = 0.5
+    while not h2.to_client and t < 0.5 + HOLD_SECONDS + 1:
+        assert h2.take_broker() == b""
+        t = h2.client_paused_until
+        h2.at(t)
+    assert h2.take_broker() == b""  # the broker never saw it
+    assert 0.5 + HOLD_SECONDS - 0.01 <= t <= 0.5 + HOLD_SECONDS + 0.01
+    [frame] = frames_of(h2.take_client())
+    resp = FetchResponse.decode(frame[4:], version=11, header=True)
+    assert resp.header.correlation_id == 2
+    assert resp.responses == [] and resp.error_code == 0 and resp.session_id == 0
+    assert resp.throttle_time_ms == int(HOLD_SECONDS * 1000)
+    assert h2.closed is None
+
+
+def test_a_fetch_in_a_session_held_as_long_as_a_client_waits_goes_on_asking_for_one_byte():
+    # an answer of the proxy's own would leave the broker's session epoch
+    # behind the client's (KIP-227)
+    h = Harness({"clients/app-1": {CONSUMER_BYTE_RATE: 1000.0}})
+    h.client(fetch_req(1))
+    h.broker(fetch_resp(1, records=b"r" * 100000))
+    h2 = another(h)
+    h2.client(session_fetch_req(2, session_id=77, epoch=4))
+    assert h2.take_broker() == b""
+    h2.at(HOLD_SECONDS)
+    [frame] = frames_of(h2.take_broker())
+    assert max_bytes_of(frame) == 1 and frame[8:12] == struct.pack(">i", 2)
+    assert h2.take_client() == b""  # the broker answers it
+
+
+@pytest.mark.parametrize("version", [3, 8, 9, 13])
+def test_a_produce_held_as_long_as_a_client_waits_is_answered_request_timed_out(version):
+    h = Harness({"clients/app-1": {PRODUCER_BYTE_RATE: 1000.0}})
+    h.client(produce_req(1, nbytes=100000, version=version))  # 99 s of debt
+    h.take_broker()
+    h2 = another(h)
+    h2.client(produce_req(2, nbytes=5000, version=version))
+    h2.at(5.0)
+    assert h2.take_broker() == b"" and h2.take_client() == b""
+    h2.at(HOLD_SECONDS)
+    assert h2.take_broker() == b""  # not written
+    [frame] = frames_of(h2.take_client())
+    resp = ProduceResponse.decode(frame[4:], version=version, header=True)
+    assert resp.header.correlation_id == 2
+    [topic] = resp.responses
+    if version >= 13:
+        assert topic.topic_id == uuid.UUID(int=7)
+    else:
+        assert topic.name == "orders"
+    [partition] = topic.partition_responses
+    assert partition.index == 0 and partition.error_code == 7  # REQUEST_TIMED_OUT
+    assert resp.throttle_time_ms == int(HOLD_SECONDS * 1000)
+    # the client, muted for that long, is read again afterwards and its
+    # retry waits for the debt in turn
+    assert h2.client_paused_until >= HOLD_SECONDS + 1
+    assert h2.closed is None
+
+
+def test_an_acks_0_produce_is_held_for_the_debt_however_long():
+    # no client waits for an answer to it: it goes when the debt is paid
+    h = Harness({"clients/app-1": {PRODUCER_BYTE_RATE: 1000.0}})
+    h.client(produce_req(1, nbytes=31000))  # 30 s of debt
+    h.take_broker()
+    h2 = another(h)
+    h2.client(produce_req(2, nbytes=50, acks=0))
+    t = 0.0
+    while t < 29.5:
+        assert h2.take_broker() == b"" and h2.take_client() == b""
+        t = h2.client_paused_until
+        h2.at(t)
+    assert req_cids(h2.take_broker()) == [2]
+
+
+def test_a_read_of_two_clients_forwards_the_one_whose_bucket_owes_nothing():
+    h = Harness({"clients/app-1": {PRODUCER_BYTE_RATE: 1000.0},
+                 "clients/app-2": {PRODUCER_BYTE_RATE: 1000.0}})
+    h.client(produce_req(1, nbytes=5000, client_id="app-2"))  # app-2 owes 4 s
+    h.take_broker()
+    h2 = another(h)
+    h2.client(produce_req(3, client_id="app-1") + produce_req(4, client_id="app-2"))
+    assert req_cids(h2.take_broker()) == [3]
+    until = h2.client_paused_until
+    assert 3.5 < until < 4.5
+    h2.at(until)
+    assert req_cids(h2.take_broker()) == [4]
+
+
+def test_a_request_quota_in_debt_holds_every_api_on_every_connection():
+    h = Harness({"clients/app-1": {REQUEST_RATE: 2.0}})
+    for cid in range(1, 5):  # 2 of burst, then 2 in debt
+        h.client(produce_req(cid))
+    h2 = another(h)
+    h2.client(produce_req(9))
+    assert h2.take_broker() == b""
+    assert h2.client_paused_until is not None and h2.client_paused_until > 0.2
+
+
+def test_an_observe_only_bucket_holds_nothing():
+    h = Harness({"clients/app-1": {PRODUCER_BYTE_RATE: 1000.0, "observe_only": True}})
+    h.client(produce_req(1, nbytes=30000))
+    h2 = another(h)
+    h2.client(produce_req(2))
+    assert req_cids(h2.take_broker()) == [2]
