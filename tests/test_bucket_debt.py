@@ -231,3 +231,38 @@ def test_an_observe_only_bucket_holds_nothing():
     h2 = another(h)
     h2.client(produce_req(2))
     assert req_cids(h2.take_broker()) == [2]
+
+
+# a Fetch asks only for what its bucket may take (issue 43, item 2) ------------
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_an_old_fetch_has_each_partitions_max_capped_to_what_its_bucket_holds(version):
+    h = Harness({"clients/app-1": {CONSUMER_BYTE_RATE: 1000.0}})
+    h.client(fetch_req(1, version=version))  # 1 MiB per partition
+    [frame] = frames_of(h.take_broker())
+    req = FetchRequest.decode(frame[4:], version=version, header=True)
+    [topic] = req.topics
+    assert [p.partition_max_bytes for p in topic.partitions] == [1000]  # a full bucket
+
+
+def test_a_fetch_asks_for_what_is_left_in_its_bucket():
+    h = Harness({"clients/app-1": {CONSUMER_BYTE_RATE: 10000.0}})
+    h.client(fetch_req(1))
+    assert max_bytes_of(h.take_broker()) == 10000
+    resp = fetch_resp(1, records=b"r" * 3000)
+    h.broker(resp)
+    h.take_client()
+    h.client(fetch_req(2))
+    assert max_bytes_of(h.take_broker()) == 10000 - len(resp)
+    h.at(0.1)  # 1000 more
+    h.client(fetch_req(3, max_bytes=4000))  # under what it holds: as it is
+    assert max_bytes_of(h.take_broker()) == 4000
+
+
+def test_capping_an_old_fetch_refuses_a_truncated_frame():
+    from kthrottle.codecs.errors import ProtocolError
+    from kthrottle.codecs.request import capped_fetch_partitions
+    frame = fetch_req(1, version=2)
+    assert capped_fetch_partitions(frame, 1 << 30) is None
+    with pytest.raises(ProtocolError):
+        capped_fetch_partitions(frame[:-6], 10)

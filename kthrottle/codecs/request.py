@@ -313,3 +313,38 @@ def capped_fetch_head(head, max_bytes):
     if offset is None or INT32.unpack_from(head.buf, offset)[0] <= max_bytes:
         return None
     return with_int32(head.buf, offset, max_bytes)
+
+
+def capped_fetch_partitions(frame, max_bytes):
+    """For a whole framed Fetch request of v0-2 (no request-wide max_bytes,
+    KIP-74 came with v3): a copy with each partition's partition_max_bytes
+    lowered to ``max_bytes``, or None when none asks for more. ProtocolError
+    when the frame is malformed."""
+    n = len(frame)
+    if n < 14:
+        raise ProtocolError("truncated Fetch request")
+    api_version = INT16.unpack_from(frame, 6)[0]
+    if not 0 <= api_version <= 2:
+        raise ValueError("Fetch v%d has a request-wide max_bytes" % api_version)
+    size = INT16.unpack_from(frame, 12)[0]
+    pos = 14 + max(size, 0) + 12  # client-id; replica_id, max_wait_ms, min_bytes
+    patched = None
+    try:
+        topics = INT32.unpack_from(frame, pos)[0]
+        pos += 4
+        for _ in range(max(topics, 0)):
+            pos += 2 + max(INT16.unpack_from(frame, pos)[0], 0)
+            partitions = INT32.unpack_from(frame, pos)[0]
+            pos += 4
+            for _ in range(max(partitions, 0)):
+                at = pos + 12  # partition, fetch_offset
+                if INT32.unpack_from(frame, at)[0] > max_bytes:
+                    if patched is None:
+                        patched = bytearray(frame)
+                    INT32.pack_into(patched, at, max_bytes)
+                pos = at + 4
+    except Exception:  # struct.error: past the end
+        raise ProtocolError("truncated Fetch request") from None
+    if pos > n:
+        raise ProtocolError("truncated Fetch request")
+    return None if patched is None else bytes(patched)

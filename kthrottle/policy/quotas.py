@@ -626,6 +626,21 @@ class ClientQuotas:
             return None
         return fetch.max_in_window()
 
+    def fetch_allowance(self, now):
+        """What one Fetch may ask for at ``now`` (None: no fetch quota): what
+        the bucket holds then, in token-bucket mode (a request is let
+        through only once the bucket owes nothing, so this is at least 0:
+        the broker still sends one batch, KIP-74); Kafka's cap in window
+        mode (max_in_window)."""
+        fetch = self.current().fetch
+        if fetch is None or fetch.observe_only:
+            return None
+        tokens = fetch.tokens
+        if tokens is None:
+            return fetch.max_in_window()
+        held = tokens.held(now)
+        return held if held > 0 else 0.0
+
 
 # The kinds of buckets (QuotaManager.buckets_of): a bucket's identity across
 # the worker processes is its kind, key and tags.

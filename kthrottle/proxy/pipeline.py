@@ -667,10 +667,10 @@ class Connection:
                             for f, i in entry[4]:
                                 if not f.quick_ready(contexts[i]):
                                     return False
+                            self.now = now  # (a check may read it)
                             for check in known[5]:
                                 if not check():
                                     return False
-                            self.now = now
                             delay = self._judged(known, inflight, n, now)
                             if delay < 0:
                                 return False  # its quota is owed: the long way holds it
@@ -750,6 +750,7 @@ class Connection:
             for f, i in judged[4]:
                 if not f.quick_ready(contexts[i]):
                     return False
+            self.now = now  # (a check may read it)
             for mark in marks:  # Filter.quick_check (a Fetch's), before any is judged
                 for check in mark[1][5]:
                     if not check():

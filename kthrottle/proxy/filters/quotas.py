@@ -2,10 +2,10 @@
 (KIP-124), counted per <user, client-id> as the policy resolves them."""
 from ...codecs import apis
 from ...codecs.quota_answers import empty_fetch_response, produce_timed_out_response
-from ...codecs.request import capped_fetch_head
+from ...codecs.request import capped_fetch_head, capped_fetch_partitions
 from ...policy.quotas import client_quotas_apply
 from ...policy.rate import to_ms
-from ..filter import GATHER_WHOLE, HEAD, NOTHING, Answer, Defer, Filter, Forward, Throttle
+from ..filter import GATHER, GATHER_WHOLE, HEAD, NOTHING, Answer, Defer, Filter, Forward, Throttle
 
 
 # The longest a request is held while its bucket is in debt before it is
@@ -180,8 +180,12 @@ def _verdict(decision):
 
 
 class FetchCap(Filter):
-    """A consumer's fetch is capped at what its quota allows at once (Kafka:
-    quota x window), so one response cannot carry minutes of quota."""
+    """A consumer's fetch asks only for what its bucket may take: what the
+    bucket holds when it goes (Kafka caps it at quota x window), so one
+    response cannot carry more than its quota allows at once; what an
+    oversized first batch (KIP-74) overshoots is debt the next requests pay.
+    Versions 0-2 have no request-wide max_bytes: each partition's max is
+    capped instead."""
 
     name = "fetch-cap"
 
@@ -190,7 +194,9 @@ class FetchCap(Filter):
         return None if services.quotas is None else cls()
 
     def request_need(self, api_key, api_version):
-        return HEAD if api_key == apis.FETCH and api_version >= 3 else NOTHING
+        if api_key != apis.FETCH:
+            return NOTHING
+        return HEAD if api_version >= 3 else GATHER  # v0-2: the partitions' max
 
     def authenticating_need(self, api_key, api_version):
         return NOTHING  # no Fetch gets through before authentication
@@ -199,14 +205,15 @@ class FetchCap(Filter):
         return api_key == apis.FETCH
 
     def quick_check(self, ctx, head):
-        # the short way for a fetch that asks for no more than the cap
+        # the short way for a fetch that asks for no more than its bucket
+        # holds now (ctx.now is the time of the read being judged)
         if not client_quotas_apply(apis.FETCH, head.replica_id) or head.max_bytes is None:
             return None
-        fetch_max_bytes = ctx.quotas_for(head.client_id).fetch_max_bytes
+        allowance = ctx.quotas_for(head.client_id).fetch_allowance
         max_bytes = head.max_bytes
 
         def check():
-            cap = fetch_max_bytes()
+            cap = allowance(ctx.now)
             return cap is None or max_bytes <= max(int(cap), 1)
 
         return check
@@ -214,8 +221,12 @@ class FetchCap(Filter):
     def on_request(self, ctx, head, inflight):
         if not client_quotas_apply(head.api_key, head.replica_id):
             return None
-        cap = ctx.quotas_for(head.client_id or "").fetch_max_bytes()
+        cap = ctx.quotas_for(head.client_id or "").fetch_allowance(ctx.now)
         if cap is None:
             return None
-        patched = capped_fetch_head(head, max(int(cap), 1))
+        cap = max(int(cap), 1)
+        if head.api_version < 3:
+            patched = capped_fetch_partitions(head.buf, cap)
+        else:
+            patched = capped_fetch_head(head, cap)
         return None if patched is None else Forward(patched)
