@@ -760,7 +760,9 @@ def _consumer_exchanges():
 
 def test_a_consumers_fetches_take_the_short_way_under_quotas_with_the_same_result():
     short, long = both_ways(CONSUMER_QUOTAS, _consumer_exchanges())
-    assert short.long_heads == {"request": 0, "response": 1}  # the v16 response alone
+    # the v16 response alone, and the v0 request, gathered for its
+    # partitions' max (FetchCap)
+    assert short.long_heads == {"request": 1, "response": 1}
     assert long.long_heads == {"request": 9, "response": 9}
     assert short.conn.client_quotas.keys() == long.conn.client_quotas.keys()
     totals = bucket_totals(short)
@@ -792,7 +794,10 @@ def test_a_fetch_over_its_quota_on_the_short_way_is_throttled_as_the_long_way(qu
                                  if a not in ("pass_request", "pass_response", "SendToBroker",
                                               "SendToClient")]))
         if short_way:
-            assert h.long_heads["request"] == 0
+            # under a byte quota, a fetch asking for more than the bucket
+            # holds goes the long way, to be capped (FetchCap)
+            assert h.long_heads["request"] == 0 or (CONSUMER_BYTE_RATE in quota
+                                                    and h.long_heads["request"] < 8)
             assert h.long_heads["response"] < 8  # those that earned a throttle
     assert results[0] == results[1]
     assert any(state[2] for state in results[0][0][::2])  # the client was muted
@@ -1338,7 +1343,7 @@ def test_api_versions_answers_are_clamped_to_what_the_proxy_decodes():
     ranges = {k.api_key: k.max_version for k in decoded.api_keys}
     assert ranges[apis.PRODUCE] == apis.MAX_DECODABLE_VERSION[apis.PRODUCE]
     assert ranges[apis.FETCH] == apis.MAX_DECODABLE_VERSION[apis.FETCH]
-    assert ranges[999] == 5
+    assert 999 not in ranges  # an API the proxy does not know is never advertised
 
 
 def test_a_too_new_request_of_a_decoded_api_closes_before_reaching_the_broker():
