@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from kthrottle.codecs._kafka import FetchResponse, ProduceResponse
+from kthrottle.policy.quotas import FETCH_GRANT_FRACTION, FETCH_GRANT_LEAST
 from kthrottle.policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.filters.quotas import HOLD_SECONDS
@@ -84,7 +85,14 @@ def test_a_fetch_on_a_new_connection_waits_for_the_debt_of_a_response_on_another
     until = h2.client_paused_until
     assert owed - 0.01 <= until <= owed + 0.01
     h2.at(until)
-    assert req_cids(h2.take_broker()) == [2]
+    # the debt is paid; it goes once the bucket holds enough for the least
+    # grant (FETCH_GRANT_LEAST of the burst, twice over)
+    until = h2.client_paused_until
+    assert until == pytest.approx(owed + 1000 * FETCH_GRANT_LEAST / FETCH_GRANT_FRACTION / 1000,
+                                  abs=0.005)
+    h2.at(until)
+    [frame] = frames_of(h2.take_broker())
+    assert max_bytes_of(frame) == pytest.approx(1000 * FETCH_GRANT_LEAST, abs=2)
 
 
 def test_reconnecting_after_each_fetch_gains_nothing():
@@ -242,21 +250,28 @@ def test_an_old_fetch_has_each_partitions_max_capped_to_what_its_bucket_holds(ve
     [frame] = frames_of(h.take_broker())
     req = FetchRequest.decode(frame[4:], version=version, header=True)
     [topic] = req.topics
-    assert [p.partition_max_bytes for p in topic.partitions] == [1000]  # a full bucket
+    # half a full bucket (FETCH_GRANT_FRACTION)
+    assert [p.partition_max_bytes for p in topic.partitions] == [1000 * FETCH_GRANT_FRACTION]
 
 
 def test_a_fetch_asks_for_what_is_left_in_its_bucket():
     h = Harness({"clients/app-1": {CONSUMER_BYTE_RATE: 10000.0}})
     h.client(fetch_req(1))
-    assert max_bytes_of(h.take_broker()) == 10000
+    assert max_bytes_of(h.take_broker()) == 10000 * FETCH_GRANT_FRACTION
     resp = fetch_resp(1, records=b"r" * 3000)
     h.broker(resp)
     h.take_client()
+    # what it asked for is given back, what came is taken
     h.client(fetch_req(2))
-    assert max_bytes_of(h.take_broker()) == 10000 - len(resp)
+    second = (10000 - len(resp)) * FETCH_GRANT_FRACTION
+    assert max_bytes_of(h.take_broker()) == int(second)
+    # while that one is in flight, the next asks for part of what is left
     h.at(0.1)  # 1000 more
-    h.client(fetch_req(3, max_bytes=4000))  # under what it holds: as it is
-    assert max_bytes_of(h.take_broker()) == 4000
+    h.client(fetch_req(3))
+    assert max_bytes_of(h.take_broker()) == pytest.approx(
+        (10000 - len(resp) - int(second) + 1000) * FETCH_GRANT_FRACTION, abs=1)
+    h.client(fetch_req(4, max_bytes=100))  # under its grant: as it is
+    assert max_bytes_of(h.take_broker()) == 100
 
 
 def test_capping_an_old_fetch_refuses_a_truncated_frame():

@@ -70,6 +70,11 @@ NO_DELAY = Decision(0, None)
 # hold less what is leased from them already, this fraction of it, so that
 # all the leases of a bucket together stay within what it holds; it lasts at
 # most LEASE_SECONDS, and is not given for fewer than LEASE_LEAST requests.
+# Fetch grants (ClientQuotas.fetch_grant): the share of what a bucket holds
+# one Fetch may ask for, and the least share of the burst one goes with.
+FETCH_GRANT_FRACTION = 0.5
+FETCH_GRANT_LEAST = 1 / 16
+
 LEASE_FRACTION = 0.125
 LEASE_SECONDS = 0.1
 LEASE_LEAST = 4
@@ -488,7 +493,7 @@ class ClientQuotas:
     no bucket). What a connection holds on to; it asks for decisions."""
 
     __slots__ = ("manager", "user", "client_id", "generation", "produce", "fetch", "request",
-                 "mutation")
+                 "mutation", "fetch_cap")
 
     def __init__(self, manager, user, client_id):
         self.manager = manager
@@ -496,6 +501,9 @@ class ClientQuotas:
         self.client_id = client_id
         self.generation = -1
         self.produce = self.fetch = self.request = self.mutation = None
+        # the grant of the Fetch let through last (fetch_grant), for the
+        # filter that caps its max_bytes to it; None: none given
+        self.fetch_cap = None
         self.refresh()
 
     def refresh(self):
@@ -584,13 +592,48 @@ class ClientQuotas:
                 return Decision(produce_delay, PRODUCER_BYTE_RATE)
         return Decision(delay, REQUEST_RATE) if delay else None
 
-    def on_fetch_response(self, nbytes, now):
-        """A Fetch response of ``nbytes`` on its way to the client."""
+    def fetch_grant(self, now):
+        """What a Fetch let through at ``now`` may ask for: FETCH_GRANT_FRACTION
+        of what its bucket holds, so that the fetches in flight together (a
+        client pipelining, or on many connections) ask for no more than the
+        bucket holds; each is charged what it asks for when it goes
+        (charge_fetch) and its response settles the difference. None without
+        a fetch quota to enforce, or in window mode (Kafka's cap applies,
+        fetch_max_bytes)."""
+        fetch = self.current().fetch
+        if fetch is None or fetch.observe_only or fetch.tokens is None:
+            return None
+        held = fetch.tokens.held(now)
+        return held * FETCH_GRANT_FRACTION if held > 0 else 0.0
+
+    def fetch_grant_least(self):
+        """The least grant a Fetch goes with: less, and it waits
+        (fetch_grant_wait_ms) rather than go for a sliver, which a broker
+        would answer with one whole batch anyway (KIP-74)."""
+        return self.fetch.tokens.burst * FETCH_GRANT_LEAST
+
+    def fetch_grant_wait_ms(self, now):
+        """How long until the bucket holds enough for the least grant."""
+        tokens = self.fetch.tokens
+        need = tokens.burst * FETCH_GRANT_LEAST / FETCH_GRANT_FRACTION - tokens.held(now)
+        return max(1, to_ms(need / tokens.limit))
+
+    def charge_fetch(self, nbytes, now):
+        """A Fetch goes asking for ``nbytes``: taken from its bucket's tokens
+        until its response settles it (on_fetch_response); the measured rate
+        counts the response alone."""
+        self.fetch.tokens.record(nbytes, now)
+
+    def on_fetch_response(self, nbytes, now, charged=0):
+        """A Fetch response of ``nbytes`` on its way to the client; its
+        request was charged ``charged`` (charge_fetch), given back now."""
         if self.generation != self.manager.generation:
             self.refresh()
         bucket = self.fetch
         if bucket is None:
             return NO_DELAY
+        if charged and bucket.tokens is not None:
+            bucket.tokens.record(-charged, now)
         delay = bucket.record(nbytes, now)
         return Decision(delay, CONSUMER_BYTE_RATE) if delay else NO_DELAY
 

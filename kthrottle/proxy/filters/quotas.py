@@ -3,7 +3,9 @@
 from ...codecs import apis
 from ...codecs.quota_answers import empty_fetch_response, produce_timed_out_response
 from ...codecs.request import capped_fetch_head, capped_fetch_partitions
-from ...policy.quotas import client_quotas_apply
+from ...codecs.wire import INT32
+from ...policy.entities import CONSUMER_BYTE_RATE
+from ...policy.quotas import Decision, client_quotas_apply
 from ...policy.rate import to_ms
 from ..filter import GATHER, GATHER_WHOLE, HEAD, NOTHING, Answer, Defer, Filter, Forward, Throttle
 
@@ -76,8 +78,25 @@ class QuotaAccounting(Filter):
             waiting.since = None
         if api_key == apis.PRODUCE:  # acks=0 too: its throttle mutes the client
             return _verdict(quotas.on_request(api_key, head.frame_len, acks, now))
-        if api_key == apis.FETCH or api_key == apis.SHARE_FETCH:
-            ctx.note(inflight, quotas)  # its response counts too (on_response_head)
+        if api_key == apis.FETCH:
+            quotas.fetch_cap = None
+            grant = quotas.fetch_grant(now)
+            charged = 0
+            if grant is not None:
+                if grant < quotas.fetch_grant_least():
+                    verdict = self._owed(ctx, head, inflight, quotas, Decision(
+                        quotas.fetch_grant_wait_ms(now), CONSUMER_BYTE_RATE), acks)
+                    if verdict is not None:
+                        return verdict
+                else:
+                    at = head.max_bytes_offset
+                    asked = grant if at is None else INT32.unpack_from(head.buf, at)[0]
+                    charged = int(min(max(asked, 1), grant))
+                    quotas.charge_fetch(charged, now)
+                    quotas.fetch_cap = grant  # FetchCap caps it to this
+            ctx.note(inflight, (quotas, charged))  # its response counts too
+        elif api_key == apis.SHARE_FETCH:
+            ctx.note(inflight, (quotas, 0))
         return _verdict(quotas.on_request(api_key, head.frame_len, None, now))
 
     def _owed(self, ctx, head, inflight, quotas, owed, acks):
@@ -114,7 +133,8 @@ class QuotaAccounting(Filter):
             # proxy's own would leave the broker's session epoch behind the
             # client's: the fetch goes on asking for one byte (a broker still
             # sends one batch, KIP-74), and its response counts as any does
-            ctx.note(inflight, quotas)
+            ctx.note(inflight, (quotas, 0))
+            quotas.fetch_cap = 1
             patched = capped_fetch_head(head, 1)
             return Forward(patched) if patched is not None else None
         waiting.since = None
@@ -143,12 +163,19 @@ class QuotaAccounting(Filter):
             return judge_produce
         note = ctx.note
         on_request = quotas.on_request
+        grant = quotas.fetch_grant
+        max_bytes = head.max_bytes  # (FetchCap's check: no more than the grant)
 
         def judge(frame_len, now, inflight):
             owed = debt(apis.FETCH, None, now)
             if owed is not None:
                 return Defer(owed.delay_ms, owed.reason)
-            note(inflight, quotas)  # its response counts too (quick_response_head)
+            charged = 0
+            if max_bytes is not None and grant(now) is not None:
+                # (the long way when the grant is under the least or the ask)
+                charged = max(max_bytes, 1)
+                quotas.charge_fetch(charged, now)
+            note(inflight, (quotas, charged))  # its response counts too (quick_response_head)
             return on_request(apis.FETCH, frame_len, None, now)
 
         return judge
@@ -162,12 +189,13 @@ class QuotaAccounting(Filter):
         return self.on_response_head(ctx, inflight, None, frame_len)
 
     def on_response_head(self, ctx, inflight, head, frame_len):
-        quotas = ctx.noted(inflight)
-        if quotas is None:
+        noted = ctx.noted(inflight)
+        if noted is None:
             return None
+        quotas, charged = noted
         # Counted whole, and forwarded whole: the requests the bucket's debt
         # holds back pay for it (on_request).
-        return _verdict(quotas.on_fetch_response(frame_len, ctx.now))
+        return _verdict(quotas.on_fetch_response(frame_len, ctx.now, charged))
 
     # counters for the status page and tests: requests held for a debt, and
     # answered in the broker's place after HOLD_SECONDS
@@ -180,10 +208,11 @@ def _verdict(decision):
 
 
 class FetchCap(Filter):
-    """A consumer's fetch asks only for what its bucket may take: what the
-    bucket holds when it goes (Kafka caps it at quota x window), so one
-    response cannot carry more than its quota allows at once; what an
-    oversized first batch (KIP-74) overshoots is debt the next requests pay.
+    """A consumer's fetch asks only for what its bucket may take: the grant
+    QuotaAccounting gave it (part of what the bucket holds; Kafka's cap,
+    quota x window, in window mode), so the fetches in flight cannot carry
+    more than the quota allows at once; what an oversized first batch
+    (KIP-74) overshoots is debt the next requests pay.
     Versions 0-2 have no request-wide max_bytes: each partition's max is
     capped instead."""
 
@@ -209,19 +238,28 @@ class FetchCap(Filter):
         # holds now (ctx.now is the time of the read being judged)
         if not client_quotas_apply(apis.FETCH, head.replica_id) or head.max_bytes is None:
             return None
-        allowance = ctx.quotas_for(head.client_id).fetch_allowance
+        quotas = ctx.quotas_for(head.client_id)
+        grant = quotas.fetch_grant
+        fetch_max_bytes = quotas.fetch_max_bytes
+        least = quotas.fetch_grant_least
         max_bytes = head.max_bytes
 
         def check():
-            cap = allowance(ctx.now)
-            return cap is None or max_bytes <= max(int(cap), 1)
+            given = grant(ctx.now)
+            if given is None:  # window mode: Kafka's cap
+                cap = fetch_max_bytes()
+                return cap is None or max_bytes <= max(int(cap), 1)
+            return max_bytes <= given and given >= least()
 
         return check
 
     def on_request(self, ctx, head, inflight):
         if not client_quotas_apply(head.api_key, head.replica_id):
             return None
-        cap = ctx.quotas_for(head.client_id or "").fetch_allowance(ctx.now)
+        quotas = ctx.quotas_for(head.client_id or "")
+        cap = quotas.fetch_cap  # the grant QuotaAccounting gave it
+        if cap is None:
+            cap = quotas.fetch_max_bytes()  # window mode: Kafka's cap
         if cap is None:
             return None
         cap = max(int(cap), 1)
