@@ -12,7 +12,7 @@ from kthrottle.codecs import apis
 from kthrottle.codecs.frames import HEAD_SIZE
 from kthrottle.codecs.request import fetch_head
 from kthrottle.policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE
-from kthrottle.policy.quotas import LEASE_SECONDS, WINDOW, QuotaManager, QuotaSettings
+from kthrottle.policy.quotas import FETCH_GRANT_FRACTION, LEASE_SECONDS, WINDOW, QuotaManager, QuotaSettings
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.pipeline import (
     ANONYMOUS,
@@ -783,6 +783,9 @@ def test_a_fetch_over_its_quota_on_the_short_way_is_throttled_as_the_long_way(qu
         t = 0.0
         for cid in range(1, 9):
             h.client(fetch_req(cid, version=version, max_bytes=1000))  # under the cap
+            while cid not in req_cids(h.to_broker):  # held for its quota's debt
+                t = h.client_paused_until
+                h.at(t)
             h.broker(fetch_resp(cid, version=version, records=b"r" * 400))
             states.append((h.take_broker(), h.take_client(), h.client_paused_until,
                            h.broker_paused_until, bucket_totals(h)))
@@ -794,10 +797,9 @@ def test_a_fetch_over_its_quota_on_the_short_way_is_throttled_as_the_long_way(qu
                                  if a not in ("pass_request", "pass_response", "SendToBroker",
                                               "SendToClient")]))
         if short_way:
-            # under a byte quota, a fetch asking for more than the bucket
-            # holds goes the long way, to be capped (FetchCap)
-            assert h.long_heads["request"] == 0 or (CONSUMER_BYTE_RATE in quota
-                                                    and h.long_heads["request"] < 8)
+            # under a byte quota, a fetch asking for more than its grant
+            # goes the long way, to be capped (FetchCap) or held for a debt
+            assert h.long_heads["request"] == 0 or CONSUMER_BYTE_RATE in quota
             assert h.long_heads["response"] < 8  # those that earned a throttle
     assert results[0] == results[1]
     assert any(state[2] for state in results[0][0][::2])  # the client was muted
@@ -814,7 +816,8 @@ def test_a_fetch_cap_lowered_meanwhile_sends_the_next_fetch_the_long_way_capped(
         h.client(fetch_req(3, max_bytes=1 << 20))
         h.broker(fetch_resp(3))
         sent = frames_of(h.take_broker())
-        assert [fetch_head(f, 11)[2] for f in sent] == [1 << 20, 1 << 20, 5000]
+        assert [fetch_head(f, 11)[2] for f in sent] == [1 << 20, 1 << 20,
+                                                        5000 * FETCH_GRANT_FRACTION]
         results.append((sent, h.take_client(), bucket_totals(h)))
         if short_way:
             assert h.long_heads["request"] == 1  # the capped one
@@ -1172,7 +1175,8 @@ def test_a_fetch_response_over_quota_mutes_the_client_and_its_fetch_is_capped():
     h.client(fetch_req(1, max_bytes=50 * 1024 * 1024))
     sent = h.take_broker()
     decoded = FetchRequest[11].decode(sent[4:], header=True)
-    assert decoded.max_bytes == 2000  # the token bucket's burst (1 s of quota)
+    # its grant: part of what the token bucket holds (1 s of quota, full)
+    assert decoded.max_bytes == 2000 * FETCH_GRANT_FRACTION
     h.broker(fetch_resp(1, records=b"r" * 6000))
     out = h.take_client()
     assert struct.unpack_from(">i", out, 8)[0] > 0  # throttle_time_ms, patched in the head
