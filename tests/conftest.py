@@ -120,8 +120,11 @@ def apache_kafka(tmp_path_factory):
                         log_path=tmp_path_factory.mktemp("apache-kafka") / "kafka.log")
     try:
         kafka.start()
+        missing = None
     except KafkaMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
+        missing = str(exc)
+    if missing:
+        pytest.fail(missing, pytrace=False)
     yield kafka
     kafka.stop()
 

@@ -102,6 +102,9 @@ def kafka_lib(version=KAFKA_VERSION):
     lib = Path(explicit) if explicit else ROOT / ".cache" / ("kafka-%s" % version) / "lib"
     complete = explicit or any(lib.glob(".complete-*"))
     if not complete or not any(lib.glob("kafka_2.13-*.jar")):
+        if explicit:
+            raise KafkaMissing("KTHROTTLE_KAFKA_LIB=%s has no Kafka jars (kafka_2.13-*.jar)"
+                               % explicit)
         arg = "" if version == KAFKA_VERSION else " " + version.rpartition(".")[0]
         raise KafkaMissing("Apache Kafka %s's jars are not in %s: run %s%s (Maven fetches them "
                            "from Maven Central; scripts/test does it before pytest)"
@@ -174,7 +177,6 @@ class KafkaBroker:
         self.heap = heap
         self.config = dict(config or {})
         self.feature = dict(feature or {})
-        self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir else None
         self.log_path = Path(log_path) if log_path else None
         self.keep = keep
@@ -298,7 +300,7 @@ class KafkaBroker:
             self.format()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [java_binary(), "-Xmx%s" % self.heap, "-Xms%s" % self.heap, "-XX:+UseG1GC",
+                [java_binary(), "-Xmx%s" % self.heap, "-XX:+UseG1GC",
                  "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
                  *self._log_settings(), "-cp", self.classpath(), BROKER_MAIN,
                  str(self.workdir / "server.properties")],
