@@ -214,7 +214,6 @@ def metrics(port):
         return r.read().decode()
 
 
-@pytest.mark.xfail(strict=False, reason="ShareFetch counting lands with issue 43")
 def test_a_consumer_byte_rate_quota_holds_a_share_consumer(apache_kafka, tmp_path):
     kafka = apache_kafka
     run = uuid.uuid4().hex[:8]
