@@ -289,3 +289,164 @@ def filled_response(cls, version, repeat=1, correlation_id=77, framed=True, **na
         return bytes(response.encode())
     response.with_header(correlation_id=correlation_id)
     return bytes(response.encode(header=True, framed=True))
+
+
+# -- KIP-932 ShareFetch and ShareAcknowledge responses --------------------------------------
+#
+# kafka-python has no schema for them: built byte by byte from Kafka's
+# ShareFetchResponse.json and ShareAcknowledgeResponse.json (v1, Kafka 4.1; v2 adds
+# AcquisitionLockTimeoutMs to ShareAcknowledge). Every version is flexible: compact strings,
+# arrays and records, a tagged-field section after every struct, response header v1.
+
+NO_TAGS = b"\x00"
+
+
+def compact_string(value):
+    """COMPACT_NULLABLE_STRING: uvarint N+1 (0: null), then N bytes."""
+    if value is None:
+        return b"\x00"
+    data = value.encode("utf-8")
+    return _uvarint(len(data) + 1) + data
+
+
+def compact_array(items):
+    """COMPACT_ARRAY of already-encoded elements: uvarint N+1, then them."""
+    return _uvarint(len(items) + 1) + b"".join(items)
+
+
+def _int16(value):
+    return value.to_bytes(2, "big", signed=True)
+
+
+def _int32(value):
+    return value.to_bytes(4, "big", signed=True)
+
+
+def _int64(value):
+    return value.to_bytes(8, "big", signed=True)
+
+
+def share_node_endpoints(addresses=BROKERS):
+    """The NodeEndpoints field: node_id, host, port, rack, tagged fields, per node."""
+    return compact_array([_int32(n) + compact_string(h) + _int32(p) + compact_string(r) + NO_TAGS
+                          for n, h, p, r in addresses])
+
+
+# records sizes that give compact-bytes lengths of 1, 2 and 3 varint bytes, and empty ones
+# (Records is not nullable from v1)
+SHARE_RECORD_SIZES = (300, 0, 1, 126, 127, 20000, 90000)
+
+
+def share_fetch_parts(version, addresses=BROKERS, with_endpoints=True, top_tags=NO_TAGS,
+                      partition_tag=None, error_message=None, record_sizes=SHARE_RECORD_SIZES):
+    """A ShareFetch response body of ``version`` (v1+) as (head, NodeEndpoints, top-level
+    tagged section): two topics, partitions with records of many sizes and acquired record
+    ranges, one answering NOT_LEADER_OR_FOLLOWER (6) with its current leader (the last of
+    ``addresses``), whose address NodeEndpoints gives (``with_endpoints``: else it is empty).
+    ``partition_tag``: (tag, value), an unknown tagged field in each partition's section."""
+    sizes = iter(tuple(record_sizes) * 7)
+    topics = []
+    for t, partitions in enumerate((3, 4)):
+        parts = []
+        for i in range(partitions):
+            size = next(sizes)
+            moved = (t, i) == (1, 1)
+            leader = addresses[-1][0] if moved else -1
+            if moved:
+                size = 0
+            records = _uvarint(size + 1) + b"r" * size
+            acquired = [] if not size else [
+                _int64(100 * i) + _int64(100 * i + 9) + _int16(1) + NO_TAGS,
+                _int64(100 * i + 20) + _int64(100 * i + 20) + _int16(3) + NO_TAGS]
+            tags = NO_TAGS
+            if partition_tag is not None:
+                tag, value = partition_tag
+                tags = b"\x01" + tagged_field(tag, value)
+            parts.append(
+                _int32(i) + _int16(6 if moved else 0)
+                + compact_string("not the leader" if moved else None)
+                + _int16(0) + compact_string(None)  # acknowledge_error_code, _message
+                + _int32(leader) + _int32(12 if moved else -1) + NO_TAGS  # current_leader
+                + records + compact_array(acquired) + tags)
+        topics.append(uuid.UUID(int=7 + t).bytes + compact_array(parts) + NO_TAGS)
+    head = (_int32(0) + _int16(0) + compact_string(error_message)  # throttle_time_ms, error
+            + _int32(30000)  # acquisition_lock_timeout_ms (v1+)
+            + compact_array(topics))
+    endpoints = share_node_endpoints(addresses) if with_endpoints else compact_array([])
+    return head, endpoints, top_tags
+
+
+def share_acknowledge_parts(version, addresses=BROKERS, with_endpoints=True, top_tags=NO_TAGS,
+                            partition_tag=None, error_message=None):
+    """A ShareAcknowledge response body of ``version`` (v1+), as share_fetch_parts: two
+    topics, one partition answering NOT_LEADER_OR_FOLLOWER with its current leader."""
+    topics = []
+    for t, partitions in enumerate((2, 3)):
+        parts = []
+        for i in range(partitions):
+            moved = (t, i) == (1, 2)
+            tags = NO_TAGS
+            if partition_tag is not None:
+                tag, value = partition_tag
+                tags = b"\x01" + tagged_field(tag, value)
+            parts.append(_int32(i) + _int16(6 if moved else 0)
+                         + compact_string("not the leader" if moved else None)
+                         + _int32(addresses[-1][0] if moved else -1) + _int32(12 if moved else -1)
+                         + NO_TAGS + tags)
+        topics.append(uuid.UUID(int=7 + t).bytes + compact_array(parts) + NO_TAGS)
+    head = _int32(0) + _int16(0) + compact_string(error_message)
+    if version >= 2:
+        head += _int32(30000)  # acquisition_lock_timeout_ms (v2+)
+    head += compact_array(topics)
+    endpoints = share_node_endpoints(addresses) if with_endpoints else compact_array([])
+    return head, endpoints, top_tags
+
+
+def share_fetch(version, addresses=BROKERS, with_endpoints=True, **kw):
+    return b"".join(share_fetch_parts(version, addresses, with_endpoints, **kw))
+
+
+def share_acknowledge(version, addresses=BROKERS, with_endpoints=True, **kw):
+    return b"".join(share_acknowledge_parts(version, addresses, with_endpoints, **kw))
+
+
+def parse_share_tail(tail):
+    """A ShareFetch or ShareAcknowledge tail (NodeEndpoints, then the top-level tagged
+    section, to the end) -> ([(node_id, host, port, rack)], [(tag, value)]), read without
+    the proxy's codecs; AssertionError unless it is exactly that."""
+    def uvarint(pos):
+        value = shift = 0
+        while True:
+            b = tail[pos]
+            pos += 1
+            value |= (b & 0x7F) << shift
+            if b < 0x80:
+                return value, pos
+            shift += 7
+
+    def string(pos):
+        n, pos = uvarint(pos)
+        if n == 0:
+            return None, pos
+        return bytes(tail[pos:pos + n - 1]).decode(), pos + n - 1
+
+    count, pos = uvarint(0)
+    endpoints = []
+    for _ in range(count - 1):
+        node_id = int.from_bytes(tail[pos:pos + 4], "big", signed=True)
+        host, pos = string(pos + 4)
+        port = int.from_bytes(tail[pos:pos + 4], "big", signed=True)
+        rack, pos = string(pos + 4)
+        assert tail[pos] == 0  # the entry's tagged fields: none
+        pos += 1
+        endpoints.append((node_id, host, port, rack))
+    tags = []
+    n, pos = uvarint(pos)
+    for _ in range(n):
+        tag, pos = uvarint(pos)
+        size, pos = uvarint(pos)
+        tags.append((tag, bytes(tail[pos:pos + size])))
+        pos += size
+    assert pos == len(tail), (pos, len(tail))
+    assert [t for t, _ in tags] == sorted({t for t, _ in tags})  # ascending, each once
+    return endpoints, tags

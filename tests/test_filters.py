@@ -52,13 +52,13 @@ def test_the_configuration_builds_only_what_it_names():
     services.advertise = advertise
     plain = build_config({}, {"bootstrap_servers": [("127.0.0.1", 9)]})
     assert [f.name for f in registry.build_filters(plain, services)] == [
-        "broker-only-apis", "version-gate", "address-rewrite"]
+        "unknown-api-keys", "broker-only-apis", "version-gate", "address-rewrite"]
     config = build_config({}, {"bootstrap_servers": [("127.0.0.1", 9)],
                                "forbidden_api_keys": frozenset({19})})
     built = registry.build_filters(config, services)
-    assert [f.name for f in built] == ["forbidden-api-keys", "broker-only-apis", "version-gate",
-                                       "address-rewrite"]
-    assert built[0].api_keys == {19}
+    assert [f.name for f in built] == ["unknown-api-keys", "forbidden-api-keys",
+                                       "broker-only-apis", "version-gate", "address-rewrite"]
+    assert built[1].api_keys == {19}
 
 
 def test_no_filter_module_reaches_into_the_pipeline_or_the_adapter():

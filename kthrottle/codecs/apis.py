@@ -24,24 +24,24 @@ SHARE_ACKNOWLEDGE = 79
 # their responses names a broker, except ShareFetch and ShareAcknowledge,
 # whose NodeEndpoints the proxy rewrites (codecs/stream.py). StreamsGroup
 # responses carry the endpoints of Streams application instances (KIP-1071),
-# not of brokers. api key -> (Kafka's name, the versions whose body is
-# flexible, from: all later ones are too)
+# not of brokers. api key -> (Kafka's name, the first version whose body is
+# flexible (all later ones are too), the newest version Kafka 4.4 has)
 PASSED_THROUGH = {
     # delegation tokens (KIP-48)
-    38: ("CreateDelegationToken", 2), 39: ("RenewDelegationToken", 2),
-    40: ("ExpireDelegationToken", 2), 41: ("DescribeDelegationToken", 2),
-    64: ("UnregisterBroker", 0),  # an admin request (KIP-500), not a broker's
-    68: ("ConsumerGroupHeartbeat", 0), 69: ("ConsumerGroupDescribe", 0),  # KIP-848
-    71: ("GetTelemetrySubscriptions", 0), 72: ("PushTelemetry", 0),  # KIP-714
-    76: ("ShareGroupHeartbeat", 0), 77: ("ShareGroupDescribe", 0),  # KIP-932
-    SHARE_FETCH: ("ShareFetch", 0), SHARE_ACKNOWLEDGE: ("ShareAcknowledge", 0),
+    38: ("CreateDelegationToken", 2, 3), 39: ("RenewDelegationToken", 2, 2),
+    40: ("ExpireDelegationToken", 2, 2), 41: ("DescribeDelegationToken", 2, 3),
+    64: ("UnregisterBroker", 0, 0),  # an admin request (KIP-500), not a broker's
+    68: ("ConsumerGroupHeartbeat", 0, 1), 69: ("ConsumerGroupDescribe", 0, 1),  # KIP-848
+    71: ("GetTelemetrySubscriptions", 0, 0), 72: ("PushTelemetry", 0, 0),  # KIP-714
+    76: ("ShareGroupHeartbeat", 0, 1), 77: ("ShareGroupDescribe", 0, 1),  # KIP-932
+    SHARE_FETCH: ("ShareFetch", 0, 2), SHARE_ACKNOWLEDGE: ("ShareAcknowledge", 0, 2),
     # an administrator's, to a broker that forwards them to the controllers (KIP-853)
-    80: ("AddRaftVoter", 0), 81: ("RemoveRaftVoter", 0),
-    88: ("StreamsGroupHeartbeat", 0), 89: ("StreamsGroupDescribe", 0),  # KIP-1071
-    90: ("DescribeShareGroupOffsets", 0), 91: ("AlterShareGroupOffsets", 0),  # KIP-932
-    92: ("DeleteShareGroupOffsets", 0),
-    93: ("StreamsGroupTopologyDescriptionUpdate", 0),  # KIP-1071
-    94: ("UnregisterController", 0),  # an admin request (KIP-853)
+    80: ("AddRaftVoter", 0, 1), 81: ("RemoveRaftVoter", 0, 0),
+    88: ("StreamsGroupHeartbeat", 0, 1), 89: ("StreamsGroupDescribe", 0, 1),  # KIP-1071
+    90: ("DescribeShareGroupOffsets", 0, 1), 91: ("AlterShareGroupOffsets", 0, 0),  # KIP-932
+    92: ("DeleteShareGroupOffsets", 0, 0),
+    93: ("StreamsGroupTopologyDescriptionUpdate", 0, 0),  # KIP-1071
+    94: ("UnregisterController", 0, 0),  # an admin request (KIP-853)
 }
 
 # Requests only brokers and controllers send: Kafka authorizes them as
@@ -138,8 +138,14 @@ FLEXIBLE_VERSIONS = {
           if cls._flexible_versions is not None and cls._flexible_versions[0] >= 0 else None)
     for key, cls in ALL_RESPONSES.items()
 }
-FLEXIBLE_VERSIONS.update((key, (first, 32767)) for key, (_, first) in PASSED_THROUGH.items()
+FLEXIBLE_VERSIONS.update((key, (first, 32767)) for key, (_, first, _) in PASSED_THROUGH.items()
                          if key not in FLEXIBLE_VERSIONS)
+
+# The newest version of each client API the proxy knows of: kafka-python's,
+# and Kafka 4.4's for those it passes through (a table of every API and
+# version, such as the pipeline's filter table, can be built from it)
+KNOWN_MAX_VERSION = {key: cls.max_version for key, cls in ALL_RESPONSES.items()}
+KNOWN_MAX_VERSION.update((key, newest) for key, (_, _, newest) in PASSED_THROUGH.items())
 
 # The API keys a client may send through the proxy, and that its ApiVersions
 # answers list: those kafka-python describes and those passed through on

@@ -56,7 +56,8 @@ def rewrite_response(frame, api_key, api_version, advertise):
     if api_version > limit:
         raise ProtocolError("api_key %d v%d is newer than the proxy can decode" % (api_key, api_version))
     if api_version < apis.MIN_DECODABLE_VERSION.get(api_key, 0):
-        raise ProtocolError("api_key %d v%d is older than the proxy can decode" % (api_key, api_version))
+        raise ProtocolError("api_key %d v%d is older than the proxy can decode"
+                            % (api_key, api_version))
     body = response_body_offset(frame, apis.response_header_is_flexible(api_key, api_version))
     edits, nodes = handler(frame, body, api_version, advertise)
     if not edits:

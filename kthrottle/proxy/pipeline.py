@@ -21,7 +21,7 @@ from collections import deque
 from struct import Struct
 
 from ..codecs import ProtocolError
-from ..codecs.apis import ALL_RESPONSES, FETCH, PRODUCE
+from ..codecs.apis import FETCH, KNOWN_MAX_VERSION, PRODUCE
 from ..codecs.frames import (
     DEFER,
     DROP,
@@ -300,8 +300,8 @@ class FilterTable:
         self.filters = tuple(filters)
         self._entries = {}
         self._authenticating = {}
-        for api_key, cls in ALL_RESPONSES.items():
-            for version in range(cls.max_version + 2):  # one past: a too-new client
+        for api_key, newest in KNOWN_MAX_VERSION.items():
+            for version in range(newest + 2):  # one past: a too-new client
                 self._entries[api_key, version] = self._build(api_key, version)
                 self._authenticating[api_key, version] = self._build(api_key, version, True)
         # the entries no filter reads a request of (Connection.pass_request)
