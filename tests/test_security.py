@@ -955,3 +955,75 @@ def test_a_password_in_the_wrong_field_of_a_plain_token_is_not_logged(sasl_proxy
         proxy.wait_for_log("connection from 127.0.0.42:")
     leaks = [p.log_path.name for p in (sasl_proxy, passthrough) if misplaced in p.log()]
     assert leaks == []
+
+
+# 7. a failed-login backoff per source address (issue 43, item 8) --------------
+
+def test_failed_logins_put_their_address_in_a_backoff_that_pays_off():
+    from kthrottle.proxy.limits import FailedLogins
+
+    f = FailedLogins()
+    assert f.admit("127.0.0.7", 0.0) is None
+    for i in range(int(FailedLogins.BURST)):  # a burst goes unheld
+        f.failed("127.0.0.7", 0.0)
+    assert f.admit("127.0.0.7", 0.0) is None
+    for i in range(10):
+        f.failed("127.0.0.7", 0.0)
+    ms, why = f.admit("127.0.0.7", 0.0)
+    assert ms == 1000 and "failed logins" in why  # 2 s owed, held at most 1 s
+    assert f.admit("127.0.0.8", 0.0) is None  # another address owes nothing
+    assert f.admit("127.0.0.7", 1.5)[0] == 500
+    assert f.admit("127.0.0.7", 2.0) is None  # paid
+    # forgotten once paid up and full again
+    assert f.admit("127.0.0.7", 100.0) is None and not f._by_ip
+
+
+def test_a_wrong_password_loop_is_closed_unread_and_other_addresses_are_served(broker, creds,
+                                                                                tmp_path):
+    p = _proxy(broker.bootstrap, tmp_path / "proxy.log", "--security-protocol", "SASL_PLAINTEXT",
+               "--credentials-file", str(creds), "--failed-authentication-delay-ms", "1",
+               admin=True)
+    try:
+        async def wrong_login(source):
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", p.port,
+                                                               local_addr=(source, 0))
+            except OSError:
+                return None
+            try:
+                writer.write(handshake(1, "PLAIN"))
+                size = struct.unpack(">i", await reader.readexactly(4))[0]
+                await reader.readexactly(size)
+                writer.write(authenticate(2, plain("alice", WRONG_PW)))
+                size = struct.unpack(">i", await reader.readexactly(4))[0]
+                await reader.readexactly(size)
+                return "answered"
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return "closed"
+            finally:
+                writer.close()
+
+        async def loop(source, n):
+            results = []
+            for _ in range(n):
+                results.append(await asyncio.wait_for(wrong_login(source), 10))
+            return results
+
+        async def flood():
+            return await asyncio.gather(*(loop("127.0.0.23", 12) for _ in range(10)))
+
+        results = [r for rs in asyncio.run(flood()) for r in rs]
+        # the first BURST failed logins are answered; the rest of the loop
+        # is held unread, then closed
+        assert results.count("answered") >= 40
+        assert results.count("closed") >= 30, results
+        assert _refused_total(p, "failed_logins") >= 30
+        line = [l for l in p.log().splitlines() if "refused (failed_logins)" in l][0]
+        assert "WARNING" in line and "127.0.0.23" in line
+        # another address is served at once, and a client there logs in and
+        # produces (127.0.0.1)
+        assert asyncio.run(loop("127.0.0.24", 1)) == ["answered"]
+        roundtrip_aiokafka(p, broker, security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                           sasl_plain_username="alice", sasl_plain_password=ALICE_PW)
+    finally:
+        p.stop()

@@ -191,8 +191,11 @@ class ClientConnection(asyncio.Protocol):
         # asked there: say it again once it has
         self.loop.call_soon(self.client.reassert)
         server = self.server
-        if not self.counted and server.over_connection_rate(
-                self.address, self.peer, self.listener_name, transport.close):
+        if not self.counted and (
+                server.over_connection_rate(self.address, self.peer, self.listener_name,
+                                            transport.close)
+                or server.over_failed_logins(self.address, self.peer, self.listener_name,
+                                             transport.close)):
             # held by the server, unread (the proxy's acceptor checks its own
             # listeners before the handshake)
             self.closed = True
@@ -614,6 +617,10 @@ class ClientConnection(asyncio.Protocol):
                 client.close()
         if self.upstream.transport is not None:
             self.upstream.transport.close()
+        if refused == REFUSED_AUTHENTICATION:
+            failed_logins = getattr(server, "failed_logins", None)
+            if failed_logins is not None:
+                failed_logins.failed(self.address, self.loop.time())
         if refused is not None:
             server.refusals.refused(self.address, "%s (connection %d, %s listener)" % (
                 self.peer, self.conn_id, self.listener_name), refused, reason)

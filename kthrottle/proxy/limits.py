@@ -7,6 +7,8 @@ import itertools
 import logging
 from collections import Counter
 
+from ..policy.rate import TokenBucket
+
 
 log = logging.getLogger("kthrottle.proxy")
 
@@ -20,6 +22,7 @@ PROXY_PROTOCOL = "proxy_protocol"  # no valid PROXY protocol header, or none in 
 UNMAPPED_NODE = "unmapped_node"  # a response named a node id that has no port
 UNKNOWN_NODE = "unknown_node"  # a TLS server name naming a node the cluster has not named
 CONNECTION_CREATION_RATE = "connection_creation_rate"  # over its ip entity's quota (KIP-612)
+FAILED_LOGINS = "failed_logins"  # an address past its failed-login allowance (FailedLogins)
 
 
 class ConnectionLimits:
@@ -126,6 +129,55 @@ class ConnectionRate:
         bucket.unrecord(1, now)
         return ms, ("over %g connections/s (connection_creation_rate of %s): closed unread "
                     "after its throttle time (KIP-612)" % (bucket.limit, bucket.entity))
+
+
+class FailedLogins:
+    """A failed-login backoff per source address. Each failed authentication
+    takes one from its address's bucket (RATE a second, BURST at once); while
+    an address owes, its new connections are held unread for what it owes (at
+    most one second, as KIP-612 caps a throttled connection) and then closed,
+    so a client looping on a wrong password costs an accept and a close, not
+    an authentication exchange and a key derivation each time. A client that
+    mistypes a password now and then never owes; connections already open
+    (authenticated) are never touched."""
+
+    RATE = 5.0  # failed logins a second an address may go on with
+    BURST = 50.0
+    MAX_HOLD = 1.0  # seconds a held connection waits before it is closed
+    MAX_ADDRESSES = 10_000  # addresses followed at once; past that, those paid up go
+
+    def __init__(self):
+        self._by_ip = {}  # address -> TokenBucket
+
+    def failed(self, ip, now):
+        """A login from ``ip`` failed at ``now``."""
+        bucket = self._by_ip.get(ip)
+        if bucket is None:
+            if len(self._by_ip) >= self.MAX_ADDRESSES:
+                self._forget_paid(now)
+            bucket = self._by_ip[ip] = TokenBucket(self.RATE, self.BURST)
+        bucket.record(1, now)
+
+    def admit(self, ip, now):
+        """None: serve a new connection from ``ip``; else (hold ms, why)."""
+        bucket = self._by_ip.get(ip)
+        if bucket is None:
+            return None
+        owed = bucket.throttle_seconds(now)
+        if owed <= 0:
+            if bucket.full_at <= now:
+                del self._by_ip[ip]  # paid up: forgotten
+            return None
+        return (max(1, int(min(owed, self.MAX_HOLD) * 1000 + 0.5)),
+                "more than %g failed logins a second from this address: closed unread "
+                "(a failed-login backoff)" % self.RATE)
+
+    def _forget_paid(self, now):
+        paid = [ip for ip, b in self._by_ip.items() if b.full_at <= now]
+        for ip in paid:
+            del self._by_ip[ip]
+        if len(self._by_ip) >= self.MAX_ADDRESSES:
+            self._by_ip.clear()  # a flood from everywhere: start over
 
 
 def entity_name(address):

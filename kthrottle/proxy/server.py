@@ -27,10 +27,12 @@ from .filters import build_filters
 from .health import Listener, bound_socket
 from .limits import (
     CONNECTION_CREATION_RATE,
+    FAILED_LOGINS,
     PROXY_PROTOCOL,
     TLS_HANDSHAKE,
     ConnectionLimits,
     ConnectionRate,
+    FailedLogins,
     HeldConnections,
     RefusalLog,
 )
@@ -82,6 +84,7 @@ class ProxyServer:
         self.authenticates_clients = "sasl-terminate" in self.filters
         self.limits = ConnectionLimits(config.max_connections, config.max_connections_per_ip)
         self.connection_rate = ConnectionRate(self.quotas)  # KIP-612, ip entities
+        self.failed_logins = FailedLogins()
         self.held = None  # HeldConnections once the loop runs: those over their rate
         self.refusals = None  # a RefusalLog once the loop runs
         self.refused = {}  # reason -> connections refused (kthrottle_connections_refused_total)
@@ -119,6 +122,18 @@ class ProxyServer:
         self.held.hold(close, ms)
         self.refusals.refused(ip, "%s (%s listener)" % (peer, listener),
                               CONNECTION_CREATION_RATE, message)
+        return True
+
+    def over_failed_logins(self, ip, peer, listener, close):
+        """Is ``ip`` past its failed-login allowance (FailedLogins)? If so the
+        new connection is held unread, then closed; logged (rate-limited) and
+        counted as refused."""
+        over = self.failed_logins.admit(ip, self.loop.time())
+        if over is None:
+            return False
+        ms, message = over
+        self.held.hold(close, ms)
+        self.refusals.refused(ip, "%s (%s listener)" % (peer, listener), FAILED_LOGINS, message)
         return True
 
     @property
@@ -488,7 +503,8 @@ class _Acceptor(asyncio.AbstractServer):
                 return
             ip, peer = introduced
         # before the TLS handshake, as a broker checks it on accept
-        if server.over_connection_rate(ip, peer, self.name, client.close):
+        if (server.over_connection_rate(ip, peer, self.name, client.close)
+                or server.over_failed_logins(ip, peer, self.name, client.close)):
             if server.proxy_protocol:
                 server.limits.unreserve()
             return
