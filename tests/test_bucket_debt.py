@@ -72,27 +72,63 @@ def test_a_produce_on_a_new_connection_waits_for_the_debt_another_left(short_way
 @pytest.mark.parametrize("short_way", [True, False])
 def test_a_fetch_on_a_new_connection_waits_for_the_debt_of_a_response_on_another(short_way):
     h = Harness({"clients/app-1": {CONSUMER_BYTE_RATE: 1000.0}}, short_way=short_way)
-    h.client(fetch_req(1))
-    resp = fetch_resp(1, records=b"r" * 2500)
-    h.broker(resp)
-    assert len(h.take_client()) == len(resp)
-    owed = (len(resp) - 1000) / 1000.0  # about 4 s of debt past the 1 s burst
+    resp = fetch_resp(1, records=b"r" * 300)  # 760 bytes: within the burst
+    for cid in (1, 2):  # the second takes more than the bucket holds: in debt
+        h.client(fetch_req(cid))
+        while cid not in req_cids(h.to_broker):
+            h.at(h.client_paused_until)
+        h.broker(fetch_resp(cid, records=b"r" * 300))
+        assert len(frames_of(h.take_client())[-1]) == len(resp)
+    owed = h.manager.buckets[(CONSUMER_BYTE_RATE, "", "app-1")].debt_seconds(h.now)
+    assert owed > 0.3
     h.run(h.conn.client_eof())  # a client that reconnects to get past its throttle
     h2 = another(h, short_way)
-    h2.at(0.01)
-    h2.client(fetch_req(2))
+    h2.at(h.now + 0.01)
+    h2.client(fetch_req(3))
     assert h2.take_broker() == b""
     until = h2.client_paused_until
-    assert owed - 0.01 <= until <= owed + 0.01
+    assert until == pytest.approx(h.now + owed, abs=0.01)
     h2.at(until)
     # the debt is paid; it goes once the bucket holds enough for the least
     # grant (FETCH_GRANT_LEAST of the burst, twice over)
     until = h2.client_paused_until
-    assert until == pytest.approx(owed + 1000 * FETCH_GRANT_LEAST / FETCH_GRANT_FRACTION / 1000,
+    assert until == pytest.approx(h.now + owed + FETCH_GRANT_LEAST / FETCH_GRANT_FRACTION,
                                   abs=0.005)
     h2.at(until)
     [frame] = frames_of(h2.take_broker())
     assert max_bytes_of(frame) == pytest.approx(1000 * FETCH_GRANT_LEAST, abs=2)
+
+
+@pytest.mark.parametrize("short_way", [True, False])
+def test_a_response_larger_than_the_burst_is_paid_for_before_it_is_delivered(short_way):
+    """A record batch larger than the bucket's burst (a broker sends one
+    whole, KIP-74): the fetch is answered empty, as Kafka answers one over
+    its quota; the bucket pays for it, holding the next fetches on any
+    connection; fetched again, it goes out of what was paid."""
+    h = Harness({"clients/app-1": {CONSUMER_BYTE_RATE: 1000.0}}, short_way=short_way)
+    h.client(fetch_req(1))
+    big = fetch_resp(1, records=b"r" * 2500)  # 5160 bytes: five times the burst
+    h.broker(big)
+    [frame] = frames_of(h.take_client())
+    empty = FetchResponse.decode(frame[4:], version=11, header=True)
+    assert empty.header.correlation_id == 1 and empty.responses == [] and empty.error_code == 0
+    owed = len(big) / 1000.0 - 1.0  # taken from a full bucket of 1 s
+    assert empty.throttle_time_ms == min(int(owed * 1000 + 0.5), 10000)
+    h.run(h.conn.client_eof())
+    h2 = another(h, short_way)
+    h2.at(0.01)
+    h2.client(fetch_req(2))
+    t = 0.01
+    while 2 not in req_cids(h2.to_broker):
+        assert h2.take_client() == b""
+        t = h2.client_paused_until
+        h2.at(t)
+    assert t >= owed
+    again = fetch_resp(2, records=b"r" * 2500)
+    h2.broker(again)
+    assert len(h2.take_client()) == len(again)  # out of what was paid
+    bucket = h.manager.buckets[(CONSUMER_BYTE_RATE, "", "app-1")]
+    assert bucket.credit == 0 and bucket.total == len(again)
 
 
 def test_reconnecting_after_each_fetch_gains_nothing():

@@ -227,7 +227,7 @@ class Bucket:
                  "rate", "tokens", "cap", "last_used", "throttle_ms_total", "throttled",
                  "held", "observe_only", "observed", "observed_ms_total",
                  "observed_last_ms", "others_total", "others_throttle_ms", "others_throttled",
-                 "others_observed", "others_observed_ms", "leased")
+                 "others_observed", "others_observed_ms", "leased", "credit")
 
     def __init__(self, key, resolution, settings, limit=None):
         self.key = key
@@ -268,6 +268,7 @@ class Bucket:
         self.others_observed = 0
         self.others_observed_ms = 0
         self.leased = 0  # units leased from it and not settled yet (QuotaManager.lease)
+        self.credit = 0  # bytes paid for ahead and not delivered yet (ClientQuotas.prepay_fetch)
         self.set_limit(resolution, limit)
 
     def set_limit(self, resolution, limit=None):
@@ -636,6 +637,42 @@ class ClientQuotas:
             bucket.tokens.record(-charged, now)
         delay = bucket.record(nbytes, now)
         return Decision(delay, CONSUMER_BYTE_RATE) if delay else NO_DELAY
+
+    def prepay_fetch(self, nbytes, now, charged=0):
+        """A Fetch response of ``nbytes``, more than its bucket's whole burst
+        holds (a record batch larger than that: a broker sends one whole,
+        KIP-74): None when it is to go on as it is (counted by
+        on_fetch_response), 0 when it goes on paid for already (counted
+        here), or a throttle in ms when it is not to be delivered now. Such a response is paid for ahead: the bucket takes it
+        now (its debt holds the client's next fetches), the proxy answers the
+        fetch empty, and when the client fetches it again once the debt is
+        paid it goes out of that credit, counted then in the measured rate.
+        So a batch larger than the burst comes no sooner than the quota
+        allows, as the client is held by the time that has not passed yet
+        rather than by the time after."""
+        if self.generation != self.manager.generation:
+            self.refresh()
+        bucket = self.fetch
+        if bucket is None or bucket.tokens is None or bucket.observe_only:
+            return None
+        tokens = bucket.tokens
+        if nbytes <= tokens.burst:
+            return None
+        if charged:
+            tokens.record(-charged, now)
+        if bucket.credit >= nbytes:  # paid for: delivered now, counted (0)
+            bucket.credit -= nbytes
+            bucket.last_used = now
+            bucket.rate.record(nbytes, now)
+            return 0
+        tokens.record(nbytes, now)
+        bucket.credit += nbytes
+        bucket.last_used = now
+        owed = tokens.throttle_seconds(now)
+        ms = max(1, to_ms(min(owed, bucket.cap or owed)))
+        bucket.throttled += 1
+        bucket.throttle_ms_total += ms
+        return ms
 
     def lease_produce(self, nbytes, now):
         """QuotaManager.lease for this client's Produce requests, after one of

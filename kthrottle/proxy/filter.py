@@ -274,12 +274,16 @@ class Filter:
         """``on_response_head`` without the head's bytes, for a filter that
         reads the head of a response (response_need HEAD) for its size
         (``frame_len``) alone: a filter that has its own takes the response's
-        first read on the short way. None or Throttle; keeps no ``inflight``
+        first read on the short way. None, Throttle or Answer (as
+        on_response_head; the long way then sends it); keeps no ``inflight``
         (as quick_response_ready)."""
         return None
 
     def on_response_head(self, ctx, inflight, head, frame_len):
-        """The first bytes of the response to ``inflight``; None or Throttle."""
+        """The first bytes of the response to ``inflight``; None, Throttle,
+        or Answer: its frame goes to the client in the response's place (the
+        broker's response is dropped as it comes), ``mute_ms`` muting the
+        client."""
         return None
 
     def stream(self, ctx, inflight):

@@ -379,7 +379,7 @@ class InFlight:
 
     __slots__ = ("correlation_id", "api_key", "api_version", "answer",
                  "throttle_ms", "throttle_reason", "response_need",
-                 "response_filters", "on_response", "raw_answer", "ctx", "notes")
+                 "response_filters", "on_response", "raw_answer", "ctx", "notes", "replaced")
 
     def __init__(self, correlation_id, api_key, api_version, response_need=NOTHING,
                  response_filters=()):
@@ -395,6 +395,8 @@ class InFlight:
         self.raw_answer = None  # a raw token forwarded: who gets the raw answer (ForwardRaw)
         self.ctx = None  # the context of the filter that gets one of those
         self.notes = None  # filter -> its record of this request (FilterContext.note)
+        # an Answer a filter gave for the response's head: sent in its place
+        self.replaced = None
 
     def again(self, correlation_id, api_key, api_version, response_need, response_filters):
         """This InFlight, whose response went on as it came with nothing to
@@ -408,7 +410,7 @@ class InFlight:
         self.response_need = response_need
         self.response_filters = response_filters
         # (answer, throttle_ms and on_response are as new: see _spare)
-        self.throttle_reason = self.raw_answer = self.ctx = self.notes = None
+        self.throttle_reason = self.raw_answer = self.ctx = self.notes = self.replaced = None
 
     def __repr__(self):
         return "InFlight(%d, api %d v%d)" % (self.correlation_id, self.api_key, self.api_version)
@@ -1177,7 +1179,11 @@ class Connection:
         self.now = now
         contexts = self.contexts
         for f, i in filters:
-            self._earned(inflight, f.quick_response_head(contexts[i], inflight, frame_len))
+            verdict = f.quick_response_head(contexts[i], inflight, frame_len)
+            if verdict.__class__ is Answer:  # the long way sends it in the response's place
+                inflight.replaced = verdict
+                return False
+            self._earned(inflight, verdict)
         inflight.response_need = NOTHING  # its filters are done with it
         if inflight.throttle_ms:
             return False
@@ -1697,13 +1703,18 @@ class Connection:
         if inflight.on_response is not None:
             self._gathering = inflight
             return WHOLE
+        if inflight.replaced is not None:  # (its filters saw its head: _count_response)
+            return self._replace_response(inflight, inflight.replaced)
         if need == NOTHING:
             if inflight.throttle_ms:
                 return self._throttled_head(inflight, head, PASS)
             return PASS
         contexts = self.contexts
         for f, i in inflight.response_filters:
-            self._earned(inflight, f.on_response_head(contexts[i], inflight, head, frame_len))
+            verdict = f.on_response_head(contexts[i], inflight, head, frame_len)
+            if verdict.__class__ is Answer:
+                return self._replace_response(inflight, verdict)
+            self._earned(inflight, verdict)
         if need == GATHER:
             self._gathering = inflight
             if inflight.throttle_ms:
@@ -1719,6 +1730,16 @@ class Connection:
         if inflight.throttle_ms:
             return self._throttled_head(inflight, head, PASS)
         return PASS
+
+    def _replace_response(self, inflight, answer):
+        """A filter answers in the broker's response's place (an Answer from
+        on_response_head): its frame goes to the client, the broker's is
+        dropped as it comes, and ``mute_ms`` mutes the client."""
+        self._to_client.append(answer.frame)
+        if answer.mute_ms:
+            inflight.throttle_ms = answer.mute_ms
+            self._throttle_client(answer.mute_ms)
+        return DROP
 
     def _hold_if_needed(self, inflight):
         first = clients_back_off_from(inflight.api_key)

@@ -193,6 +193,18 @@ class QuotaAccounting(Filter):
         if noted is None:
             return None
         quotas, charged = noted
+        if inflight.api_key == apis.FETCH:
+            # a response larger than the bucket's burst is paid for before it
+            # is delivered: answered empty, as Kafka answers a fetch over
+            # its quota, until the bucket has paid for it (then sent when
+            # fetched again)
+            prepaid = quotas.prepay_fetch(frame_len, ctx.now, charged)
+            if prepaid is not None:
+                if not prepaid:
+                    return None
+                self.prepaid += 1
+                return Answer(empty_fetch_response(inflight.correlation_id,
+                                                   inflight.api_version, prepaid), prepaid)
         # Counted whole, and forwarded whole: the requests the bucket's debt
         # holds back pay for it (on_request).
         return _verdict(quotas.on_fetch_response(frame_len, ctx.now, charged))
@@ -201,6 +213,7 @@ class QuotaAccounting(Filter):
     # answered in the broker's place after HOLD_SECONDS
     deferred = 0
     answered = 0
+    prepaid = 0  # Fetch responses larger than the burst, answered empty until paid for
 
 
 def _verdict(decision):
