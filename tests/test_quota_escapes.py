@@ -157,3 +157,53 @@ def test_many_connections_of_one_client_id_share_one_quota(broker, tmp_path):
         assert "Traceback" not in p.log()
     finally:
         p.stop()
+
+
+def test_many_producers_of_one_client_id_share_one_quota(broker, tmp_path):
+    """Producers of one client-id, each on its own connections, librdkafka
+    pipelining 200 KB batches: once held a connection at a time, together
+    they took about twice the quota."""
+    import confluent_kafka
+
+    from conftest import ProxyProcess
+
+    quotas = tmp_path / "quotas.toml"
+    quotas.write_text('[clients."hostile-p"]\nproducer_byte_rate = %d\n' % QUOTA)
+    p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
+                     ["--quota-file", str(quotas)]).start()
+    topic = topic_name("escapeprod")
+    broker.create_topic(topic, partitions=1)
+    value = b"p" * 10000
+    deadline = time.monotonic() + SECONDS
+    acked = []
+    lock = threading.Lock()
+
+    def delivered(err, msg):
+        if err is None:
+            with lock:
+                acked.append((time.monotonic(), len(msg.value())))
+
+    def one():
+        producer = confluent_kafka.Producer({
+            "bootstrap.servers": p.bootstrap, "client.id": "hostile-p", "acks": 1,
+            "batch.size": 200000, "linger.ms": 5, "message.timeout.ms": 60000,
+            "queue.buffering.max.kbytes": 4096})
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    producer.produce(topic, value, partition=0, on_delivery=delivered)
+                except BufferError:
+                    producer.poll(0.05)
+                producer.poll(0)
+        finally:
+            producer.purge()  # what is queued or in flight is dropped, not waited for
+            producer.flush(5)
+
+    try:
+        _run([threading.Thread(target=one) for _ in range(10)])
+        within = sum(n for t, n in acked if t <= deadline)
+        assert within <= QUOTA * SECONDS * 1.15 + QUOTA + 200000, within / (QUOTA * SECONDS)
+        assert within >= QUOTA * SECONDS * 0.3
+        assert "Traceback" not in p.log()
+    finally:
+        p.stop()
