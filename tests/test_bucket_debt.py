@@ -317,3 +317,63 @@ def test_capping_an_old_fetch_refuses_a_truncated_frame():
     assert capped_fetch_partitions(frame, 1 << 30) is None
     with pytest.raises(ProtocolError):
         capped_fetch_partitions(frame[:-6], 10)
+
+
+# ShareFetch (KIP-932) asks only for what its bucket may take too -------------
+
+def share_fetch_req(cid, max_bytes=0x7FFFFFFF, client_id="app-1", group="g1", member="m" * 22):
+    """ShareFetch v1 (ShareFetchRequest.json): header v2, then GroupId,
+    MemberId, ShareSessionEpoch, MaxWaitMs, MinBytes, MaxBytes, MaxRecords,
+    BatchSize, one topic of one partition, no forgotten topics."""
+    def cstr(s):
+        b = s.encode()
+        return bytes([len(b) + 1]) + b
+    head = struct.pack(">hhih", 78, 1, cid, len(client_id)) + client_id.encode() + b"\x00"
+    body = (cstr(group) + cstr(member) + struct.pack(">iiiiii", 0, 500, 1, max_bytes, 500, 500)
+            + b"\x02" + uuid.UUID(int=3).bytes + b"\x02" + struct.pack(">i", 0) + b"\x01\x00"
+            + b"\x00" + b"\x01" + b"\x00")
+    payload = head + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def share_max_bytes(frame):
+    pos = 4 + 8 + 2 + struct.unpack_from(">h", frame, 12)[0] + 1
+    for _ in range(2):
+        pos += frame[pos]  # compact strings of one-byte lengths: length + 1, then the text
+    return struct.unpack_from(">i", frame, pos + 12)[0]
+
+
+def test_a_share_fetch_asks_for_its_grant_and_waits_for_its_buckets_debt():
+    h = Harness({"clients/app-1": {CONSUMER_BYTE_RATE: 1000.0}})
+    h.client(share_fetch_req(1))
+    [frame] = frames_of(h.take_broker())
+    assert share_max_bytes(frame) == 1000 * FETCH_GRANT_FRACTION
+    assert len(frame) == len(share_fetch_req(1))
+    # its response counts on the fetch quota; one larger than the burst is
+    # not answered empty (its records are acquired for the member) but left
+    # to be paid for by the next requests
+    resp = _share_resp(1)
+    assert len(resp) > 100000  # far larger than the burst: minutes of debt
+    h.broker(resp)
+    # (held for its throttle: clients do not back off on ShareFetch themselves)
+    assert h.broker_paused_until is not None
+    h.at(h.broker_paused_until)
+    assert len(h.take_client()) == len(resp)
+    bucket = h.manager.buckets[(CONSUMER_BYTE_RATE, "", "app-1")]
+    assert bucket.total == len(resp) and bucket.debt_seconds(h.now) > 0
+    h2 = another(h)
+    h2.client(share_fetch_req(2))
+    assert h2.take_broker() == b""  # held for the debt, on another connection
+    h2.at(HOLD_SECONDS)
+    # held as long as a client waits: it goes on asking for one byte
+    [frame] = frames_of(h2.take_broker())
+    assert share_max_bytes(frame) == 1
+
+
+def _share_resp(cid):
+    """A ShareFetch v1 response with records (tests/kafka_frames.py)."""
+    from kafka_frames import share_fetch
+
+    payload = struct.pack(">i", cid) + b"\x00" + share_fetch(1, with_endpoints=False,
+                                                            record_sizes=(20000,))
+    return struct.pack(">i", len(payload)) + payload

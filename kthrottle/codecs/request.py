@@ -286,6 +286,27 @@ class RequestHead:
         at = self._fetch_fields()[2]
         return 0 if at is None else INT32.unpack_from(self.buf, at)[0]
 
+    @property
+    def share_fetch_max_bytes_offset(self):
+        """Offset of ShareFetch ``MaxBytes`` (KIP-932; after GroupId,
+        MemberId, ShareSessionEpoch, MaxWaitMs and MinBytes)."""
+        at = self._fetch
+        if at is None:
+            if self.api_key != apis.SHARE_FETCH:
+                raise ValueError("MaxBytes of a non-ShareFetch request")
+            buf = self.buf
+            pos = self.body_offset
+            for what in ("ShareFetch GroupId", "ShareFetch MemberId"):
+                try:
+                    n, pos = read_uvarint(buf, pos)  # compact nullable string
+                except ProtocolError:
+                    self._more(what)
+                pos += max(n - 1, 0)
+            at = pos + 12
+            self._need(at + 4, "ShareFetch MaxBytes")
+            self._fetch = at
+        return at
+
     def fields_for_policy(self):
         """Locate every body field a decision on this request may read, so
         that HeadTooShort comes before any decision is made, never after
@@ -296,6 +317,8 @@ class RequestHead:
             self.acks
         elif key == apis.FETCH:
             self._fetch_fields()
+        elif key == apis.SHARE_FETCH:
+            self.share_fetch_max_bytes_offset
 
 
 def with_int32(buf, offset, value):

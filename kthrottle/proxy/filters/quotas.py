@@ -2,7 +2,7 @@
 (KIP-124), counted per <user, client-id> as the policy resolves them."""
 from ...codecs import apis
 from ...codecs.quota_answers import empty_fetch_response, produce_timed_out_response
-from ...codecs.request import capped_fetch_head, capped_fetch_partitions
+from ...codecs.request import capped_fetch_head, capped_fetch_partitions, with_int32
 from ...codecs.wire import INT32
 from ...policy.entities import CONSUMER_BYTE_RATE
 from ...policy.quotas import Decision, client_quotas_apply
@@ -78,7 +78,7 @@ class QuotaAccounting(Filter):
             waiting.since = None
         if api_key == apis.PRODUCE:  # acks=0 too: its throttle mutes the client
             return _verdict(quotas.on_request(api_key, head.frame_len, acks, now))
-        if api_key == apis.FETCH:
+        if api_key == apis.FETCH or api_key == apis.SHARE_FETCH:
             quotas.fetch_cap = None
             grant = quotas.fetch_grant(now)
             charged = 0
@@ -89,14 +89,13 @@ class QuotaAccounting(Filter):
                     if verdict is not None:
                         return verdict
                 else:
-                    at = head.max_bytes_offset
+                    at = (head.max_bytes_offset if api_key == apis.FETCH
+                          else head.share_fetch_max_bytes_offset)
                     asked = grant if at is None else INT32.unpack_from(head.buf, at)[0]
                     charged = int(min(max(asked, 1), grant))
                     quotas.charge_fetch(charged, now)
                     quotas.fetch_cap = grant  # FetchCap caps it to this
             ctx.note(inflight, (quotas, charged))  # its response counts too
-        elif api_key == apis.SHARE_FETCH:
-            ctx.note(inflight, (quotas, 0))
         return _verdict(quotas.on_request(api_key, head.frame_len, None, now))
 
     def _owed(self, ctx, head, inflight, quotas, owed, acks):
@@ -138,6 +137,15 @@ class QuotaAccounting(Filter):
             patched = capped_fetch_head(head, 1)
             return Forward(patched) if patched is not None else None
         waiting.since = None
+        if api_key == apis.SHARE_FETCH:
+            # records a ShareFetch brings are acquired for this member (KIP-932):
+            # an answer of the proxy's own would leave them locked until
+            # their acquisition lock times out, and the share session's
+            # epoch behind. It goes on asking for one byte (a broker still
+            # sends one batch, KIP-74), its response counting as any does.
+            ctx.note(inflight, (quotas, 0))
+            quotas.fetch_cap = 1
+            return _share_fetch_capped(head, 1)
         return None  # counted, throttled as it comes
 
     def quick(self, api_key, api_version):
@@ -193,7 +201,7 @@ class QuotaAccounting(Filter):
         if noted is None:
             return None
         quotas, charged = noted
-        if inflight.api_key == apis.FETCH:
+        if inflight.api_key == apis.FETCH:  # (a ShareFetch's records are acquired: no)
             # a response larger than the bucket's burst is paid for before it
             # is delivered: answered empty, as Kafka answers a fetch over
             # its quota, until the bucket has paid for it (then sent when
@@ -236,6 +244,8 @@ class FetchCap(Filter):
         return None if services.quotas is None else cls()
 
     def request_need(self, api_key, api_version):
+        if api_key == apis.SHARE_FETCH:
+            return HEAD
         if api_key != apis.FETCH:
             return NOTHING
         return HEAD if api_version >= 3 else GATHER  # v0-2: the partitions' max
@@ -267,7 +277,7 @@ class FetchCap(Filter):
         return check
 
     def on_request(self, ctx, head, inflight):
-        if not client_quotas_apply(head.api_key, head.replica_id):
+        if head.api_key == apis.FETCH and not client_quotas_apply(head.api_key, head.replica_id):
             return None
         quotas = ctx.quotas_for(head.client_id or "")
         cap = quotas.fetch_cap  # the grant QuotaAccounting gave it
@@ -276,8 +286,19 @@ class FetchCap(Filter):
         if cap is None:
             return None
         cap = max(int(cap), 1)
+        if head.api_key == apis.SHARE_FETCH:
+            return _share_fetch_capped(head, cap)
         if head.api_version < 3:
             patched = capped_fetch_partitions(head.buf, cap)
         else:
             patched = capped_fetch_head(head, cap)
         return None if patched is None else Forward(patched)
+
+
+def _share_fetch_capped(head, cap):
+    """A ShareFetch with MaxBytes lowered to ``cap`` (Forward), or None when it
+    asks for no more."""
+    at = head.share_fetch_max_bytes_offset
+    if INT32.unpack_from(head.buf, at)[0] <= cap:
+        return None
+    return Forward(with_int32(head.buf, at, cap))
