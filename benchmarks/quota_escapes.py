@@ -36,8 +36,22 @@ Techniques (``--only`` takes these names):
                         ControlledShutdown), request_rate = 10: requests reaching the broker
   acks0-produce         Produce v7 acks=0 as fast as the socket takes them, request_rate =
                         10: Produce requests reaching the broker per second vs 10
-  share-fetch           ShareFetch (key 78): needs Apache Kafka 4 (--broker kafka); Tansu
-                        has no share groups. Not written yet: the row says so
+  share-fetch           --share-consumers (4) of Kafka's ConsoleShareConsumer (a
+                        KafkaShareConsumer with its defaults: fetch.max.bytes 50 MiB,
+                        max.poll.records 500), JVMs of one client-id in one share group
+                        (share.auto.offset.reset=earliest), on a topic of their own that
+                        stays empty until every one of them is in the group and fetching;
+                        then the clock starts and --share-fill-mb (60) MB of --fill-record
+                        records go into it, straight to the broker. Counts record value
+                        bytes as each record is printed. ShareFetch (key 78, KIP-932)
+                        counts on consumer_byte_rate as Fetch does
+  share-fetch-pipelined 100 ShareFetch v1 in flight on one connection (raw frames: share
+                        session epochs 0, 1, 2, ...; each accepting what the response
+                        before it acquired), for a member that FindCoordinator v4 and
+                        ShareGroupHeartbeat v1 frames joined to a share group of the
+                        fetch topic (and keep in it, on a connection of their own).
+                        share-fetch and share-fetch-pipelined need Apache Kafka 4
+                        (--broker kafka): Tansu has no share groups
   fetch-reconnect-hurried  (not in the issue's list) fetch-reconnect, but a connection
                         whose answer has not come in --give-up-ms (50) is closed and the
                         loop goes on at once, as a client in a hurry would
@@ -64,11 +78,16 @@ requests go out at most ``--max-request-rate``/s per technique, producers stop a
 ``--produce-cap-mb`` in all; every technique ends at --seconds. Every process started (the
 broker, the relay, each proxy) is stopped by its PID, on Ctrl-C and on errors too.
 
-``--broker kafka --bootstrap HOST:PORT`` runs the same techniques through a proxy in front of
-a broker already running there (topics made with the admin API; tried against one Apache
-Kafka 4.4 KRaft node). There is no relay then: the "at the broker" columns and the
-request-rate rows stay empty. Kafka 4 no longer takes Fetch v0-3 (KIP-896), so
-fetch-v2-50mib only meets closed connections there.
+``--broker kafka`` runs the same techniques through a proxy in front of Apache Kafka: a
+node of its own (tests/kafka_cluster.py: Kafka 4.4.0, KRaft, one node, on free ports, its
+jars fetched into .cache/ by scripts/kafka-jars; stopped by its PID at the end, on Ctrl-C and
+errors too), or with ``--bootstrap HOST:PORT`` a broker already running there (topics made
+with the admin API). Every proxy gets a port of its own for each node id (--node-ports). The
+node started here also listens on [::1] only, where the machine has IPv6 loopback: the
+proxies are put in front of that listener and the share consumers' JVMs use IPv4 only, so
+that they cannot reach the broker but through the proxy. There is no relay on Kafka: the "at
+the broker" columns and the request-rate rows stay empty. Kafka 4 no longer takes Fetch v0-3
+(KIP-896), so fetch-v2-50mib only meets closed connections there.
 
 Writes ``quota_escapes.md`` and ``quota_escapes.json`` into a new directory
 ``benchmarks/runs/<date-time>-quota-escapes/`` (or ``--output-dir``). Examples::
@@ -76,13 +95,17 @@ Writes ``quota_escapes.md`` and ``quota_escapes.json`` into a new directory
     python benchmarks/quota_escapes.py                       # all, about 7 minutes
     python benchmarks/quota_escapes.py --seconds 5 --only fetch-reconnect,acks0-produce
     python benchmarks/quota_escapes.py --proxy-args='--quota-mode window'
+    python benchmarks/quota_escapes.py --broker kafka        # all, on a Kafka 4.4 node
+    python benchmarks/quota_escapes.py --broker kafka --only share-fetch,share-fetch-pipelined
     python benchmarks/quota_escapes.py --broker kafka --bootstrap 127.0.0.1:9092
 """
 import asyncio
 import os
+import re
 import shlex
 import signal
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -94,6 +117,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import harness
+import psutil
 
 with warnings.catch_warnings():  # kafka.protocol warns about its own deprecations
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -412,6 +436,9 @@ class Ctx:
         self.errors = Counter()
         self.largest = 0
         self.sample = None  # (api_version, payload) of the first response, if small enough
+        self.first_note = None  # what the first response said, where not a Fetch's sample
+        self.run = self.cluster = None  # the run and the broker side (run_technique)
+        self.proxy_ports = set()  # the proxy's listeners: bootstrap and node ports
         self.lock = threading.Lock()
         self.connect_pace = Pace(args.max_connect_rate)
         self.request_pace = Pace(args.max_request_rate)
@@ -485,12 +512,13 @@ def raw_template(api_key, client_id, version=0, body=b"\x00" * 16):
     return struct.pack(">i", len(frame)) + frame
 
 
-async def read_counted(reader, ctx, api_version=None):
-    """One response, its bytes counted by ``ctx.meter`` as they arrive."""
+async def read_counted(reader, ctx, api_version=None, whole=False):
+    """One response, its bytes counted by ``ctx.meter`` as they arrive; with ``whole`` its
+    payload (correlation id first) is returned."""
     head = await reader.readexactly(4)
     size = int.from_bytes(head, "big")
     ctx.meter.add(4)
-    keep = [] if ctx.sample is None and size <= SAMPLE_MAX else None
+    keep = [] if whole or (ctx.sample is None and size <= SAMPLE_MAX) else None
     left = size
     while left:
         chunk = await reader.read(min(left, MIB))
@@ -500,10 +528,12 @@ async def read_counted(reader, ctx, api_version=None):
         ctx.meter.add(len(chunk))
         if keep is not None:
             keep.append(chunk)
-    if keep is not None and ctx.sample is None:
-        ctx.sample = (api_version, b"".join(keep))
     ctx.count("responses")
     ctx.largest = max(ctx.largest, 4 + size)
+    if whole:
+        return b"".join(keep)
+    if keep is not None and ctx.sample is None:
+        ctx.sample = (api_version, b"".join(keep))
 
 
 async def close_writer(writer):
@@ -802,6 +832,560 @@ async def t_ck_producers(ctx):
     await threads_with_gate(ctx, 30, ck_produce, ctx.args.produce_cap_mb * MB / 30)
 
 
+# --- share groups (KIP-932): Apache Kafka 4 only
+
+FIND_COORDINATOR, SHARE_GROUP_HEARTBEAT, SHARE_FETCH = 10, 76, 78
+FIND_COORDINATOR_VERSION = 4  # flexible, batched keys (KIP-699)
+SHARE_HEARTBEAT_VERSION = 1  # 4.1+: v1 only
+SHARE_FETCH_VERSION = 1  # v0 was 4.0's early access; v2 adds acquire modes (KIP-1206)
+SHARE_MAX_RECORDS = 500  # the Java share consumer's max.poll.records, asked per ShareFetch
+ACCEPT = 1  # AcknowledgeType Accept
+# errors a share member or session starts over from
+UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH = 25, 110
+SHARE_SESSION_ERRORS = {122: "SHARE_SESSION_NOT_FOUND", 123: "INVALID_SHARE_SESSION_EPOCH",
+                        133: "SHARE_SESSION_LIMIT_REACHED"}
+RETRIABLE_COORDINATOR = {14, 15, 16}  # load in progress, not available, not coordinator
+
+
+def uvarint(n):
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def compact_string(text):
+    """COMPACT_(NULLABLE_)STRING: length + 1 as an unsigned varint (0: null), UTF-8."""
+    if text is None:
+        return b"\x00"
+    data = text.encode()
+    return uvarint(len(data) + 1) + data
+
+
+def compact_array(items):
+    """COMPACT_ARRAY of already encoded ``items`` (None: a null array)."""
+    if items is None:
+        return b"\x00"
+    return uvarint(len(items) + 1) + b"".join(items)
+
+
+NO_TAGS = b"\x00"
+
+
+def flexible_frame(api_key, version, correlation, client_id, body):
+    """A framed request with header v2 (a flexible version's): the v1 header (client-id an
+    INT16-length string) and no tagged fields."""
+    cid = client_id.encode()
+    frame = struct.pack(">hhih", api_key, version, correlation, len(cid)) + cid + NO_TAGS + body
+    return struct.pack(">i", len(frame)) + frame
+
+
+class Fields:
+    """Reads a flexible response's fields in order."""
+
+    def __init__(self, payload, pos=0):
+        self.buf, self.pos = payload, pos
+
+    def fixed(self, fmt):
+        value = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def uvarint(self):
+        shift = value = 0
+        while True:
+            byte = self.buf[self.pos]
+            self.pos += 1
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+
+    def bytes(self):
+        """COMPACT_(NULLABLE_)BYTES or RECORDS: None or the bytes."""
+        n = self.uvarint()
+        if n == 0:
+            return None
+        data = self.buf[self.pos:self.pos + n - 1]
+        self.pos += n - 1
+        return data
+
+    def string(self):
+        data = self.bytes()
+        return None if data is None else bytes(data).decode("utf-8", "replace")
+
+    def uuid(self):
+        data = bytes(self.buf[self.pos:self.pos + 16])
+        self.pos += 16
+        return data
+
+    def count(self):
+        """A COMPACT_ARRAY's length (-1: null)."""
+        return self.uvarint() - 1
+
+    def tags(self):
+        for _ in range(self.uvarint()):
+            self.uvarint()  # tag
+            self.pos += self.uvarint()  # size, then skip the field
+
+    @classmethod
+    def response(cls, payload):
+        """After a flexible response header (v1): correlation id, tagged fields."""
+        fields = cls(payload, 4)
+        fields.tags()
+        return fields
+
+
+def share_heartbeat_body(group, member_id, epoch, topics):
+    """ShareGroupHeartbeat v1: group, member id, epoch (0 joins, -1 leaves), rack (null),
+    subscribed topic names (null: unchanged)."""
+    return (compact_string(group) + compact_string(member_id) + struct.pack(">i", epoch)
+            + compact_string(None)
+            + compact_array(None if topics is None else [compact_string(t) for t in topics])
+            + NO_TAGS)
+
+
+def find_coordinator_body(group):
+    """FindCoordinator v4 of one group (key type 0: a group's, share groups' too)."""
+    return struct.pack(">b", 0) + compact_array([compact_string(group)]) + NO_TAGS
+
+
+def parse_find_coordinator(payload):
+    """(node id, host, port, error code) of the one key asked."""
+    f = Fields.response(payload)
+    f.fixed(">i")  # throttle
+    f.count()
+    f.string()  # the key
+    node_id, host, port = f.fixed(">i"), f.string(), f.fixed(">i")
+    return node_id, host, port, f.fixed(">h")
+
+
+def parse_share_heartbeat(payload):
+    f = Fields.response(payload)
+    answer = {"throttle_ms": f.fixed(">i"), "error": f.fixed(">h"), "message": f.string(),
+              "member_id": f.string(), "epoch": f.fixed(">i"), "interval_ms": f.fixed(">i"),
+              "assignment": None}
+    if f.fixed(">b") >= 0:  # a nullable struct: -1 null, 1 present
+        assigned = {}
+        for _ in range(f.count()):
+            topic_id = f.uuid()
+            assigned[topic_id] = [f.fixed(">i") for _ in range(f.count())]
+            f.tags()
+        f.tags()
+        answer["assignment"] = assigned
+    return answer
+
+
+def share_fetch_body(group, member_id, epoch, topic_id, acks, max_wait_ms=500,
+                     max_bytes=FETCH_MAX_BYTES, max_records=SHARE_MAX_RECORDS):
+    """ShareFetch v1 of partition 0 of ``topic_id``, accepting the offset ranges ``acks``
+    ([(first, last)]) of it."""
+    batches = [struct.pack(">qq", first, last) + compact_array([struct.pack(">b", ACCEPT)])
+               + NO_TAGS for first, last in acks]
+    partition = struct.pack(">i", 0) + compact_array(batches) + NO_TAGS
+    topic = topic_id + compact_array([partition]) + NO_TAGS
+    return (compact_string(group) + compact_string(member_id)
+            + struct.pack(">iiiiii", epoch, max_wait_ms, 1, max_bytes, max_records, max_records)
+            + compact_array([topic]) + compact_array([]) + NO_TAGS)
+
+
+def parse_share_fetch(payload):
+    """What a ShareFetch v1/v2 response says: top-level throttle and error, the partition
+    errors, the record bytes and the acquired offset ranges."""
+    f = Fields.response(payload)
+    out = {"throttle_ms": f.fixed(">i"), "error": f.fixed(">h"), "message": f.string(),
+           "partition_errors": [], "record_bytes": 0, "acquired": []}
+    f.fixed(">i")  # acquisition lock timeout
+    for _ in range(max(0, f.count())):
+        f.uuid()
+        for _ in range(max(0, f.count())):
+            f.fixed(">i")  # partition index
+            error, message = f.fixed(">h"), f.string()
+            ack_error, ack_message = f.fixed(">h"), f.string()
+            f.fixed(">i"), f.fixed(">i")  # current leader: id, epoch
+            f.tags()
+            records = f.bytes()
+            out["record_bytes"] += len(records) if records else 0
+            for _ in range(max(0, f.count())):
+                first, last = f.fixed(">q"), f.fixed(">q")
+                f.fixed(">h")  # delivery count
+                f.tags()
+                out["acquired"].append((first, last))
+            f.tags()
+            if error:
+                out["partition_errors"].append("error %d %s" % (error, message or ""))
+            if ack_error:
+                out["partition_errors"].append("acknowledge error %d %s"
+                                               % (ack_error, ack_message or ""))
+        f.tags()
+    return out
+
+
+async def blocking(fn, *args):
+    """``fn(*args)`` in a thread (an admin call), as harness.in_thread runs a phase."""
+    return await harness.in_thread(lambda *a: fn(*a[:-1]), *args)
+
+
+class CoordinatorError(Exception):
+    """FindCoordinator answered with an error (the coordinator is not there yet)."""
+
+
+class ShareMember:
+    """One member of a share group over raw frames: FindCoordinator v4, then
+    ShareGroupHeartbeat v1 on a connection of its own to the coordinator: joins, waits for
+    partition 0 of the technique's topic, heartbeats at the interval the coordinator
+    gives, leaves."""
+
+    def __init__(self, ctx, group):
+        self.ctx, self.group = ctx, group
+        self.member_id = str(uuid.uuid4())  # a client's own, since KIP-1082
+        self.epoch = 0
+        self.interval = 5.0
+        self.topic_id = None
+        self.coordinator = None  # (host, port)
+        self.reader = self.writer = None
+
+    async def find_coordinator(self):
+        """The group's coordinator as the proxy names it (its first FindCoordinator also
+        makes the broker create __consumer_offsets, without which no coordinator is)."""
+        ctx = self.ctx
+        reader, writer = await ctx.connect()
+        try:
+            writer.write(flexible_frame(FIND_COORDINATOR, FIND_COORDINATOR_VERSION,
+                                        ctx.next_correlation(), ctx.client_id,
+                                        find_coordinator_body(self.group)))
+            node_id, host, port, error = parse_find_coordinator(await asyncio.wait_for(
+                harness.read_frame(reader), 30))
+        finally:
+            await close_writer(writer)
+        if error:
+            raise CoordinatorError("FindCoordinator: error %d" % error)
+        self.coordinator = (host, port)
+
+    async def heartbeat(self, epoch, topics=None):
+        ctx = self.ctx
+        if self.coordinator is None:
+            await self.find_coordinator()
+        if self.writer is None:
+            await ctx.connect_pace.wait()
+            ctx.count("connections")
+            self.reader, self.writer = await asyncio.open_connection(*self.coordinator)
+        body = share_heartbeat_body(self.group, self.member_id, epoch, topics)
+        self.writer.write(flexible_frame(SHARE_GROUP_HEARTBEAT, SHARE_HEARTBEAT_VERSION,
+                                         ctx.next_correlation(), ctx.client_id, body))
+        try:
+            answer = parse_share_heartbeat(await asyncio.wait_for(
+                harness.read_frame(self.reader), 40))
+        except BaseException:
+            await self.close()
+            raise
+        if answer["interval_ms"] > 0:
+            self.interval = answer["interval_ms"] / 1000.0
+        return answer
+
+    async def join(self, timeout=90.0):
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                answer = await self.heartbeat(self.epoch, [self.ctx.topic])
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError,
+                    CoordinatorError) as exc:
+                last = "%s: %s" % (type(exc).__name__, exc)
+                await asyncio.sleep(0.5)
+                continue
+            if answer["error"]:
+                last = "error %d %s" % (answer["error"], answer["message"] or "")
+                if answer["error"] in (UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH):
+                    self.epoch = 0
+                elif answer["error"] in RETRIABLE_COORDINATOR:
+                    self.coordinator = None
+                    await self.close()
+                await asyncio.sleep(0.5)
+                continue
+            self.epoch = answer["epoch"]
+            for topic_id, partitions in (answer["assignment"] or {}).items():
+                if 0 in partitions:
+                    self.topic_id = topic_id
+                    return
+            await asyncio.sleep(min(self.interval, 0.5))
+        raise RuntimeError("the share group member was not given %s-0 in %.0f s (last: %s)"
+                           % (self.ctx.topic, timeout, last))
+
+    async def keep_alive(self):
+        """Heartbeats until cancelled; a member the coordinator forgot joins again."""
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                answer = await self.heartbeat(self.epoch, [self.ctx.topic])
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError,
+                    CoordinatorError) as exc:
+                self.ctx.error("heartbeat: %s: %s" % (type(exc).__name__, exc))
+                continue
+            if answer["error"]:
+                self.ctx.error("heartbeat: error %d" % answer["error"])
+                if answer["error"] in (UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH):
+                    self.epoch = 0
+            else:
+                self.epoch = answer["epoch"]
+
+    async def leave(self):
+        try:
+            await asyncio.wait_for(self.heartbeat(-1), 5)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+            pass
+        await self.close()
+
+    async def close(self):
+        if self.writer is not None:
+            writer, self.writer = self.writer, None
+            await close_writer(writer)
+
+
+async def share_fetch_kept(ctx, member, window):
+    """One connection with ``window`` ShareFetch requests in flight (share session epochs
+    0, 1, 2, ... in order), each response bringing the next request, which accepts the
+    records that response acquired. A session the broker refuses, or a connection the
+    proxy closes, starts over on a new connection at epoch 0."""
+    while ctx.running():
+        try:
+            reader, writer = await ctx.connect()
+        except OSError as exc:
+            ctx.error("connect: %s" % exc)
+            await asyncio.sleep(0.05)
+            continue
+        epoch = 0
+
+        def request(acks):
+            nonlocal epoch
+            body = share_fetch_body(member.group, member.member_id, epoch, member.topic_id,
+                                    acks)
+            epoch += 1
+            return flexible_frame(SHARE_FETCH, SHARE_FETCH_VERSION, ctx.next_correlation(),
+                                  ctx.client_id, body)
+
+        try:
+            for _ in range(window):
+                await ctx.request_pace.wait()
+                writer.write(request([]))
+            while ctx.running():
+                answer = parse_share_fetch(await read_counted(reader, ctx, whole=True))
+                ctx.count("record bytes in responses", answer["record_bytes"])
+                if ctx.first_note is None:
+                    ctx.first_note = "error %d, %d record bytes, throttle %d ms" % (
+                        answer["error"], answer["record_bytes"], answer["throttle_ms"])
+                for text in answer["partition_errors"]:
+                    ctx.error(text)
+                if answer["error"]:
+                    ctx.error("ShareFetch error %d %s" % (
+                        answer["error"], SHARE_SESSION_ERRORS.get(answer["error"], "")))
+                    if answer["error"] in SHARE_SESSION_ERRORS:
+                        ctx.count("share sessions started over")
+                        break
+                await ctx.request_pace.wait()
+                writer.write(request(answer["acquired"]))
+        except CLOSED:
+            ctx.count("closed by the proxy")
+        except OSError as exc:
+            ctx.error("%s: %s" % (type(exc).__name__, exc))
+        finally:
+            await close_writer(writer)
+
+
+async def t_share_fetch_pipelined(ctx):
+    group = "qe-%s-%s" % (ctx.tech.name, uuid.uuid4().hex[:6])
+    await blocking(ctx.cluster.set_group_config, group, {"share.auto.offset.reset": "earliest"})
+    member = ShareMember(ctx, group)
+    await member.join()
+    heartbeats = asyncio.ensure_future(member.keep_alive())
+    ctx.start_clock()
+    try:
+        await share_fetch_kept(ctx, member, 100)
+    finally:
+        heartbeats.cancel()
+        await asyncio.gather(heartbeats, return_exceptions=True)
+        await member.leave()
+
+
+TOOLS_LOG4J2 = """\
+status = warn
+appender.err.type = Console
+appender.err.name = ERR
+appender.err.target = SYSTEM_ERR
+appender.err.layout.type = PatternLayout
+appender.err.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.err.ref = ERR
+"""
+OFFSET_PRINTED = re.compile(rb"Offset:(\d+)")
+
+
+class ShareConsoleConsumer:
+    """Kafka's ConsoleShareConsumer (kafka-tools; a KafkaShareConsumer with its defaults,
+    acknowledging each record it prints) as a process of its own, through the proxy, in
+    an IPv4-only JVM. It prints each record's partition and offset, not its value: every
+    record of the topic has --fill-record value bytes, counted as it is printed."""
+
+    def __init__(self, ctx, group, lib, index):
+        import kafka_cluster
+
+        self.ctx = ctx
+        log4j = ctx.run.path("tools-log4j2.properties")
+        if not log4j.exists():
+            log4j.write_text(TOOLS_LOG4J2)
+        self.log_path = ctx.run.path("%s-consumer-%d.log" % (ctx.tech.name, index))
+        self.command = [
+            kafka_cluster.java_binary(), "-Xmx256m", "-XX:+UseSerialGC",
+            "-Djava.awt.headless=true", "-Dlog4j2.configurationFile=%s" % log4j,
+            *kafka_cluster.IPV4_ONLY_JVM_ARGS, "-cp", str(Path(lib) / "*"),
+            kafka_cluster.CONSOLE_SHARE_CONSUMER,
+            "--bootstrap-server", ctx.bootstrap, "--topic", ctx.topic, "--group", group,
+            "--command-property", "client.id=%s" % ctx.client_id,
+            "--formatter-property", "print.value=false",
+            "--formatter-property", "print.partition=true",
+            "--formatter-property", "print.offset=true"]
+        self.value_size = ctx.args.fill_record
+        self.proc = self.thread = self._log = None
+        self.records = 0
+        self.offsets = Counter()
+
+    def start(self):
+        """Started from the event loop's thread: the JVM gets SIGTERM should this process
+        die (PR_SET_PDEATHSIG follows the thread that forked it)."""
+        from kthrottle.embedded import _die_with_parent
+
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=self._log,
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
+        self.ctx.run.procs.on_stop(self.stop)  # on Ctrl-C and errors too
+        self.thread = threading.Thread(target=self._read, daemon=True,
+                                       name="share-consumer-%d" % self.proc.pid)
+        self.thread.start()
+        return self
+
+    def _read(self):
+        for line in self.proc.stdout:
+            match = OFFSET_PRINTED.search(line)
+            if match:
+                self.ctx.meter.add(self.value_size)
+                self.records += 1
+                self.offsets[int(match.group(1))] += 1
+
+    def node_connections(self, ports):
+        """Its established TCP connections to ``ports`` (the proxy's node listeners)."""
+        try:
+            return sum(1 for c in psutil.Process(self.proc.pid).net_connections(kind="tcp")
+                       if c.raddr and c.raddr.port in ports and c.status == "ESTABLISHED")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return 0
+
+    def terminate(self):
+        """SIGTERM, by its PID: its shutdown hook closes the share consumer."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+
+    def stop(self, grace=10.0):
+        """SIGTERM, SIGKILL ``grace`` seconds later; by its PID."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if self.thread is not None:
+            self.thread.join(5)
+        if self._log is not None:
+            self._log.close()
+
+    def log_errors(self):
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return []
+        return [line for line in text.splitlines() if " ERROR " in line or "Exception" in line]
+
+
+def stop_consumers(consumers, grace=10.0):
+    """SIGTERM to every one at once (each closes its share session, which a proxy holding
+    the client-id's requests may take a while to let through), SIGKILL to those still
+    there ``grace`` seconds later."""
+    for c in consumers:
+        c.terminate()
+    deadline = time.monotonic() + grace
+    for c in consumers:
+        c.stop(grace=max(0.1, deadline - time.monotonic()))
+
+
+async def t_share_consumers(ctx):
+    """--share-consumers ConsoleShareConsumer processes of one client-id in one share group
+    (share.auto.offset.reset=earliest) on a topic of the technique's own, empty until every
+    consumer has its connections to the broker's node open (the coordinator's and the
+    partition leader's: it is in the group and assigned) or 120 s have passed; then the
+    clock starts and --share-fill-mb of records are written to the topic straight to the
+    broker, while the consumers read it."""
+    args, cluster = ctx.args, ctx.cluster
+    group = "qe-%s-%s" % (ctx.tech.name, uuid.uuid4().hex[:6])
+    await blocking(cluster.set_group_config, group, {"share.auto.offset.reset": "earliest"})
+    lib = await blocking(cluster.kafka_lib)
+    consumers = [ShareConsoleConsumer(ctx, group, lib, i) for i in range(args.share_consumers)]
+    filler = None
+    node_ports = ctx.proxy_ports - {int(ctx.bootstrap.rsplit(":", 1)[1])}
+    try:
+        for c in consumers:
+            c.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            ready = [c.node_connections(node_ports) >= 2 for c in consumers]
+            if all(ready) or all(c.proc.poll() is not None for c in consumers):
+                break
+            await asyncio.sleep(0.2)
+        ready = sum(c.node_connections(node_ports) >= 2 for c in consumers)
+        if ready < len(consumers):
+            ctx.error("%d of %d share consumers ready in time" % (ready, len(consumers)))
+        ctx.count("clients", ready)
+        await asyncio.sleep(1.0)  # the last one's first ShareFetch
+        ctx.start_clock()
+        began = time.monotonic()
+        filler = asyncio.ensure_future(harness.in_thread(
+            fill, cluster.bootstrap, ctx.topic, int(args.share_fill_mb * MB), args.fill_record,
+            args.fill_batch, None))
+        while ctx.running():
+            if filler is not None and filler.done():
+                if filler.exception() is not None:
+                    ctx.error("filling: %s" % filler.exception())
+                else:
+                    ctx.count("s to fill the topic", round(time.monotonic() - began))
+                filler = None
+            if all(c.proc.poll() is not None for c in consumers):
+                ctx.error("every share consumer exited")
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        if filler is not None:
+            filler.cancel()
+            await asyncio.gather(filler, return_exceptions=True)
+        await asyncio.get_running_loop().run_in_executor(None, stop_consumers, consumers)
+        offsets = Counter()
+        for c in consumers:
+            offsets.update(c.offsets)
+            for line in c.log_errors()[:3]:
+                ctx.error("consumer: %s" % line.strip())
+        ctx.count("records", sum(offsets.values()))
+        redelivered = sum(n - 1 for n in offsets.values() if n > 1)
+        if redelivered:
+            ctx.count("records delivered again", redelivered)
+        ctx.count("consumers that got records", sum(1 for c in consumers if c.records))
+
+
 BYTES_IN = "response bytes received"
 VALUES_IN = "record bytes consumed"
 ACKED = "record bytes acknowledged"
@@ -834,8 +1418,11 @@ TECHNIQUES = (
               AT_BROKER, t_broker_only, broker_keys=BROKER_ONLY_KEYS),
     Technique("acks0-produce", "acks=0 Produce, request_rate = 10", "request_rate",
               AT_BROKER, t_acks0, topic="produce", broker_keys=(PRODUCE,)),
-    Technique("share-fetch", "ShareFetch (key 78)", "consumer_byte_rate", BYTES_IN,
-              needs="kafka"),
+    Technique("share-fetch", "ConsoleShareConsumer processes of one client-id in one share "
+              "group (ShareFetch, key 78)", "consumer_byte_rate", VALUES_IN, t_share_consumers,
+              topic="share", needs="kafka"),
+    Technique("share-fetch-pipelined", "100 pipelined ShareFetch v1 on one connection (kept)",
+              "consumer_byte_rate", BYTES_IN, t_share_fetch_pipelined, needs="kafka"),
     Technique("fetch-reconnect-hurried", "(extra) fetch-reconnect, giving up on an answer "
               "after --give-up-ms", "consumer_byte_rate", BYTES_IN, t_fetch_reconnect_hurried,
               broker_keys=(FETCH,)),
@@ -847,41 +1434,118 @@ BY_NAME = {t.name: t for t in TECHNIQUES}
 
 
 class Cluster:
-    """The broker side: a Tansu broker behind the counting relay, or (--broker kafka) a
-    broker already running at --bootstrap (no relay: nothing counted at the broker)."""
+    """The broker side: a Tansu broker behind the counting relay; or (--broker kafka) an
+    Apache Kafka node, started here with tests/kafka_cluster.py unless --bootstrap names one
+    already running (no relay then: nothing counted at the broker).
+
+    ``bootstrap`` is where the set-up (topics, fills, group configs) goes, straight to the
+    broker; ``upstream`` is what each proxy is put in front of. A Kafka node started here
+    has a second listener on [::1] only, where there is IPv6 loopback: the proxies use that
+    one and the Java share consumers run with IPv4 sockets only, so that they cannot reach
+    the broker but through the proxy (as tests/test_share_groups.py does)."""
 
     def __init__(self, run, args):
         self.kind = args.broker
-        self.relay = None
+        self.relay = self.broker = self.kafka = None
+        self.lib = None  # Kafka's jars (--broker kafka): ConsoleShareConsumer
+        self.node_ids = []  # Kafka's node ids: each gets a proxy port of its own
+        self.log_dir = run.log_dir
         if self.kind == "tansu":
             relay_port = harness.free_port()
             self.broker = run.broker(advertised_port=relay_port)
             self.relay = Relay(run, relay_port, self.broker.bootstrap)
-            self.bootstrap = self.relay.address
+            self.bootstrap = self.upstream = self.relay.address
+            self.description = "Tansu (in memory) behind a counting relay"
             print("Tansu broker pid %d on %s behind the counting relay pid %d on %s"
                   % (self.broker.proc.pid, self.broker.bootstrap, self.relay.proc.pid,
                      self.bootstrap), flush=True)
+            return
+        import kafka_cluster
+
+        if args.bootstrap:
+            self.bootstrap = self.upstream = args.bootstrap
+            self.description = "Apache Kafka at %s (started by someone else; no relay: " \
+                "nothing counted at the broker)" % args.bootstrap
+            print("broker at %s (--broker kafka --bootstrap: started by someone else)"
+                  % self.bootstrap, flush=True)
         else:
-            self.broker = None
-            self.bootstrap = args.bootstrap
-            print("broker at %s (--broker kafka: started by someone else)" % self.bootstrap,
-                  flush=True)
+            self.lib = kafka_cluster.fetch_kafka_lib()
+            kafka = kafka_cluster.KafkaBroker(
+                workdir=run.path("kafka"), lib=self.lib, log_path=run.path("kafka.log"),
+                ipv6_listener=kafka_cluster.ipv6_loopback(), heap="1g")
+            # stopped by its PID with the run (and by start itself if it fails)
+            run.procs.on_stop(lambda: kafka.stop(keep=False))
+            began = time.monotonic()
+            kafka.start()
+            self.kafka = kafka
+            self.bootstrap = kafka.bootstrap
+            self.upstream = kafka.bootstrap_ipv6 or kafka.bootstrap
+            self.description = (
+                "Apache Kafka %s (KRaft, one node, started by this run; the proxies in front "
+                "of its %s listener; no relay: nothing counted at the broker)"
+                % (kafka.version, "[::1]-only" if kafka.bootstrap_ipv6 else "127.0.0.1"))
+            print("Apache Kafka %s pid %d on %s%s, up in %.1f s (log %s)"
+                  % (kafka.version, kafka.proc.pid, kafka.bootstrap,
+                     " and %s" % kafka.bootstrap_ipv6 if kafka.bootstrap_ipv6 else "",
+                     time.monotonic() - began, kafka.log_path), flush=True)
+        host, port = self.bootstrap.rsplit(":", 1)
+        brokers, _controller = kafka_cluster.metadata_brokers(host, int(port), timeout=10)
+        self.node_ids = sorted(b[0] for b in brokers)
+
+    def kafka_lib(self):
+        """Kafka's jars (fetched by scripts/kafka-jars if need be)."""
+        if self.lib is None:
+            import kafka_cluster
+
+            self.lib = kafka_cluster.fetch_kafka_lib()
+        return self.lib
+
+    def proxy_args(self):
+        """Flags every proxy gets from the broker side, and the node ports they name: on
+        Kafka each node id its own free port (Tansu's node 111 is start_kthrottle's)."""
+        if not self.node_ids:
+            return [], []
+        ports = [harness.free_port() for _ in self.node_ids]
+        spec = ",".join("%d=%d" % item for item in zip(self.node_ids, ports))
+        return ["--node-ports", spec], ports
 
     def alive(self):
         if self.broker is not None and self.broker.proc.poll() is not None:
             return "the Tansu broker exited (code %s)" % self.broker.proc.returncode
         if self.relay is not None and not self.relay.proc.is_alive():
             return "the counting relay exited"
+        if self.kafka is not None and (self.kafka.proc is None
+                                       or self.kafka.proc.poll() is not None):
+            return "Apache Kafka exited; the end of its log:\n%s" % self.kafka.log_tail()
         return None
+
+    def admin(self):
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient({"bootstrap.servers": self.bootstrap, "client.id": "qe-setup"})
 
     def create_topic(self, name, partitions, config=None):
         if self.kind == "tansu":
             harness.create_topic(self.broker.bootstrap, name, partitions)
             return
-        from confluent_kafka.admin import AdminClient, NewTopic
+        from confluent_kafka.admin import NewTopic
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin = self.admin()  # kept until answered: a dropped client cancels its futures
         futures = admin.create_topics([NewTopic(name, partitions, 1, config=config or {})])
+        for f in futures.values():
+            f.result(30)
+
+    def set_group_config(self, group, settings):
+        """Group configs (KIP-848, KIP-932), e.g. share.auto.offset.reset=earliest: a share
+        group starts at the latest offset unless told otherwise."""
+        from confluent_kafka.admin import (AlterConfigOpType, ConfigEntry, ConfigResource,
+                                           ResourceType)
+
+        entries = [ConfigEntry(k, str(v), incremental_operation=AlterConfigOpType.SET)
+                   for k, v in settings.items()]
+        admin = self.admin()
+        futures = admin.incremental_alter_configs(
+            [ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)])
         for f in futures.values():
             f.result(30)
 
@@ -890,9 +1554,7 @@ class Cluster:
             if self.kind == "tansu":
                 harness.delete_topic(self.broker.bootstrap, name)
                 return
-            from confluent_kafka.admin import AdminClient
-
-            admin = AdminClient({"bootstrap.servers": self.bootstrap})  # alive until answered
+            admin = self.admin()  # alive until answered
             for f in admin.delete_topics([name]).values():
                 f.result(30)
         except Exception as exc:
@@ -1062,30 +1724,36 @@ def run_technique(runner, run, cluster, topics, tech, args):
         row["skipped"] = "needs Apache Kafka 4 (--broker kafka)"
         return row
     if tech.run is None:
-        row["skipped"] = "not written yet (a ShareFetch client: ShareGroupHeartbeat, then " \
-                         "ShareFetch, ShareAcknowledge)"
+        row["skipped"] = "not written yet"
         return row
     client_id = "qe-%s" % tech.name
     quota_file = run.path("quotas-%s.toml" % tech.name)
     quota_file.write_text(quota_file_text(tech, client_id, args))
     topic = topics[tech.topic]
-    if tech.topic == "produce":
-        topic = "qe-produce-%s-%s" % (tech.name, uuid.uuid4().hex[:6])
-        cluster.create_topic(topic, 3)
-    proxy = run.kthrottle(cluster.bootstrap, ["--quota-file", str(quota_file), *args.proxy_args],
-                          admin=True, name="kthrottle-%s" % tech.name,
-                          probe=cluster.kind == "tansu")
-    print("  %s: %s (proxy pid %d on %s) ..." % (tech.name, tech.title, proxy.proc.pid,
-                                                  proxy.bootstrap), flush=True)
+    own_topic = tech.topic in ("produce", "share")
+    if own_topic:  # a topic of the technique's own: 3 partitions to produce to, or 1 empty
+        topic = "qe-%s-%s-%s" % (tech.topic, tech.name, uuid.uuid4().hex[:6])
+        cluster.create_topic(topic, 3 if tech.topic == "produce" else 1)
     try:
-        leader = runner.run(asyncio.wait_for(leader_of(proxy.bootstrap, topic), 30))
-        ctx = Ctx(tech, args, leader, topic, proxy.bootstrap)
-        runner.run(measure(tech, ctx, args))
-        row["proxy_metrics"] = proxy_metrics(proxy, client_id)
-        row["proxy_alive"] = proxy.proc.poll() is None
+        node_args, node_ports = cluster.proxy_args()
+        proxy = run.kthrottle(cluster.upstream, ["--quota-file", str(quota_file), *node_args,
+                                                 *args.proxy_args],
+                              admin=True, name="kthrottle-%s" % tech.name,
+                              probe=cluster.kind == "tansu")
+        print("  %s: %s (proxy pid %d on %s) ..." % (tech.name, tech.title, proxy.proc.pid,
+                                                      proxy.bootstrap), flush=True)
+        try:
+            leader = runner.run(asyncio.wait_for(leader_of(proxy.bootstrap, topic), 30))
+            ctx = Ctx(tech, args, leader, topic, proxy.bootstrap)
+            ctx.run, ctx.cluster = run, cluster
+            ctx.proxy_ports = {proxy.port, *(node_ports or [proxy.node_port])}
+            runner.run(measure(tech, ctx, args))
+            row["proxy_metrics"] = proxy_metrics(proxy, client_id)
+            row["proxy_alive"] = proxy.proc.poll() is None
+        finally:
+            run.procs.stop(proxy.proc)
     finally:
-        run.procs.stop(proxy.proc)
-        if tech.topic == "produce":
+        if own_topic:
             cluster.delete_topic(topic)
     steady, burst = windows(args.seconds)
     quota = row["quota"]
@@ -1109,8 +1777,9 @@ def run_technique(runner, run, cluster, topics, tech, args):
         "broker_totals": totals,
         "stats": dict(ctx.stats), "errors": dict(ctx.errors.most_common(8)),
         "largest_response": ctx.largest or None,
-        "first_response": describe_sample(ctx.sample) if tech.quota_key == "consumer_byte_rate"
-        and tech.measure == BYTES_IN else None,
+        "first_response": ctx.first_note or (describe_sample(ctx.sample) if tech.quota_key
+                                              == "consumer_byte_rate" and tech.measure
+                                              == BYTES_IN else None),
     })
     print("    achieved/quota %s (1-%g s), %s (0-%g s); at the broker %s, %s; %s" % (
         fx(row["steady"]), steady[1], fx(row["burst"]), burst[1], fx(row["broker_steady"]),
@@ -1177,9 +1846,7 @@ def markdown_report(rows, facts, args, command, elapsed, stopped, failures):
         % (facts["nproc"], facts["cpu_model"], facts["python"], facts["kthrottle_commit"],
            ", " + facts["tansu"] if args.broker == "tansu" else "", facts["confluent_kafka"],
            facts["librdkafka"],
-           "Tansu (in memory) behind a counting relay" if args.broker == "tansu"
-           else "%s at %s (no relay: nothing counted at the broker)" % (args.broker,
-                                                                         args.bootstrap),
+           facts["broker"],
            (", extra flags %s" % shlex.join(args.proxy_args)) if args.proxy_args else "",
            args.quota, args.request_rate, args.seconds, steady[0], steady[1], burst[0],
            burst[1], elapsed, (" (%s)" % stopped) if stopped else ""), "",
@@ -1211,6 +1878,16 @@ def markdown_report(rows, facts, args, command, elapsed, stopped, failures):
         % (args.fill_mb, args.fill_record, args.fill_batch, args.give_up_ms,
            args.max_connect_rate, args.max_request_rate, args.produce_cap_mb),
     ]
+    if args.broker == "kafka":
+        lines[-1] += (
+            " share-fetch runs %d ConsoleShareConsumer JVMs (Kafka's own share consumer, its "
+            "defaults: fetch.max.bytes 50 MiB, max.poll.records 500), one client-id, one share "
+            "group, on a topic of their own that gets %g MB of %d B records once all are in "
+            "the group (records counted as printed, %d B each); share-fetch-pipelined keeps "
+            "100 ShareFetch v1 (max_bytes 50 MiB, max_records %d) in flight on one connection "
+            "for one member, accepting what each response acquired."
+            % (args.share_consumers, args.share_fill_mb, args.fill_record, args.fill_record,
+               SHARE_MAX_RECORDS))
     if failures:
         lines += ["", "Failures:", ""] + ["- %s" % f for f in failures]
     return "\n".join(lines) + "\n"
@@ -1235,11 +1912,17 @@ def parse_args(argv=None):
                    help="extra flags for every proxy, one string (e.g. "
                    "--proxy-args='--quota-mode window')")
     p.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
-                   help="tansu: start one (in memory) behind a counting relay; kafka: use "
-                   "the broker already running at --bootstrap (nothing is counted at the "
-                   "broker then)")
+                   help="tansu: start one (in memory) behind a counting relay; kafka: start "
+                   "an Apache Kafka 4.4 node (KRaft, tests/kafka_cluster.py, jars through "
+                   "scripts/kafka-jars), or use the broker already running at --bootstrap "
+                   "(nothing is counted at the broker then)")
     p.add_argument("--bootstrap", metavar="HOST:PORT",
-                   help="the running broker's address (--broker kafka)")
+                   help="--broker kafka: a broker already running there, instead of one "
+                   "started here")
+    p.add_argument("--share-consumers", type=int, default=4,
+                   help="ConsoleShareConsumer processes (JVMs) of the share-fetch technique")
+    p.add_argument("--share-fill-mb", type=float, default=60.0,
+                   help="MB written to share-fetch's topic once its consumers are ready")
     p.add_argument("--fill-mb", type=float, default=200.0,
                    help="MB written to the fetch techniques' topic first")
     p.add_argument("--fill-record", type=int, default=16000,
@@ -1277,13 +1960,12 @@ def parse_args(argv=None):
                                                              ", ".join(BY_NAME)))
     else:
         args.only = list(BY_NAME)
-    if args.broker == "kafka" and not args.bootstrap:
-        p.error("--broker kafka needs --bootstrap HOST:PORT")
     if args.bootstrap and args.broker != "kafka":
         p.error("--bootstrap is for --broker kafka")
     if min(args.quota, args.request_rate, args.max_connect_rate, args.max_request_rate,
            args.produce_cap_mb, args.producer_batch, args.producer_record, args.fill_record,
-           args.fill_batch) <= 0 or args.give_up_ms < 0 \
+           args.fill_batch, args.share_consumers, args.share_fill_mb) <= 0 \
+            or args.give_up_ms < 0 \
             or args.fill_mb < 1 or args.big_batches < 1:
         p.error("quotas, rates, sizes and counts must be positive (--fill-mb at least 1)")
     try:
@@ -1317,8 +1999,10 @@ def output_dir(args):
 def prepare_topics(runner, cluster, techniques, args):
     """The fetch topic (filled) and the big-batch topic, as the techniques need them."""
     run_id = uuid.uuid4().hex[:6]
-    topics = {"fill": "qe-fill-%s" % run_id, "big": "qe-big-%s" % run_id, "produce": None}
-    if any(t.topic == "fill" and t.run for t in techniques):
+    topics = {"fill": "qe-fill-%s" % run_id, "big": "qe-big-%s" % run_id, "produce": None,
+              "share": None}
+    techniques = [t for t in techniques if t.run and t.needs in (None, cluster.kind)]
+    if any(t.topic == "fill" for t in techniques):
         cluster.create_topic(topics["fill"], 1)
         t = time.monotonic()
         n = runner.run(harness.in_thread(fill, cluster.bootstrap, topics["fill"],
@@ -1327,7 +2011,7 @@ def prepare_topics(runner, cluster, techniques, args):
         print("filled %s: %d records of %d B in batches of up to %d B (%.0f MB) in %.1f s"
               % (topics["fill"], n, args.fill_record, args.fill_batch,
                  n * args.fill_record / MB, time.monotonic() - t), flush=True)
-    if any(t.topic == "big" and t.run for t in techniques):
+    if any(t.topic == "big" for t in techniques):
         cluster.create_topic(topics["big"], 1, config={"max.message.bytes": str(16 * MIB)})
         t = time.monotonic()
         # one record per batch: a batch of 4 MiB with its headers
@@ -1348,6 +2032,7 @@ def main(argv=None):
     rows, failures = [], []
     with harness.Run(NAME) as run:
         cluster = Cluster(run, args)
+        facts["broker"] = cluster.description
         print("logs and quota files in %s" % run.log_dir, flush=True)
         with harness.new_runner() as runner:
             topics = prepare_topics(runner, cluster, techniques, args)

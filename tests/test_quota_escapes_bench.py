@@ -76,13 +76,58 @@ def test_the_meter_keeps_what_falls_in_its_period_and_takes_windows_of_it():
     assert meter.per_second()[:3] == [1000, 10, 10]
 
 
-def test_it_refuses_unknown_techniques_and_a_kafka_broker_without_an_address(capsys):
+def test_it_refuses_unknown_techniques_and_an_address_without_a_kafka_broker(capsys):
     with pytest.raises(SystemExit):
         qe.parse_args(["--only", "no-such-thing"])
     with pytest.raises(SystemExit):
-        qe.parse_args(["--broker", "kafka"])
+        qe.parse_args(["--bootstrap", "127.0.0.1:9092"])
     args = qe.parse_args(["--only", "acks0-produce", "--proxy-args=--quota-mode window"])
     assert args.only == ["acks0-produce"] and args.proxy_args == ["--quota-mode", "window"]
+    # --broker kafka alone starts a node of its own
+    assert qe.parse_args(["--broker", "kafka"]).bootstrap is None
+
+
+def _flexible_response(correlation, body):
+    """A response payload (what follows the size) with header v1: no tagged fields."""
+    return correlation.to_bytes(4, "big") + qe.NO_TAGS + body
+
+
+def test_the_share_frames_follow_kafkas_schemas():
+    """ShareGroupHeartbeat v1 and ShareFetch v1 requests, as Kafka 4.4's schemas lay them
+    out, and their responses read back (the bytes built here by hand)."""
+    frame = qe.flexible_frame(76, 1, 9, "qe-x", qe.share_heartbeat_body("g", "m", 0, ["t"]))
+    assert frame[4:] == (b"\x00\x4c\x00\x01\x00\x00\x00\x09\x00\x04qe-x\x00"
+                         b"\x02g\x02m\x00\x00\x00\x00\x00\x02\x02t\x00")
+    assert int.from_bytes(frame[:4], "big") == len(frame) - 4
+    topic_id = bytes(range(16))
+    body = qe.share_fetch_body("g", "m", 3, topic_id, [(5, 7)], max_records=500)
+    assert body == (b"\x02g\x02m" + (3).to_bytes(4, "big") + (500).to_bytes(4, "big")
+                    + (1).to_bytes(4, "big") + qe.FETCH_MAX_BYTES.to_bytes(4, "big")
+                    + (500).to_bytes(4, "big") * 2
+                    + b"\x02" + topic_id + b"\x02" + b"\x00\x00\x00\x00" + b"\x02"
+                    + (5).to_bytes(8, "big") + (7).to_bytes(8, "big") + b"\x02\x01\x00"
+                    + b"\x00" + b"\x00" + b"\x01" + b"\x00")
+    heartbeat = _flexible_response(9, (
+        b"\x00\x00\x00\x00" + b"\x00\x00" + b"\x00" + b"\x02m" + (4).to_bytes(4, "big")
+        + (5000).to_bytes(4, "big") + b"\x01" + b"\x02" + topic_id + b"\x02" + b"\x00" * 4
+        + b"\x00" + b"\x00" + b"\x00"))
+    answer = qe.parse_share_heartbeat(heartbeat)
+    assert (answer["error"], answer["member_id"], answer["epoch"], answer["interval_ms"],
+            answer["assignment"]) == (0, "m", 4, 5000, {topic_id: [0]})
+    records = b"r" * 300
+    fetch = _flexible_response(10, (
+        (7).to_bytes(4, "big") + b"\x00\x00" + b"\x00" + (30000).to_bytes(4, "big")
+        + b"\x02" + topic_id + b"\x02" + b"\x00" * 4 + b"\x00\x00\x00" + b"\x00\x00\x00"
+        + b"\x00\x00\x00\x01" + b"\x00\x00\x00\x02" + b"\x00" + qe.uvarint(301) + records
+        + b"\x02" + (5).to_bytes(8, "big") + (7).to_bytes(8, "big") + b"\x00\x01\x00"
+        + b"\x00" + b"\x00" + b"\x01" + b"\x00"))
+    answer = qe.parse_share_fetch(fetch)
+    assert (answer["throttle_ms"], answer["error"], answer["record_bytes"], answer["acquired"],
+            answer["partition_errors"]) == (7, 0, 300, [(5, 7)], [])
+    coordinator = _flexible_response(11, (
+        b"\x00\x00\x00\x00" + b"\x02" + b"\x02g" + (1).to_bytes(4, "big") + b"\x0a127.0.0.1"
+        + (9093).to_bytes(4, "big") + b"\x00\x00" + b"\x00" + b"\x00" + b"\x00"))
+    assert qe.parse_find_coordinator(coordinator) == (1, "127.0.0.1", 9093, 0)
 
 
 def test_a_smoke_run_writes_a_row_per_technique(tmp_path):
