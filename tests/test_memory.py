@@ -9,10 +9,15 @@ import pytest
 from conftest import ROOT, ProxyProcess
 
 # a fresh interpreter allocates a 1 MiB block and says how much of the
-# memory malloc holds is mmapped (glibc's mallinfo2().hblkhd)
+# memory malloc holds is mmapped (glibc's mallinfo2().hblkhd). memory.py is
+# loaded on its own: importing the whole proxy first would leave free heap
+# chunks a 1 MiB block could be cut from whatever the thresholds say.
 PROBE = textwrap.dedent("""
-    import ctypes, sys
-    from kthrottle.proxy.memory import tune_allocator
+    import ctypes, importlib.util, sys
+    spec = importlib.util.spec_from_file_location("memory", sys.argv[2])
+    memory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(memory)
+    tune_allocator = memory.tune_allocator
 
     class MallInfo2(ctypes.Structure):
         _fields_ = [(name, ctypes.c_size_t) for name in (
@@ -31,7 +36,8 @@ def probe(mode, **env):
     environ = dict(os.environ, PYTHONPATH=str(ROOT))
     environ.pop("GLIBC_TUNABLES", None)
     environ.update(env)
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], env=environ, check=True,
+    out = subprocess.run([sys.executable, "-c", PROBE, mode,
+                          str(ROOT / "kthrottle" / "proxy" / "memory.py")], env=environ, check=True,
                          capture_output=True, text=True, timeout=60).stdout.split()
     return out[0], int(out[1])
 
