@@ -377,3 +377,14 @@ def _share_resp(cid):
     payload = struct.pack(">i", cid) + b"\x00" + share_fetch(1, with_endpoints=False,
                                                             record_sizes=(20000,))
     return struct.pack(">i", len(payload)) + payload
+
+
+@pytest.mark.parametrize("version", range(0, 19))
+def test_the_empty_fetch_answer_decodes_at_every_version(version):
+    from kthrottle.codecs.quota_answers import empty_fetch_response
+
+    frame = empty_fetch_response(7, version, 1234)
+    resp = FetchResponse.decode(frame[4:], version=version, header=True)
+    assert resp.header.correlation_id == 7 and resp.responses == []
+    assert version == 0 or resp.throttle_time_ms == 1234
+    assert version < 7 or (resp.error_code == 0 and resp.session_id == 0)
