@@ -13,6 +13,7 @@ import os
 
 from .options import (
     INTEGER,
+    NUMBER,
     NAMES,
     Choice,
     ConfigError,
@@ -245,6 +246,10 @@ LISTENER = OptionGroup("client security (Kafka's security.protocol and SASL sett
     Option("failed-authentication-delay-ms", INTEGER, default=100, metavar="MS",
            help="a failed authentication is answered after this delay, then the connection "
            "closes (Kafka's connection.failed.authentication.delay.ms, default 100)"),
+    Option("failed-login-rate", NUMBER, default=5.0, metavar="N",
+           help="failed logins a second one address may go on with, past a burst of ten "
+           "times that; beyond, its new connections are held unread (at most 1 s) and "
+           "closed, refused as failed_logins (0: no such backoff)"),
 ))
 
 
@@ -285,3 +290,5 @@ def check_listener(config):
                                  ", ".join(config.sasl_enabled_mechanisms) or "nothing"))
     if config.failed_authentication_delay_ms < 0:
         raise ConfigError("failed-authentication-delay-ms must not be negative")
+    if config.failed_login_rate < 0:
+        raise ConfigError("failed-login-rate must not be negative (0 turns the backoff off)")

@@ -964,7 +964,8 @@ def test_failed_logins_put_their_address_in_a_backoff_that_pays_off():
 
     f = FailedLogins()
     assert f.admit("127.0.0.7", 0.0) is None
-    for i in range(int(FailedLogins.BURST)):  # a burst goes unheld
+    assert f.burst == 50
+    for i in range(int(f.burst)):  # a burst goes unheld
         f.failed("127.0.0.7", 0.0)
     assert f.admit("127.0.0.7", 0.0) is None
     for i in range(10):
@@ -976,6 +977,10 @@ def test_failed_logins_put_their_address_in_a_backoff_that_pays_off():
     assert f.admit("127.0.0.7", 2.0) is None  # paid
     # forgotten once paid up and full again
     assert f.admit("127.0.0.7", 100.0) is None and not f._by_ip
+    off = FailedLogins(0)  # --failed-login-rate 0
+    for i in range(1000):
+        off.failed("127.0.0.7", 0.0)
+    assert off.admit("127.0.0.7", 0.0) is None
 
 
 def test_a_wrong_password_loop_is_closed_unread_and_other_addresses_are_served(broker, creds,

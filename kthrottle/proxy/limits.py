@@ -141,21 +141,25 @@ class FailedLogins:
     mistypes a password now and then never owes; connections already open
     (authenticated) are never touched."""
 
-    RATE = 5.0  # failed logins a second an address may go on with
-    BURST = 50.0
+    RATE = 5.0  # failed logins a second an address may go on with (--failed-login-rate)
+    BURST_SECONDS = 10.0  # the burst: this many seconds of the rate
     MAX_HOLD = 1.0  # seconds a held connection waits before it is closed
     MAX_ADDRESSES = 10_000  # addresses followed at once; past that, those paid up go
 
-    def __init__(self):
+    def __init__(self, rate=RATE):
+        self.rate = rate  # 0: no backoff
+        self.burst = rate * self.BURST_SECONDS
         self._by_ip = {}  # address -> TokenBucket
 
     def failed(self, ip, now):
         """A login from ``ip`` failed at ``now``."""
+        if not self.rate:
+            return
         bucket = self._by_ip.get(ip)
         if bucket is None:
             if len(self._by_ip) >= self.MAX_ADDRESSES:
                 self._forget_paid(now)
-            bucket = self._by_ip[ip] = TokenBucket(self.RATE, self.BURST)
+            bucket = self._by_ip[ip] = TokenBucket(self.rate, self.burst)
         bucket.record(1, now)
 
     def admit(self, ip, now):
@@ -170,7 +174,7 @@ class FailedLogins:
             return None
         return (max(1, int(min(owed, self.MAX_HOLD) * 1000 + 0.5)),
                 "more than %g failed logins a second from this address: closed unread "
-                "(a failed-login backoff)" % self.RATE)
+                "(a failed-login backoff, --failed-login-rate)" % self.rate)
 
     def _forget_paid(self, now):
         paid = [ip for ip, b in self._by_ip.items() if b.full_at <= now]

@@ -84,7 +84,8 @@ class ProxyServer:
         self.authenticates_clients = "sasl-terminate" in self.filters
         self.limits = ConnectionLimits(config.max_connections, config.max_connections_per_ip)
         self.connection_rate = ConnectionRate(self.quotas)  # KIP-612, ip entities
-        self.failed_logins = FailedLogins()
+        self.failed_logins = FailedLogins(getattr(config, "failed_login_rate",
+                                                  FailedLogins.RATE))
         self.held = None  # HeldConnections once the loop runs: those over their rate
         self.refusals = None  # a RefusalLog once the loop runs
         self.refused = {}  # reason -> connections refused (kthrottle_connections_refused_total)
