@@ -403,10 +403,15 @@ class KafkaBroker:
 
 
 def _random_cluster_id():
-    """What ``kafka-storage random-uuid`` prints: a random UUID, base64url, no padding."""
+    """What ``kafka-storage random-uuid`` prints: a random UUID, base64url, no padding, and
+    never starting with '-' (Kafka's Uuid.randomUuid draws again then: a command line would
+    read it as an option)."""
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
 
 
 def java_version():
