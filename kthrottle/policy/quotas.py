@@ -643,7 +643,8 @@ class ClientQuotas:
         holds (a record batch larger than that: a broker sends one whole,
         KIP-74): None when it is to go on as it is (counted by
         on_fetch_response), 0 when it goes on paid for already (counted
-        here), or a throttle in ms when it is not to be delivered now. Such a response is paid for ahead: the bucket takes it
+        here), or a throttle in ms when it is not to be delivered now. Such
+        a response is paid for ahead: the bucket takes it
         now (its debt holds the client's next fetches), the proxy answers the
         fetch empty, and when the client fetches it again once the debt is
         paid it goes out of that credit, counted then in the measured rate.
@@ -705,21 +706,6 @@ class ClientQuotas:
         if fetch is None or fetch.observe_only:  # a dry run caps nothing
             return None
         return fetch.max_in_window()
-
-    def fetch_allowance(self, now):
-        """What one Fetch may ask for at ``now`` (None: no fetch quota): what
-        the bucket holds then, in token-bucket mode (a request is let
-        through only once the bucket owes nothing, so this is at least 0:
-        the broker still sends one batch, KIP-74); Kafka's cap in window
-        mode (max_in_window)."""
-        fetch = self.current().fetch
-        if fetch is None or fetch.observe_only:
-            return None
-        tokens = fetch.tokens
-        if tokens is None:
-            return fetch.max_in_window()
-        held = tokens.held(now)
-        return held if held > 0 else 0.0
 
 
 # The kinds of buckets (QuotaManager.buckets_of): a bucket's identity across

@@ -122,30 +122,21 @@ class QuotaAccounting(Filter):
             self.answered += 1
             return Answer(produce_timed_out_response(head.buf, head.api_version,
                                                      head.correlation_id, throttle), throttle)
-        if api_key == apis.FETCH:
-            waiting.since = None
-            if not head.fetch_session_id:
-                self.answered += 1
-                return Answer(empty_fetch_response(head.correlation_id, head.api_version,
-                                                   throttle), throttle)
-            # in an incremental fetch session (KIP-227) an answer of the
-            # proxy's own would leave the broker's session epoch behind the
-            # client's: the fetch goes on asking for one byte (a broker still
-            # sends one batch, KIP-74), and its response counts as any does
-            ctx.note(inflight, (quotas, 0))
-            quotas.fetch_cap = 1
-            patched = capped_fetch_head(head, 1)
-            return Forward(patched) if patched is not None else None
         waiting.since = None
-        if api_key == apis.SHARE_FETCH:
-            # records a ShareFetch brings are acquired for this member (KIP-932):
-            # an answer of the proxy's own would leave them locked until
-            # their acquisition lock times out, and the share session's
-            # epoch behind. It goes on asking for one byte (a broker still
-            # sends one batch, KIP-74), its response counting as any does.
+        if api_key == apis.FETCH and not head.fetch_session_id:
+            self.answered += 1
+            return Answer(empty_fetch_response(head.correlation_id, head.api_version, throttle),
+                          throttle)
+        if api_key == apis.FETCH or api_key == apis.SHARE_FETCH:
+            # A Fetch in an incremental fetch session (KIP-227): an answer of
+            # the proxy's own would leave the broker's session epoch behind
+            # the client's. A ShareFetch: the records it brings are acquired
+            # for this member (KIP-932), left locked until their lock times
+            # out. Either goes on asking for one byte (a broker still sends
+            # one batch, KIP-74), its response counting as any does.
             ctx.note(inflight, (quotas, 0))
             quotas.fetch_cap = 1
-            return _share_fetch_capped(head, 1)
+            return _capped(head, 1)
         return None  # counted, throttled as it comes
 
     def quick(self, api_key, api_version):
@@ -285,20 +276,20 @@ class FetchCap(Filter):
             cap = quotas.fetch_max_bytes()  # window mode: Kafka's cap
         if cap is None:
             return None
-        cap = max(int(cap), 1)
-        if head.api_key == apis.SHARE_FETCH:
-            return _share_fetch_capped(head, cap)
-        if head.api_version < 3:
-            patched = capped_fetch_partitions(head.buf, cap)
-        else:
-            patched = capped_fetch_head(head, cap)
-        return None if patched is None else Forward(patched)
+        return _capped(head, max(int(cap), 1))
 
 
-def _share_fetch_capped(head, cap):
-    """A ShareFetch with MaxBytes lowered to ``cap`` (Forward), or None when it
-    asks for no more."""
-    at = head.share_fetch_max_bytes_offset
-    if INT32.unpack_from(head.buf, at)[0] <= cap:
-        return None
-    return Forward(with_int32(head.buf, at, cap))
+def _capped(head, cap):
+    """A Fetch or ShareFetch asking for no more than ``cap`` (Forward of the
+    patched head: max_bytes, each partition's max for Fetch v0-2, MaxBytes),
+    or None when it asks for no more already."""
+    if head.api_key == apis.SHARE_FETCH:
+        at = head.share_fetch_max_bytes_offset
+        if INT32.unpack_from(head.buf, at)[0] <= cap:
+            return None
+        return Forward(with_int32(head.buf, at, cap))
+    if head.api_version < 3:
+        patched = capped_fetch_partitions(head.buf, cap)
+    else:
+        patched = capped_fetch_head(head, cap)
+    return None if patched is None else Forward(patched)
