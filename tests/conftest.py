@@ -14,13 +14,16 @@ from kthrottle.embedded import TansuBroker, free_port, wait_for_port
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-TANSU_NODE_ID = 111  # every Tansu broker reports this node id
+# The node id of the test broker: Tansu always reports 111, and the session's Apache Kafka node
+# is given the same one, so that a proxy's node port is node_port_base + 111 on either.
+BROKER_NODE_ID = 111
+TANSU_NODE_ID = BROKER_NODE_ID
 
 
 class ProxyProcess:
     """``kthrottle proxy`` as a separate process, as users run it."""
 
-    def __init__(self, bootstrap, log_path, extra_args=(), node_id=TANSU_NODE_ID):
+    def __init__(self, bootstrap, log_path, extra_args=(), node_id=BROKER_NODE_ID):
         self.port = free_port()
         # the broker's node (Tansu's 111; Apache Kafka's node.id) is served on
         # node_port_base + node_id: make that a free port
@@ -90,7 +93,16 @@ class ProxyProcess:
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory):
+def broker(apache_kafka):
+    """The broker a module's tests talk to: the session's Apache Kafka node (node id 111).
+    Every test names its own topics, so modules share it; a module that stops, restarts or
+    reconfigures its broker starts one of its own (``tansu_broker`` where it is about Tansu)."""
+    return apache_kafka
+
+
+@pytest.fixture(scope="module")
+def tansu_broker(tmp_path_factory):
+    """A Tansu broker of the module's own: for tests about Tansu (the quick local demo)."""
     b = TansuBroker(log_path=tmp_path_factory.mktemp("tansu") / "tansu.log")
     b.start()
     yield b
@@ -105,34 +117,63 @@ def proxy(broker, tmp_path_factory):
     p.stop()
 
 
-@pytest.fixture(scope="session")
-def apache_kafka(tmp_path_factory):
-    """One Apache Kafka 4 node (KRaft, broker and controller in one JVM) for the whole session:
-    a kafka_cluster.KafkaBroker, its address in ``.bootstrap`` (127.0.0.1). Where the machine
-    has IPv6 loopback it has a second listener on [::1] only (``.bootstrap_ipv6``): a proxy in
-    front of that one is the only way a Java client started with IPV4_ONLY_JVM_ARGS can reach
-    the broker. Fails (never skips) when Java or the jars are missing: scripts/test fetches
-    them."""
-    from kafka_cluster import KafkaBroker, KafkaMissing, ipv6_loopback
+def _started_kafka(tmp_path_factory, name, **settings):
+    """A kafka_cluster.KafkaBroker (node id 111) started with its data and log in new
+    temporary folders."""
+    from kafka_cluster import KafkaBroker
 
-    kafka = KafkaBroker(tmp_path_factory.mktemp("apache-kafka-data"),
-                        ipv6_listener=ipv6_loopback(),
-                        log_path=tmp_path_factory.mktemp("apache-kafka") / "kafka.log")
+    return _start_kafka(KafkaBroker(tmp_path_factory.mktemp(name + "-data"),
+                                    node_id=BROKER_NODE_ID,
+                                    log_path=tmp_path_factory.mktemp(name) / "kafka.log",
+                                    **settings))
+
+
+def _start_kafka(kit):
+    """Start a KafkaBroker or KafkaCluster; pytest.fail (never a skip) when Java or the jars
+    are missing: scripts/test fetches them."""
+    from kafka_cluster import KafkaMissing
+
     try:
-        kafka.start()
+        kit.start()
         missing = None
     except KafkaMissing as exc:
         missing = str(exc)
     if missing:
         pytest.fail(missing, pytrace=False)
+    return kit
+
+
+@pytest.fixture(scope="session")
+def apache_kafka(tmp_path_factory):
+    """One Apache Kafka 4 node (KRaft, broker and controller in one JVM) for the whole session,
+    node id 111 (BROKER_NODE_ID): a kafka_cluster.KafkaBroker, its address in ``.bootstrap``
+    (127.0.0.1). Where the machine has IPv6 loopback it has a second listener on [::1] only
+    (``.bootstrap_ipv6``): a proxy in front of that one is the only way a Java client started
+    with IPV4_ONLY_JVM_ARGS can reach the broker. Fails (never skips) when Java or the jars are
+    missing: scripts/test fetches them."""
+    from kafka_cluster import ipv6_loopback
+
+    kafka = _started_kafka(tmp_path_factory, "apache-kafka", ipv6_listener=ipv6_loopback())
+    yield kafka
+    kafka.stop()
+
+
+@pytest.fixture(scope="module")
+def own_kafka(tmp_path_factory):
+    """An Apache Kafka node of the module's own (node id 111), for modules whose tests read
+    the whole cluster (the Spark job reads every partition's leader, the report topics of every
+    earlier test) or depend on the report topics' default names."""
+    kafka = _started_kafka(tmp_path_factory, "own-kafka")
     yield kafka
     kafka.stop()
 
 
 def pytest_collection_modifyitems(config, items):
     # every test on the real Apache Kafka is marked `kafka` (-m "not kafka" leaves them out)
+    kafka_fixtures = {"apache_kafka", "own_kafka", "kafka_cluster3", "kafka_secure",
+                      "kafka_zookeeper"}
     for item in items:
-        if "apache_kafka" in getattr(item, "fixturenames", ()):
+        if kafka_fixtures & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.kafka)
 
 
@@ -159,3 +200,132 @@ settings.register_profile("long", derandomize=False, database=None, deadline=Non
                           suppress_health_check=_FUZZ_HEALTH, print_blob=True,
                           max_examples=int(os.environ.get("KTHROTTLE_FUZZ_EXAMPLES") or 100))
 settings.load_profile("long" if os.environ.get("KTHROTTLE_FUZZ_EXAMPLES") else "ci")
+
+
+# Apache Kafka beyond one plain node (tests/kafka_cluster.py), each for the whole session and
+# stopped by its own PIDs: a three-node KRaft cluster, one node with SASL and TLS listeners,
+# and Kafka 3.9 in ZooKeeper mode. Like apache_kafka they fail (never skip) without Java or
+# the jars.
+KAFKA_USERS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster3(tmp_path_factory):
+    """Three Apache Kafka 4 nodes (ids 1, 2, 3), each broker and controller, a static quorum
+    of three voters; internal topics with 3 replicas and min ISR 2. A kafka_cluster.KafkaCluster:
+    ``.bootstrap`` (all three), ``.nodes``, ``kill``/``restart``, ``leaders``. A test that kills
+    a node restarts it before it ends."""
+    from kafka_cluster import KafkaCluster
+
+    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka-cluster3"), n=3,
+                           log_dir=tmp_path_factory.mktemp("kafka-cluster3-logs"))
+    _start_kafka(cluster)
+    yield cluster
+    cluster.stop()
+
+
+class _OAuthServer:
+    """tests/oauth_server.py on 127.0.0.1: a JWKS and client-credentials tokens (RS256)."""
+
+    CLIENT_ID, CLIENT_SECRET = "kafka-client", "kafka-client-secret"
+    AUDIENCE, ISSUER = "kafka", "https://issuer.test"
+
+    def __init__(self, tmp):
+        import json
+
+        import jwt
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
+        jwk.update(kid="k1", use="sig", alg="RS256")
+        (tmp / "jwks.json").write_text(json.dumps({"keys": [jwk]}))
+        (tmp / "signing.pem").write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
+        self.port = free_port()
+        self.args = [sys.executable, str(ROOT / "tests" / "oauth_server.py"),
+                     "--port", str(self.port), "--jwks", str(tmp / "jwks.json"),
+                     "--signing-key", str(tmp / "signing.pem"), "--kid", "k1",
+                     "--client-id", self.CLIENT_ID, "--client-secret", self.CLIENT_SECRET,
+                     "--audience", self.AUDIENCE, "--issuer", self.ISSUER, "--lifetime", "600"]
+        self.log = tmp / "oauth.log"
+        self.proc = None
+
+    def url(self, path):
+        return "http://127.0.0.1:%d%s" % (self.port, path)
+
+    def start(self):
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+        wait_for_port("127.0.0.1", self.port, proc=self.proc)
+        return self
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture(scope="session")
+def kafka_secure(tmp_path_factory):
+    """One Apache Kafka 4 node with, beside PLAINTEXT: SASL_PLAINTEXT and SASL_SSL (PLAIN,
+    SCRAM-SHA-256, SCRAM-SHA-512; users KAFKA_USERS, SCRAM ones written at format time),
+    OAUTHBEARER (unsecured tokens) and OAUTH_JWKS (tokens of a local OAuth server checked
+    against its JWKS). ``kafka.listener(NAME)`` is an address, ``kafka.tls.ca`` the CA file,
+    ``kafka.client_config(NAME, MECHANISM, USER)`` confluent-kafka settings, and
+    ``kafka.oidc`` the settings with which librdkafka gets OAUTH_JWKS tokens."""
+    from kafka_cluster import SECURE_LISTENERS, KafkaBroker, Listener
+
+    tmp = tmp_path_factory.mktemp("kafka-secure")
+    oauth = _OAuthServer(tmp).start()
+    kafka = KafkaBroker(
+        tmp / "data", log_path=tmp / "kafka.log", users=KAFKA_USERS,
+        listeners=SECURE_LISTENERS + (
+            Listener("OAUTH_JWKS", "SASL_PLAINTEXT", ("OAUTHBEARER",), jwks=True),),
+        oauth={"jwks_url": oauth.url("/jwks"), "audience": oauth.AUDIENCE,
+               "issuer": oauth.ISSUER})
+    kafka.oidc = {"sasl.oauthbearer.method": "oidc",
+                  "sasl.oauthbearer.token.endpoint.url": oauth.url("/token"),
+                  "sasl.oauthbearer.client.id": oauth.CLIENT_ID,
+                  "sasl.oauthbearer.client.secret": oauth.CLIENT_SECRET}
+    try:
+        _start_kafka(kafka)
+        yield kafka
+    finally:
+        kafka.stop()
+        oauth.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_zookeeper(tmp_path_factory):
+    """Apache Kafka 3.9.1 in ZooKeeper mode (broker.id 1, chroot /kafka39) on Debian's
+    ZooKeeper, with SASL_PLAINTEXT (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) beside PLAINTEXT; the
+    users' SCRAM credentials were written into ZooKeeper by ConfigCommand --zookeeper
+    (``add_scram_user`` writes more). ``kafka.zookeeper_server`` is the ZooKeeperServer."""
+    import zookeeper
+    from kafka_cluster import SCRAM, KafkaBroker, Listener
+
+    if not zookeeper.available():
+        pytest.fail("Debian's ZooKeeper is missing (%s): apt-get install -y zookeeper"
+                    % ", ".join(zookeeper.JARS), pytrace=False)
+    tmp = tmp_path_factory.mktemp("kafka-zookeeper")
+    zk = zookeeper.ZooKeeperServer(tmp / "zookeeper").start()
+    kafka = KafkaBroker(tmp / "data", log_path=tmp / "kafka.log", version="3.9.1",
+                        zookeeper=zk.hosts + "/kafka39", heap="384m",
+                        users={"alice": KAFKA_USERS["alice"]},
+                        listeners=[Listener("SASL_PLAINTEXT", "SASL_PLAINTEXT",
+                                            ("PLAIN",) + SCRAM)])
+    kafka.zookeeper_server = zk
+    try:
+        _start_kafka(kafka)
+        yield kafka
+    finally:
+        kafka.stop()
+        zk.stop()

@@ -216,11 +216,19 @@ def file_proxy(broker, tmp_path_factory):
     proxy.stop()
 
 
-def test_api_versions_lists_the_admin_apis_though_tansu_lacks_them(broker, file_proxy):
-    direct = api_ranges(broker.bootstrap)
+def test_api_versions_lists_the_admin_apis_though_tansu_lacks_them(tansu_broker, tmp_path):
+    direct = api_ranges(tansu_broker.bootstrap)
     assert 48 not in direct and 49 not in direct  # Tansu lists the SCRAM APIs, not these
-    for version in range(4):
-        ranges = api_ranges(file_proxy.bootstrap, version)
+    quotas = tmp_path / "quotas.toml"
+    quotas.write_text("[users.alice]\nproducer_byte_rate = 1000\n")
+    tansu_proxy = ProxyProcess(tansu_broker.bootstrap, tmp_path / "proxy.log",
+                               ["--quota-file", str(quotas), "--admin-principals",
+                                "User:ANONYMOUS"]).start()
+    try:
+        all_ranges = [api_ranges(tansu_proxy.bootstrap, version) for version in range(4)]
+    finally:
+        tansu_proxy.stop()
+    for version, ranges in enumerate(all_ranges):
         assert ranges[48] == (0, 1) and ranges[49] == (0, 1), version
         # no credential store on this proxy: the broker's SCRAM range, as it lists it
         assert ranges.get(50) == direct.get(50) and ranges.get(51) == direct.get(51)

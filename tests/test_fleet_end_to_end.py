@@ -17,6 +17,12 @@ pytestmark = pytest.mark.skipif(not zk_server.available(),
                                 reason="scripts/test installs ZooKeeper")
 pytest.importorskip("pyspark", reason="scripts/test installs PySpark")
 
+@pytest.fixture(scope="module")
+def broker(own_kafka):
+    """A broker of this module's own: the Spark job reads the usage reports of every earlier test."""
+    return own_kafka
+
+
 Q = 200_000  # bytes/s for the client-id, fleet-wide
 CYCLE = 3.0  # the job's interval, seconds
 

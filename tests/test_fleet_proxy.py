@@ -30,6 +30,12 @@ from quota_clients import (
 pytestmark = pytest.mark.skipif(not zk_server.available(),
                                 reason="scripts/test installs ZooKeeper")
 
+@pytest.fixture(scope="module")
+def broker(own_kafka):
+    """A broker of this module's own: its tests read the usage topic by its default name."""
+    return own_kafka
+
+
 QUOTA = 200_000.0  # bytes/s
 CLIENT = "fleet-app"
 P = "producer_byte_rate"

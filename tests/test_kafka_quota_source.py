@@ -123,7 +123,8 @@ def front(broker_bootstrap, tmp_path, name, *extra):
     return p
 
 
-def test_a_cluster_without_describe_client_quotas_is_an_error_at_start(broker, tmp_path):
+def test_a_cluster_without_describe_client_quotas_is_an_error_at_start(tansu_broker, tmp_path):
+    broker = tansu_broker  # Tansu has no DescribeClientQuotas
     done = subprocess.run(
         [sys.executable, "-m", "kthrottle", "proxy", "--bootstrap-server", broker.bootstrap,
          "--listen", "127.0.0.1:%d" % free_port(), "--quota-source", "kafka"],

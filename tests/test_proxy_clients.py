@@ -1,10 +1,11 @@
-"""Real clients through a real proxy process in front of a real Tansu broker."""
+"""Real clients through a real proxy process in front of a real Apache Kafka broker."""
 import asyncio
 import socket
 import struct
 import uuid
 
 import psutil
+import pytest
 
 from kthrottle.codecs import FrameReader
 
@@ -13,9 +14,22 @@ def topic_name(prefix):
     return "%s-%s" % (prefix, uuid.uuid4().hex[:8])
 
 
+@pytest.fixture(autouse=True)
+def _sockets_before():
+    """The sockets this process had before the test: the session's broker outlives every
+    module, and a client of an earlier test may not have closed its connection to it yet."""
+    global _OPEN_BEFORE
+    _OPEN_BEFORE = {c.laddr for c in psutil.Process().net_connections(kind="tcp") if c.raddr}
+    yield
+
+
+_OPEN_BEFORE = set()
+
+
 def assert_connections_only_to_proxy(proxy, broker):
-    """No socket of this process (the clients') reaches the broker's own port."""
-    remote = [c.raddr for c in psutil.Process().net_connections(kind="tcp") if c.raddr]
+    """No socket this test's clients opened reaches the broker's own port."""
+    remote = [c.raddr for c in psutil.Process().net_connections(kind="tcp")
+              if c.raddr and c.laddr not in _OPEN_BEFORE]
     ports = {r.port for r in remote}
     assert broker.port not in ports, "a client connected around the proxy: %s" % remote
     assert ports & proxy.ports, "no client connection to the proxy at all: %s" % remote
@@ -270,7 +284,9 @@ def _read_frame(sock):
 def _api_versions_request(version, correlation_id):
     client_id = b"raw-test"
     header = struct.pack(">hhih", 18, version, correlation_id, len(client_id)) + client_id
-    body = b"\x00" + b"\x05raw\x00" + b"\x021\x00" + b"\x00"  # tags, name, version, tags
+    # header tags; client_software_name "raw" and _version "1" (compact strings, which Kafka
+    # checks against [a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?); body tags
+    body = b"\x00" + b"\x04raw" + b"\x021" + b"\x00"
     payload = header + body
     return struct.pack(">i", len(payload)) + payload
 

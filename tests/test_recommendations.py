@@ -24,6 +24,12 @@ from test_spark_sync import spark  # noqa: E402,F401  (the module's one Spark se
 needs_zookeeper = pytest.mark.skipif(not zk_server.available(),
                                      reason="ZooKeeper (Debian package zookeeper) not installed")
 
+@pytest.fixture(scope="module")
+def broker(own_kafka):
+    """A broker of this module's own: the Spark job reads the usage reports of every earlier test."""
+    return own_kafka
+
+
 DAY = 86400
 MIDNIGHT = 19675 * DAY  # 2023-11-14T00:00Z
 NOW = MIDNIGHT + 2 * DAY  # the end of the two synthetic days

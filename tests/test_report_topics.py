@@ -1,8 +1,10 @@
 """The report topics (the volume agent's, a fleet proxy's usage topic) are
 created by KafkaPublisher (the proxy's AsyncKafkaPublisher alike) with 1
 partition and an explicit replication factor on every CreateTopics version
-(below v4, Kafka < 2.4, -1 is not allowed), against a real Tansu broker; and what the log says about how the factor was
-chosen and about a cluster that does not create the topic as asked.
+(below v4, Kafka < 2.4, -1 is not allowed); and what the log says about how the factor was
+chosen and about a cluster that does not create the topic as asked. Apache Kafka reports its
+default.replication.factor, which the publisher then uses; the fallback is tested against Tansu,
+which does not report it.
 
 Tansu (measured here): it answers DescribeConfigs for a BROKER resource with
 no configs at all, so default.replication.factor is never read from it and
@@ -42,6 +44,12 @@ LOGGER = "kthrottle.publisher"
 
 def topic_name():
     return "reports-%s" % uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="module")
+def broker(tansu_broker):
+    """The fallback tests need a broker that does not report default.replication.factor."""
+    return tansu_broker
 
 
 def admin_of(broker):
@@ -239,6 +247,21 @@ def test_a_broker_without_describe_configs_gets_the_fallback_said(broker, caplog
                                            len(ids), "" if len(ids) == 1 else "s"))
     assert any(line.startswith("created topic %s (%s)" % (topic, CONFIGS))
                for line in lines(caplog, logging.INFO))
+
+
+@pytest.mark.parametrize("kind", ["blocking", "asyncio"])
+def test_on_apache_kafka_the_topic_gets_the_clusters_default_replication_factor(
+        kind, apache_kafka, caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    topic = topic_name()
+    sent = publish_once(kind, apache_kafka, topic, b"7", b"report")
+    assert (sent.topic, sent.partition, sent.offset) == (topic, 0, 0)
+    # the session's node: default.replication.factor 1, one live broker
+    assert layout_of(apache_kafka, topic) == ([1], "compact")
+    assert lines(caplog, logging.WARNING) == []
+    assert lines(caplog, logging.INFO) == [
+        "created topic %s (%s) with 1 partition, replication factor 1 = the cluster's "
+        "default.replication.factor" % (topic, CONFIGS)]
 
 
 # pure logic: no broker

@@ -353,7 +353,8 @@ def test_after_authentication_a_frame_of_several_mib_goes_through(sasl_proxy, pa
     from aiokafka import AIOKafkaProducer
 
     topic = "big-%s" % uuid.uuid4().hex[:8]
-    broker.create_topic(topic, partitions=1)
+    # Kafka refuses a batch over max.message.bytes (1 MiB by default) itself
+    broker.create_topic(topic, partitions=1, config={"max.message.bytes": str(8 * MiB)})
     value = bytes(range(256)) * (2 * MiB // 256)  # 2 MiB, a Produce frame well over 512 KiB
 
     async def produce(bootstrap, mechanism):

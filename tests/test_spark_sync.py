@@ -35,6 +35,12 @@ from kthrottle.spark_sync import job, kafka_source  # noqa: E402
 needs_zookeeper = pytest.mark.skipif(not zk_server.available(),
                                      reason="ZooKeeper (Debian package zookeeper) not installed")
 
+@pytest.fixture(scope="module")
+def broker(own_kafka):
+    """A broker of this module's own: the Spark job reads every partition of the cluster and the report topics of every earlier test."""
+    return own_kafka
+
+
 SOFT = parse_limit("ConsumedSpace:500")
 HARD = parse_limit("ConsumedSpace:1000")
 

@@ -26,6 +26,12 @@ pytestmark = pytest.mark.skipif(not zk_server.available(),
 pyspark = pytest.importorskip("pyspark", reason="scripts/test installs PySpark")
 
 
+@pytest.fixture(scope="module")
+def broker(own_kafka):
+    """A broker of this module's own: the Spark job reads every partition of the cluster and the volume reports of every earlier test."""
+    return own_kafka
+
+
 class Process:
     """A kthrottle command run by the test, stopped by its own PID."""
 
