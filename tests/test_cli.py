@@ -249,26 +249,29 @@ def test_passthrough_relays_to_the_client_sides_sasl_protocol_by_default():
     assert config.upstream_security_protocol == "PLAINTEXT"  # terminate mode
 
 
-def test_local_runs_broker_and_proxy_and_stops_both_on_ctrl_c():
+@pytest.mark.parametrize("kind", ["tansu", pytest.param("kafka", marks=pytest.mark.kafka)])
+def test_local_runs_broker_and_proxy_and_stops_both_on_ctrl_c(kind):
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
     listen = free_port()
     node_port = free_port()
     admin = free_port()
+    node_id, name = (TANSU_NODE_ID, "Tansu") if kind == "tansu" else (1, "Apache Kafka [0-9.]+")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kthrottle", "local", "--listen", "127.0.0.1:%d" % listen,
-         "--node-port-base", str(node_port - TANSU_NODE_ID), "--admin-listen", str(admin)],
+        [sys.executable, "-m", "kthrottle", "local", "--broker", kind,
+         "--listen", "127.0.0.1:%d" % listen,
+         "--node-port-base", str(node_port - node_id), "--admin-listen", str(admin)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
     try:
         banner = ""
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # a JVM's start on a loaded machine
         while "live connections on /quotas" not in banner and time.monotonic() < deadline:
             banner += proc.stdout.readline()
         assert ("Status page on http://127.0.0.1:%d/, metrics on /metrics, live connections "
                 "on /quotas" % admin) in banner, banner
-        match = re.search(r"Tansu broker \(pid (\d+)\) on 127.0.0.1:(\d+)", banner)
+        match = re.search(r"%s broker \(pid (\d+)\) on 127.0.0.1:(\d+)" % name, banner)
         assert match and "bootstrap.servers=127.0.0.1:%d" % listen in banner, banner
         broker_pid, broker_port = int(match.group(1)), int(match.group(2))
         assert broker_port != listen
@@ -291,7 +294,7 @@ def test_local_runs_broker_and_proxy_and_stops_both_on_ctrl_c():
 
         assert asyncio.run(roundtrip()) == b"hello"
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(20) == 0
+        assert proc.wait(40) == 0  # Kafka's controlled shutdown comes first
         assert not psutil.pid_exists(broker_pid) or psutil.Process(broker_pid).status() == psutil.STATUS_ZOMBIE
     finally:
         if proc.poll() is None:
@@ -314,3 +317,14 @@ def test_a_taken_listen_port_is_a_clear_error():
     assert out.returncode == 1
     assert "cannot listen" in out.stderr and str(port) in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_local_with_kafka_and_no_jars_says_how_to_get_them(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "kthrottle", "local", "--broker", "kafka",
+         "--listen", "127.0.0.1:%d" % free_port()],
+        capture_output=True, text=True, timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), KTHROTTLE_KAFKA_LIB=str(tmp_path)))
+    assert done.returncode == 1
+    assert done.stderr.strip() == ("kthrottle local: error: KTHROTTLE_KAFKA_LIB=%s has no Kafka "
+                                   "jars (kafka_2.13-*.jar)" % tmp_path), done.stderr
