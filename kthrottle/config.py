@@ -238,6 +238,13 @@ QUOTAS = OptionGroup("quotas (KIP-55 <user, client-id> byte-rate and request-rat
     Option("cluster-state-znode", default="/kthrottle/cluster-state", metavar="PATH",
            help="where the Spark job's cluster state and quota shares are (default "
            "/kthrottle/cluster-state, under the --zookeeper chroot)"),
+    Option("cluster-state-topic", metavar="NAME",
+           help="follow the cluster state and the quota shares in this compacted topic of the "
+           "upstream cluster instead (kthrottle spark-sync without --zookeeper writes "
+           "__kthrottle_cluster_state): keys cluster-state and shares/<proxy-id>, read from "
+           "--bootstrap-server with the upstream security settings below, from the beginning "
+           "and then live, no consumer group. For --storage-scope and --proxy-id without "
+           "ZooKeeper (Kafka 4); --zookeeper may still hold the quotas. Off unless given"),
     Option("admin-listen", Parsed(lambda value, what: parse_admin_listen(value)),
            metavar="[HOST:]PORT",
            help="serve the admin endpoint here: /metrics (Prometheus), /healthz and /readyz "
@@ -284,13 +291,14 @@ FLEET = OptionGroup(
     "fleet-wide quotas (several proxies in front of one cluster share each quota; "
     "kthrottle spark-sync computes the shares)", None, (
         Option("proxy-id", metavar="ID",
-               help="make this proxy a member of a fleet: each quota set in --zookeeper (needed) "
-               "holds for the whole fleet, this proxy applying its share of it. It publishes its "
+               help="make this proxy a member of a fleet: each quota holds for the whole fleet, "
+               "this proxy applying its share of it. It publishes its "
                "usage (per quota bucket: quota, rate, demand) every --usage-interval, keyed by "
-               "ID, and applies the shares the Spark job writes to <cluster-state-znode>/shares/"
-               "ID live; a bucket without a share yet gets the document's prior fraction of its "
-               "quota. [A-Za-z0-9._-], unique in the fleet. Without it the configured quotas "
-               "apply as they are"),
+               "ID, and applies the shares the Spark job writes, live: key shares/ID of "
+               "--cluster-state-topic, or <cluster-state-znode>/shares/ID in --zookeeper (one "
+               "of them needed); a bucket without a share yet gets the document's prior "
+               "fraction of its quota. [A-Za-z0-9._-], unique in the fleet. Without it the "
+               "configured quotas apply as they are"),
         Option("usage-interval", INTEGER, attr="usage_interval_ms", default=5000, metavar="MS",
                help="how often the usage report is published (default 5000)"),
         Option("usage-topic", default=DEFAULT_USAGE_TOPIC, metavar="NAME",
@@ -533,11 +541,30 @@ class ProxyConfig:
         if not self.cluster_state_znode.startswith("/") or self.cluster_state_znode.endswith("/"):
             raise ConfigError("cluster-state-znode must be an absolute znode path, got %r"
                               % self.cluster_state_znode)
+        self._validate_cluster_state_topic(passthrough)
         self._validate_limits()
         self._validate_admin()
         self._validate_fleet(passthrough)
         self.quota_settings()
         return self
+
+    def _validate_cluster_state_topic(self, passthrough):
+        topic = self.cluster_state_topic
+        if topic is None:
+            return
+        if not _TOPIC_NAME.match(topic) or topic in (".", ".."):
+            raise ConfigError("cluster-state-topic must be a Kafka topic name ([A-Za-z0-9._-], up "
+                              "to 249 characters), got %r" % topic)
+        if getattr(self, "storage_scope", None) not in ("cluster", "partition") \
+                and not self.proxy_id:
+            # a setting that would do nothing is a mistake to say, not to ignore
+            raise ConfigError("cluster-state-topic is followed for storage-aware throttling "
+                              "(--storage-scope cluster or partition) and fleet shares "
+                              "(--proxy-id): give one of them too")
+        if passthrough:
+            raise ConfigError("cluster-state-topic: the proxy reads the topic as itself, and in "
+                              "sasl-mode passthrough it has no SASL identity of its own; use "
+                              "sasl-mode terminate with --upstream-sasl-username")
 
     def _validate_quota_source(self):
         """The quota source named, or inferred as before --quota-source
@@ -637,10 +664,15 @@ class ProxyConfig:
         if not _PROXY_ID.match(self.proxy_id) or self.proxy_id in (".", ".."):
             raise ConfigError("proxy-id must be 1-255 characters of [A-Za-z0-9._-] (it names a "
                               "znode and keys a Kafka record), got %r" % self.proxy_id)
-        if not self.zookeeper:
+        if not (self.zookeeper or self.cluster_state_topic):
             raise ConfigError("proxy-id %s makes this proxy a member of a fleet sharing its quotas: "
-                              "give --zookeeper HOST:PORT[/chroot] too (the quotas and the shares "
-                              "the Spark job computes are kept there)" % self.proxy_id)
+                              "give --zookeeper HOST:PORT[/chroot] or --cluster-state-topic NAME "
+                              "too (where the Spark job writes the shares it computes)"
+                              % self.proxy_id)
+        if self.quota_source is None:
+            raise ConfigError("proxy-id %s: a fleet shares the quotas it enforces, and there are "
+                              "none: give --quota-file, --quota-source kafka or --zookeeper"
+                              % self.proxy_id)
         if passthrough:
             raise ConfigError("proxy-id: a fleet member publishes its usage reports to the cluster "
                               "as itself, and in sasl-mode passthrough the proxy has no SASL "

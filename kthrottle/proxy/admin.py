@@ -512,8 +512,9 @@ class ProxyCollector:
         if storage is not None:
             cluster_state = self.cluster_state
             if cluster_state is not None and not cluster_state.healthy:
-                lines.append("cluster state: the ZooKeeper session following it is not "
-                             "connected")
+                lines.append("cluster state: %s" % getattr(
+                    cluster_state, "unhealthy",
+                    "the ZooKeeper session following it is not connected"))
             if storage.reason is not None:
                 lines.append("cluster state: %s; the storage fail-safe applies"
                              % (storage.reason,))

@@ -115,6 +115,14 @@ async def _serve(config, on_ready, stack, worker=None):
     if worker is not None:
         server.reuse_port = True
     manager, storage, cluster_state = services.quotas, server.storage, None
+    state_topic = None  # one consumer of --cluster-state-topic for the state and the shares
+    if config.cluster_state_topic and primary and (storage is not None or config.fleet_enabled):
+        from ..sources.state_topic import reader_for
+
+        try:
+            state_topic = reader_for(config, token=services.upstream_token)
+        except ValueError as exc:  # the upstream TLS files
+            raise SystemExit("kthrottle: error: %s" % exc) from None
     if storage is not None:
         from ..policy.storage import ClusterState
         from ..sources.cluster_state import ClusterStateSource
@@ -125,7 +133,12 @@ async def _serve(config, on_ready, stack, worker=None):
             storage.refresh(time.time(), asyncio.get_running_loop().time())
 
         if primary:
-            cluster_state = ClusterStateSource(config.zookeeper, config.cluster_state_znode)
+            if state_topic is not None:
+                from ..sources.state_topic import ClusterStateTopic
+
+                cluster_state = ClusterStateTopic(state_topic)
+            else:
+                cluster_state = ClusterStateSource(config.zookeeper, config.cluster_state_znode)
             if worker is not None:
                 cluster_state.forward = worker.forwarder(CLUSTER_STATE)
             await _started(stack, cluster_state, cluster_state.start, new_state)
@@ -137,7 +150,12 @@ async def _serve(config, on_ready, stack, worker=None):
         from .workers import SHARES, ForwardedShares
 
         if primary:
-            fleet = FleetMember(config, manager, token=services.upstream_token)
+            watch = None
+            if state_topic is not None:
+                from ..sources.state_topic import SharesTopic
+
+                watch = SharesTopic(state_topic, config.proxy_id)
+            fleet = FleetMember(config, manager, token=services.upstream_token, watch=watch)
             if worker is not None:
                 fleet.watch.forward = worker.forwarder(SHARES)
             # the shares are in force before the first client is accepted

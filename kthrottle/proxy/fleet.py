@@ -17,7 +17,9 @@ the quotas set once, in ZooKeeper, for the whole cluster. A member:
   once (and once per new reason), and once more when they go through again.
 - follows its shares, ``<cluster-state-znode>/shares/<proxy-id>`` in
   ZooKeeper (``sources.cluster_state.shares_znode``), which ``kthrottle
-  spark-sync`` writes each cycle, with a kazoo data watch, and applies them
+  spark-sync`` writes each cycle, with a kazoo data watch (or the key
+  ``shares/<proxy-id>`` of ``--cluster-state-topic``: ``sources.state_topic``),
+  and applies them
   live (``QuotaManager.apply_shares``: the buckets' limits change, no
   connection is touched). A malformed document (or one for another proxy)
   is refused with a log line, the last good shares stay.
@@ -304,10 +306,12 @@ class FleetMember:
         self.proxy_id = config.proxy_id
         self.interval = config.usage_interval_ms / 1000.0
         self.znode = shares_znode(config.proxy_id, config.cluster_state_znode)
-        self.follower = SharesFollower(manager, config.proxy_id, config.share_max_age_ms / 1000.0,
-                                       config.share_fail_safe, self.znode)
         self.watch = watch if watch is not None else SharesWatch(config.zookeeper, self.znode,
                                                                  config.proxy_id)
+        # where the shares are followed, for the log: the znode, or a topic's key
+        self.where = getattr(self.watch, "where", self.znode)
+        self.follower = SharesFollower(manager, config.proxy_id, config.share_max_age_ms / 1000.0,
+                                       config.share_fail_safe, self.where)
         # made now: the password file is read before anything is started
         self._publisher = (publisher if publisher is not None
                            else publisher_for(config, token=token))
@@ -362,7 +366,7 @@ class FleetMember:
         self._task = loop.create_task(self._report_loop())
         log.info("fleet: proxy %s publishes its usage to topic %s every %g s and follows its "
                  "quota shares in %s (fail-safe %s after %g s)", self.proxy_id,
-                 self.config.usage_topic, self.interval, self.znode, self.config.share_fail_safe,
+                 self.config.usage_topic, self.interval, self.where, self.config.share_fail_safe,
                  self.config.share_max_age_ms / 1000.0)
 
     def report_now(self):

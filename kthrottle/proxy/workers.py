@@ -357,11 +357,15 @@ class ForwardedShares:
     def __init__(self, config, manager, hub):
         from ..policy.fleet import parse_shares_document
         from ..sources.cluster_state import shares_znode
+        from ..sources.state_topic import shares_key
         from .fleet import SharesFollower
 
+        where = ("topic %s key %s" % (config.cluster_state_topic, shares_key(config.proxy_id))
+                 if config.cluster_state_topic
+                 else shares_znode(config.proxy_id, config.cluster_state_znode))
         self.follower = SharesFollower(
             manager, config.proxy_id, config.share_max_age_ms / 1000.0, config.share_fail_safe,
-            shares_znode(config.proxy_id, config.cluster_state_znode))
+            where)
         hub.follow(SHARES, parse_shares_document,
                    lambda document: self.follower.update(document, time.time()))
 

@@ -366,6 +366,12 @@ class KafkaPublisher(PublisherBase):
     def publish(self, key, value):
         """Send one record (``key`` and ``value`` bytes); the RecordMetadata
         once acknowledged, else PublishError."""
+        return self.publish_all([(key, value)])[0]
+
+    def publish_all(self, records):
+        """Send ``records`` ([(key, value)], bytes), all within ``timeout``;
+        the RecordMetadata of each once every one is acknowledged, else
+        PublishError (some may have been written)."""
         from kafka import errors as Errors
 
         deadline = time.monotonic() + self.timeout
@@ -375,8 +381,10 @@ class KafkaPublisher(PublisherBase):
                 self.producer = self._producer(deadline)
             if not self.topic_ready:
                 self._ensure_topic(deadline)
-            future = self.producer.send(self.topic, key=key, value=value)
-            return future.get(timeout=self._remaining_ms(deadline) / 1000.0)
+            futures = [self.producer.send(self.topic, key=key, value=value)
+                       for key, value in records]
+            self.producer.flush(timeout=self._remaining_ms(deadline) / 1000.0)
+            return [f.get(timeout=self._remaining_ms(deadline) / 1000.0) for f in futures]
         except PublishError:
             self.reset()
             raise

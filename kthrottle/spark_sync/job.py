@@ -11,21 +11,30 @@ Each cycle:
    --state-dir with the next offsets (``ReportTopic``). Only those rows (one
    per broker) are collected. Each is parsed with ``parse_report``; a
    malformed one, or one dated ahead of the job's clock, is logged and
-   skipped (its broker is then UNKNOWN);
+   skipped (its broker is then UNKNOWN). With --volume-source
+   describe-log-dirs (or auto, for the brokers without a fresh agent report)
+   the driver asks each broker instead: DescribeLogDirs v4+ carries each log
+   dir's TotalBytes and UsableBytes (KIP-827, Kafka 3.3+), made into the
+   same reports (``reports_from_log_dirs``);
 2. reads the cluster's Metadata on the driver: the live brokers and the
    replicas of every partition;
 3. computes the snapshot with ``cluster_snapshot`` (plus ``cycle`` and
    ``cycle_seconds``), and the fleet's quota shares from the usage topic
    (read the same way);
-4. writes the shares and the snapshot in one ZooKeeper transaction: readers
-   see all of the old cycle or all of the new one;
+4. writes them: to the compacted state topic (--state-topic; the default
+   without --zookeeper), each proxy's shares (key ``shares/<proxy-id>``)
+   acknowledged before the snapshot (key ``cluster-state``) is sent; to
+   ZooKeeper, the shares and the snapshot in one transaction: readers see all
+   of the old cycle or all of the new one. Both when both are given,
+   ZooKeeper first;
 5. keeps the usage records read in step 3 as history and, every
    --recommend-every, writes the quota recommendations (``recommend``):
    a failure there is logged, the cycle's writes stand.
 
-A cycle that fails changes nothing in ZooKeeper, and its number is not used
-again; the next one tries again. One SparkSession and one ZooKeeper client
-serve every cycle.
+A cycle that fails changes nothing in ZooKeeper (in the topic, the shares
+may be written, never a snapshot after them), and its number is not used
+again; the next one tries again. One SparkSession, one ZooKeeper client and
+one producer serve every cycle.
 """
 import argparse
 import functools
@@ -35,6 +44,7 @@ import os
 import re
 import signal
 import sys
+import textwrap
 import time
 
 from ..options import arg_type, parse_duration, parse_host_port
@@ -46,10 +56,14 @@ from ..policy.fleet import (
     shares_document,
 )
 from ..policy.storage import (
+    MAX_CLOCK_SKEW,
     OPEN,
+    BrokerReport,
+    VolumeReport,
     cluster_snapshot,
     decode_snapshot,
     encode_snapshot,
+    parse_limit,
     parse_report,
 )
 from ..security import (  # noqa: F401 (the names kafka_source keeps copies of)
@@ -59,6 +73,8 @@ from ..security import (  # noqa: F401 (the names kafka_source keeps copies of)
     ClientSecurityOptions,
 )
 from ..sources.cluster_state import shares_znode
+from ..sources.state_topic import DEFAULT_TOPIC as DEFAULT_STATE_TOPIC
+from ..sources.state_topic import STATE_KEY, shares_key
 from . import recommend
 
 log = logging.getLogger("kthrottle.spark_sync")
@@ -71,6 +87,12 @@ DEFAULT_TOPIC = "__kthrottle_volume_usage"
 DEFAULT_USAGE_TOPIC = "__kthrottle_proxy_usage"
 DEFAULT_ZNODE = "/kthrottle/cluster-state"
 DEFAULT_MASTER = "local[2]"
+# where each broker's volume usage comes from (--volume-source)
+AGENT, DESCRIBE_LOG_DIRS, AUTO = "agent", "describe-log-dirs", "auto"
+VOLUME_SOURCES = (AGENT, DESCRIBE_LOG_DIRS, AUTO)
+# the records read back at start for the last cycle number: each cycle's last
+# record carries its number, and compaction never touches the active segment
+LAST_CYCLE_RECORDS = 64
 PASSWORD_ENV = "KTHROTTLE_SPARK_SASL_PASSWORD"
 ZNODE_MAX_BYTES = 1048575 - 1024  # ZooKeeper's default jute.maxbuffer, less some room
 # A transaction (multi) is one request, held to jute.maxbuffer as a whole: the
@@ -162,6 +184,15 @@ example:
   --once computes and writes one snapshot and exits: 0 when it was written,
   1 (with the reason) when not.
 
+without ZooKeeper (Kafka 4, KRaft), no agent beside the brokers:
+  kthrottle spark-sync --bootstrap-server kafka-0:9092 --volume-source describe-log-dirs \
+      --soft-limit MinFreePercentage:20 --hard-limit MinFreeBytes:10GiB
+
+  The cluster state goes to the compacted topic __kthrottle_cluster_state
+  (key cluster-state; each fleet proxy's shares under shares/<proxy-id>),
+  where every proxy started with --cluster-state-topic reads it; the volumes
+  are the brokers' own answers to DescribeLogDirs (KIP-827, Kafka 3.3+).
+
 durations: 30s, 5m, 500ms, 1h or a number of seconds.
 
 Each cycle reads only the records published since the last one: the latest
@@ -193,33 +224,44 @@ very Python.
 def add_parser(sub):
     p = sub.add_parser(
         "spark-sync",
-        help="compute the cluster's storage state with PySpark, write it to ZooKeeper",
-        description="Read the volume reports the brokers' volume agents publish, combine them\n"
-        "with the partition replicas from Kafka's Metadata into one cluster-state snapshot\n"
-        "(OPEN, THROTTLE with a factor, PAUSE; UNKNOWN for a broker without a fresh report)\n"
-        "and write it as JSON to a ZooKeeper znode, once or every --interval. Each cycle\n"
-        "reads the topic with PySpark (one Spark task per Kafka partition, on the\n"
-        "executors), only what was published since the last cycle (--state-dir); only\n"
-        "the latest report of each broker reaches the driver.\n"
+        help="compute the cluster's storage state with PySpark, write it to a compacted topic "
+        "or ZooKeeper",
+        description="Read the volume reports the brokers' volume agents publish (or the brokers'\n"
+        "own log-dir space: --volume-source), combine them with the partition replicas\n"
+        "from Kafka's Metadata into one cluster-state snapshot (OPEN, THROTTLE with a\n"
+        "factor, PAUSE; UNKNOWN for a broker without a fresh report) and write it as JSON,\n"
+        "once or every --interval, to a compacted topic of the cluster (--state-topic) or,\n"
+        "with --zookeeper, to a znode. Each cycle reads the report topic with PySpark (one\n"
+        "Spark task per Kafka partition, on the executors), only what was published since\n"
+        "the last cycle (--state-dir); only the latest report of each broker reaches the\n"
+        "driver.\n"
         "The same cycle reads the usage reports of the fleet's proxies (--usage-topic)\n"
         "and writes each proxy its share of every quota bucket shared between proxies, in\n"
-        "proportion to demand, to <znode>/shares/<proxy-id>.",
+        "proportion to demand: key shares/<proxy-id> of the topic, or <znode>/shares/\n"
+        "<proxy-id>.",
         epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.set_defaults(command="spark-sync")
     p.add_argument("--bootstrap-server", dest="bootstrap", action="append", required=True,
                    type=_bootstrap, metavar="HOST:PORT[,HOST:PORT...]",
                    help="Kafka broker(s) to bootstrap from; repeat for several (required)")
-    ZOOKEEPER.replace(required=True, help="ZooKeeper connect string, as Kafka's "
-                      "zookeeper.connect takes it, e.g. zk-0:2181,zk-1:2181/kafka (required); "
-                      "the chroot is created if missing").add_to(p)
+    ZOOKEEPER.replace(help="write to ZooKeeper (--znode) instead of the topic: its connect "
+                      "string, as Kafka's zookeeper.connect takes it, e.g. "
+                      "zk-0:2181,zk-1:2181/kafka; the chroot is created if missing. With "
+                      "--state-topic too, both are written each cycle (ZooKeeper first)").add_to(p)
+    p.add_argument("--state-topic", default=None, metavar="NAME",
+                   help="the compacted topic of the cluster the snapshot (key %s) and each fleet "
+                   "proxy's shares (key shares/<proxy-id>) are written to, where proxies "
+                   "started with --cluster-state-topic read them; created if missing "
+                   "(compacted, 1 partition). Default %s without --zookeeper; with it, only "
+                   "when given" % (STATE_KEY, DEFAULT_STATE_TOPIC))
     p.add_argument("--master", default=None, metavar="URL",
                    help="Spark master: local[N], spark://HOST:7077, yarn, k8s://... (default: "
                    "the one spark-submit was given, else %s)" % DEFAULT_MASTER)
     when = p.add_mutually_exclusive_group()
     when.add_argument("--interval", type=_duration, default=30.0, metavar="DURATION",
                       help="time from the start of one cycle to the start of the next "
-                      "(default 30s); a cycle that fails leaves the znode untouched and the "
+                      "(default 30s); a cycle that fails leaves what it writes untouched and the "
                       "next one tries again; SIGTERM or Ctrl-C stop")
     when.add_argument("--once", action="store_true",
                       help="run one cycle and exit: 0 when the snapshot was written, 1 if not")
@@ -229,6 +271,31 @@ def add_parser(sub):
     p.add_argument("--freshness", type=_duration, default=90.0, metavar="DURATION",
                    help="a broker whose latest report was taken longer ago than this is UNKNOWN "
                    "(default 90s: three reports of an agent publishing every 30 s)")
+    v = p.add_argument_group(
+        "volume usage without agents (brokers of Kafka 3.3 and later)", textwrap.fill(
+        "DescribeLogDirs v4+ (KIP-827) gives each log dir's TotalBytes and UsableBytes, the "
+        "volume's as the broker sees it: Capacity TotalBytes, Consumed TotalBytes - "
+        "UsableBytes, each log dir a volume named by its path, with the partitions the broker "
+        "lists in it. The free space MinFreeBytes reads is the agent's (what the broker's "
+        "user may still write); percentages are of the whole volume (blocks reserved for "
+        "root count as used; the agent leaves them out of the capacity). The agent is still "
+        "needed for: several log dirs on one volume (each is then reported as a volume of its "
+        "own: right states, volumes counted twice), space Kafka does not report (KRaft's "
+        "metadata.log.dir on a volume of its own, a filesystem quota that statvfs does not "
+        "show), limits of its own per broker (the job's apply to all), brokers before 3.3.", 78))
+    v.add_argument("--volume-source", choices=VOLUME_SOURCES, default=AGENT,
+                   help="agent (default): the volume agents' reports (--topic) only, a broker "
+                   "without a fresh one is UNKNOWN; describe-log-dirs: each live broker's "
+                   "answer to DescribeLogDirs, read by the driver each cycle, no agent needed; "
+                   "auto: a broker's fresh agent report where it has one, else its "
+                   "DescribeLogDirs answer (agents only where needed)")
+    v.add_argument("--soft-limit", type=arg_type(parse_limit), default=None, metavar="TYPE:LEVEL",
+                   help="describe-log-dirs and auto: where producers start to be throttled "
+                   "(ConsumedSpace, MinFreeBytes or MinFreePercentage, as the agent takes it), "
+                   "e.g. MinFreePercentage:20; required with them")
+    v.add_argument("--hard-limit", type=arg_type(parse_limit), default=None, metavar="TYPE:LEVEL",
+                   help="describe-log-dirs and auto: where producers are paused, e.g. "
+                   "MinFreeBytes:10GiB; required with them")
     f = p.add_argument_group("fleet-wide quotas (proxies started with --proxy-id)")
     f.add_argument("--usage-topic", default=DEFAULT_USAGE_TOPIC,
                    help="the compacted topic fleet proxies publish their usage reports to, "
@@ -266,7 +333,8 @@ def add_parser(sub):
                    "(default %s)" % recommend.DEFAULT_ZNODE)
     r.add_argument("--recommend-file", default=None, metavar="PATH",
                    help="write the recommendations to this local file instead of the znode "
-                   "(replaced whole: written aside, then renamed)")
+                   "(replaced whole: written aside, then renamed); without --zookeeper the "
+                   "only place they go: without either none are computed (said at start)")
     p.add_argument("--state-dir", default=None, metavar="PATH",
                    help="where the job keeps, between cycles and across restarts, the latest "
                    "report of each key and the next offset of each partition, so that a cycle "
@@ -275,8 +343,8 @@ def add_parser(sub):
                    "or s3a://bucket/kthrottle/spark-sync; one job per state directory"
                    % default_state_dir().replace("%", "%%"))
     p.add_argument("--znode", type=_znode, default=DEFAULT_ZNODE, metavar="PATH",
-                   help="znode the snapshot is written to, under the chroot if any "
-                   "(default %s)" % DEFAULT_ZNODE)
+                   help="with --zookeeper: znode the snapshot is written to, under the chroot "
+                   "if any (default %s)" % DEFAULT_ZNODE)
     p.add_argument("--kafka-timeout", type=_duration, default=15.0, metavar="DURATION",
                    help="how long reaching Kafka may take, and reading one partition "
                    "of the topic, before the cycle fails (default 15s)")
@@ -370,6 +438,111 @@ def parse_reports(rows, now=None):
         if previous is None or report.snapshot_at >= previous.snapshot_at:
             reports[report.broker_id] = report
     return reports
+
+
+# volume usage from the brokers themselves (DescribeLogDirs) ------------------------
+
+def read_log_dirs(settings, timeout_ms, brokers, replicas):
+    """{broker id: [log dir dicts] or the exception} of each of ``brokers``,
+    asked with DescribeLogDirs (kafka-python negotiates the version: v4+
+    carries TotalBytes and UsableBytes, KIP-827) for the partitions
+    ``replicas`` places on it: every partition it holds, none the topic
+    listing missed. One broker's failure is its own."""
+    kafka_source = _source()
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(request_timeout_ms=int(timeout_ms),
+                             **kafka_source.kafka_config(settings, timeout_ms))
+    answers = {}
+    try:
+        for broker in brokers:
+            held = {}
+            for (topic, partition), holders in sorted(replicas.items()):
+                if broker in holders:
+                    held.setdefault(topic, []).append(partition)
+            try:
+                # a dict, even empty: kafka-python sends no topics then ([] lists the
+                # log dirs alone), where None would make it describe every topic first
+                answer = admin.describe_log_dirs(topic_partitions=held, brokers=[broker])
+                answers[broker] = [d for a in answer if a.get("broker") == broker
+                                   for d in a.get("log_dirs") or ()]
+            except Exception as exc:  # this broker's: the others are still asked
+                answers[broker] = exc
+        return answers
+    finally:
+        admin.close()
+
+
+def reports_from_log_dirs(answers, soft, hard, now):
+    """({broker id: BrokerReport}, [problems]) from ``read_log_dirs``'s
+    answers: each log dir a volume named by its path, Capacity its
+    TotalBytes and Consumed TotalBytes - UsableBytes (so free space is
+    UsableBytes, what the broker's user may still write, as the agent
+    counts it), with its partitions (not the future logs of a move, as the
+    agent skips ``*-future`` dirs). A log dir with an error (offline:
+    KAFKA_STORAGE_ERROR) is left out; a broker with no usable log dir gets
+    no report (it is then UNKNOWN), and ``problems`` says why, one line
+    each."""
+    from kafka import errors as Errors
+
+    reports, problems = {}, []
+    for broker, dirs in sorted(answers.items()):
+        if isinstance(dirs, Exception):
+            problems.append("broker %d: DescribeLogDirs failed: %s" % (broker, one_line(dirs)))
+            continue
+        volumes, old = [], False
+        for d in sorted(dirs, key=lambda d: str(d.get("log_dir"))):
+            path = str(d.get("log_dir") or "")
+            if d.get("error_code"):
+                problems.append("broker %d: log dir %s left out: %s" % (
+                    broker, path, Errors.for_code(d["error_code"]).__name__))
+                continue
+            total, usable = d.get("total_bytes", -1), d.get("usable_bytes", -1)
+            if total is None or usable is None or total < 0 or usable < 0:
+                old = True  # DescribeLogDirs before v4: no space in the answer
+                continue
+            usable = min(usable, total)
+            partitions = sorted((t["name"], p["partition_index"]) for t in d.get("topics") or ()
+                                for p in t.get("partitions") or () if not p.get("is_future_key"))
+            volumes.append(VolumeReport(path, int(total), int(total - usable), path,
+                                        tuple(partitions)))
+        if volumes:
+            reports[broker] = BrokerReport(broker, now, soft, hard, tuple(volumes))
+        elif old:
+            problems.append("broker %d does not report its log dirs' space (DescribeLogDirs v4, "
+                            "KIP-827, Kafka 3.3 and later): run kthrottle volume-agent beside it"
+                            % broker)
+        elif not dirs:
+            # Kafka answers a principal without DESCRIBE on the cluster with
+            # CLUSTER_AUTHORIZATION_FAILED and no log dir (the top-level error
+            # code kafka-python does not pass on)
+            problems.append("broker %d answered DescribeLogDirs with no log dir (may this "
+                            "principal DESCRIBE the cluster?)" % broker)
+        else:
+            problems.append("broker %d: no log dir could be measured" % broker)
+    return reports, problems
+
+
+def merge_reports(agent_reports, broker_reports, now, freshness):
+    """--volume-source auto: each broker's agent report while it is fresh
+    (taken within ``freshness``, not dated ahead), else its DescribeLogDirs
+    report when there is one, else its agent report as it is (stale: the
+    snapshot says so). Returns (reports, {broker: "agent" | "broker"})."""
+    out, used = {}, {}
+    for broker in sorted(set(agent_reports) | set(broker_reports)):
+        agent = agent_reports.get(broker)
+        fresh = agent is not None and -MAX_CLOCK_SKEW <= now - agent.snapshot_at <= freshness
+        if fresh or broker not in broker_reports:
+            out[broker], used[broker] = agent, "agent"
+        else:
+            out[broker], used[broker] = broker_reports[broker], "broker"
+    return out, used
+
+
+def fresh_agent_brokers(agent_reports, now, freshness):
+    """The brokers whose agent report is fresh (auto asks the others)."""
+    return {b for b, r in agent_reports.items()
+            if -MAX_CLOCK_SKEW <= now - r.snapshot_at <= freshness}
 
 
 # the state between cycles -----------------------------------------------------------
@@ -613,8 +786,9 @@ class ReportTopic:
 # the ZooKeeper side -----------------------------------------------------------------
 
 def _fits(znode, data):
+    # a record of the state topic: Kafka's message.max.bytes is 1 MiB by default too
     if len(data) > ZNODE_MAX_BYTES:
-        raise CycleError("%s would be %d bytes, past what one znode holds (%d)"
+        raise CycleError("%s would be %d bytes, past what one znode (or one record) holds (%d)"
                          % (znode, len(data), ZNODE_MAX_BYTES))
 
 
@@ -822,6 +996,139 @@ class ZnodeWriter:
             self.zk = None
 
 
+# the outputs: the znodes, the topic ------------------------------------------------
+
+class ZnodeOutput:
+    """The znodes (--zookeeper): a cycle's shares and snapshot in one
+    ZooKeeper transaction (``ZnodeWriter.commit``)."""
+
+    def __init__(self, writer):
+        self.writer = writer
+
+    @property
+    def where(self):
+        return self.writer.hosts + self.writer.znode
+
+    def connect(self):
+        self.writer.ensure_connected()
+
+    def last_cycle(self):
+        znode = self.writer.znode
+        return self.writer.last_cycle([znode] + [
+            shares_znode(p, znode) for p in self.writer.children(znode + "/shares")[:1]])
+
+    def write(self, shares, snapshot):
+        """``shares`` [(proxy id, bytes)], ``snapshot`` bytes or None."""
+        znode = self.writer.znode
+        writes = [(shares_znode(proxy, znode), data) for proxy, data in shares]
+        if snapshot is not None:
+            writes.append((znode, snapshot))
+        if writes:
+            self.writer.commit(writes)
+
+    def close(self):
+        self.writer.close()
+
+
+def state_records(shares, snapshot):
+    """The records of one cycle in the state topic: [(key, value)] bytes,
+    each proxy's shares (``shares/<proxy-id>``), then the snapshot
+    (``cluster-state``) last, as the znodes' transaction ends with it."""
+    records = [(shares_key(proxy).encode("utf-8"), data) for proxy, data in shares]
+    if snapshot is not None:
+        records.append((STATE_KEY.encode("utf-8"), snapshot))
+    return records
+
+
+def last_cycle_of(values):
+    """The greatest ``cycle`` among stored documents (bytes; what does not
+    decode is skipped), 0 when none has one."""
+    last = 0
+    for data in values:
+        try:
+            cycle = decode_snapshot(data).get("cycle") if data else None
+        except Exception:
+            continue
+        if isinstance(cycle, int) and not isinstance(cycle, bool):
+            last = max(last, cycle)
+    return last
+
+
+class TopicOutput:
+    """The compacted topic (--state-topic) on the cluster the job reads,
+    with its security settings: each proxy's shares, acknowledged, then the
+    snapshot (``state_records``), with the blocking publisher the volume
+    agent uses (``KafkaPublisher``: creates the topic compacted with one
+    partition). Per key the last record is what readers keep."""
+
+    def __init__(self, settings, topic, timeout_ms):
+        from ..sources.kafka_publisher import KafkaPublisher, describe_connection
+
+        self.settings = settings
+        self.topic = topic
+        self.timeout_ms = timeout_ms
+        config = dict(_source().kafka_config(settings, timeout_ms),
+                      client_id="kthrottle-spark-sync", request_timeout_ms=int(timeout_ms))
+        self.publisher = KafkaPublisher(
+            config, topic, timeout_ms / 1000.0,
+            describe_connection(config["bootstrap_servers"],
+                                settings.get("security_protocol", "PLAINTEXT"),
+                                settings.get("sasl_mechanism"), settings.get("sasl_username")),
+            settings.get("sasl_password"), logger=log)
+
+    @property
+    def where(self):
+        return "topic %s" % self.topic
+
+    def connect(self):
+        pass  # each write connects if need be
+
+    def last_cycle(self):
+        """The cycle of the last records written (0: no topic yet)."""
+        from kafka import TopicPartition
+
+        source = _source()
+        try:
+            listed = source.list_offsets(self.settings, self.topic, self.timeout_ms)
+        except source.TopicMissing:
+            return 0
+        values = []
+        c = source.consumer(self.settings, self.timeout_ms)
+        try:
+            deadline = time.monotonic() + self.timeout_ms / 1000.0
+            for partition, (start, end) in sorted(listed.items()):
+                if end <= start:
+                    continue
+                tp = TopicPartition(self.topic, partition)
+                c.assign([tp])
+                c.seek(tp, max(start, end - LAST_CYCLE_RECORDS))
+                while c.position(tp) < end:
+                    values.extend(r.value for r in c.poll(timeout_ms=200).get(tp, ()))
+                    if time.monotonic() > deadline:
+                        raise CycleError("reading the last records of %s-%d took over %.0f s"
+                                         % (self.topic, partition, self.timeout_ms / 1000.0))
+        finally:
+            c.close()
+        return last_cycle_of(values)
+
+    def write(self, shares, snapshot):
+        from ..sources.kafka_publisher import PublishError
+
+        records = state_records(shares, snapshot)
+        for key, data in records:
+            _fits("%s key %s" % (self.topic, key.decode()), data)
+        try:
+            if len(records) > 1:  # the shares acknowledged before the snapshot is sent
+                self.publisher.publish_all(records[:-1])
+            if records:
+                self.publisher.publish_all(records[-1:])
+        except PublishError as exc:
+            raise CycleError(str(exc)) from None
+
+    def close(self):
+        self.publisher.close()
+
+
 # Spark ----------------------------------------------------------------------------
 
 def spark_session(master=None, conf=(), app_name="kthrottle-spark-sync"):
@@ -907,9 +1214,13 @@ def one_line(exc):
 
 class SparkSync:
     """The job's state across cycles: the settings, the SparkSession (made
-    on first use, kept), the ZooKeeper writer, the cycle counter and, per
-    report topic, what was read of it (``ReportTopic``, under
-    ``state_dir``)."""
+    on first use, kept), the outputs (the ZooKeeper writer, the state
+    topic's publisher), the cycle counter and, per report topic, what was
+    read of it (``ReportTopic``, under ``state_dir``).
+
+    ``zookeeper`` None: the state topic (``state_topic``, by default
+    DEFAULT_STATE_TOPIC) is the output; given: the znodes, and the topic too
+    when ``state_topic`` is given."""
 
     def __init__(self, bootstrap, zookeeper, *, topic=DEFAULT_TOPIC, freshness=90.0,
                  znode=DEFAULT_ZNODE, master=None, conf=(), security=None,
@@ -918,7 +1229,8 @@ class SparkSync:
                  share_floor=DEFAULT_FLOOR_FRACTION, state_dir=None,
                  recommend_every=recommend.DEFAULT_EVERY, recommend_window=recommend.DEFAULT_WINDOW,
                  recommend_slot=recommend.DEFAULT_SLOT, recommend_znode=recommend.DEFAULT_ZNODE,
-                 recommend_file=None):
+                 recommend_file=None, state_topic=None, volume_source=AGENT, soft_limit=None,
+                 hard_limit=None):
         self.source = _source()
         self.settings = self.source.client_settings(dict(security or {}, bootstrap=bootstrap))
         self.topic = topic
@@ -926,7 +1238,20 @@ class SparkSync:
         self.master = master
         self.conf = list(conf)
         self.timeout_ms = int(kafka_timeout * 1000)
-        self.writer = ZnodeWriter(zookeeper, znode, zookeeper_timeout)
+        if volume_source not in VOLUME_SOURCES:
+            raise ValueError("volume source must be one of %s, got %r"
+                             % (", ".join(VOLUME_SOURCES), volume_source))
+        if volume_source != AGENT and (soft_limit is None or hard_limit is None):
+            raise ValueError("volume source %s needs the soft and the hard limit"
+                             % volume_source)
+        self.volume_source = volume_source
+        self.soft_limit, self.hard_limit = soft_limit, hard_limit
+        self.writer = ZnodeWriter(zookeeper, znode, zookeeper_timeout) if zookeeper else None
+        if state_topic is None and zookeeper is None:
+            state_topic = DEFAULT_STATE_TOPIC
+        self.state_topic = state_topic
+        self.outputs = ([ZnodeOutput(self.writer)] if self.writer is not None else []) + (
+            [TopicOutput(self.settings, state_topic, self.timeout_ms)] if state_topic else [])
         self.spark = spark
         self._own_spark = spark is None
         self.on_session = None  # called with the session once it is made
@@ -942,6 +1267,11 @@ class SparkSync:
         self.topic_ids = {}
         self.recommend_znode = recommend_znode
         self.recommend_file = recommend_file
+        if recommend_every is not None and self.writer is None and not recommend_file:
+            # they are read from a znode or a file (kthrottle quotas recommend)
+            log.info("no --zookeeper and no --recommend-file: quota recommendations are not "
+                     "computed (give --recommend-file PATH for them)")
+            recommend_every = None
         self.recommender = None if recommend_every is None else recommend.Recommender(
             lambda spark: StateFiles(spark, self.state_dir),
             usage_topic + "/history",
@@ -1023,28 +1353,66 @@ class SparkSync:
     def snapshot(self, now=None):
         """Steps 1-3: the snapshot dict (and what was read); (None, None)
         while no volume agent has published (the report topic does not
-        exist): the fleet's shares are still computed."""
+        exist) and no broker is asked (--volume-source agent): the fleet's
+        shares are still computed."""
         self.leaders, self.topic_ids = {}, {}
         now = time.time() if now is None else now
         try:
             brokers, replicas = read_metadata(self.settings, self.timeout_ms, self.leaders,
                                               self.topic_ids)
-            offsets = self.source.list_offsets(self.settings, self.topic, self.timeout_ms)
+            offsets = None
+            if self.volume_source != DESCRIBE_LOG_DIRS:
+                offsets = self.source.list_offsets(self.settings, self.topic, self.timeout_ms)
         except self.source.TopicMissing as exc:
-            if not self._warned_no_reports:
-                self._warned_no_reports = True
-                log.warning("%s: no storage state is written until volume agents publish "
-                            "(quota shares still are)", exc)
-            return None, None
+            if self.volume_source == AGENT:
+                if not self._warned_no_reports:
+                    self._warned_no_reports = True
+                    log.warning("%s: no storage state is written until volume agents publish "
+                                "(quota shares still are)", exc)
+                return None, None
+            offsets = None  # auto: the brokers answer for every broker
         except self.source.KafkaReadError as exc:
             raise CycleError(str(exc)) from None
         except Exception as exc:
             raise CycleError("Kafka %s: %s" % (self.settings["bootstrap"], one_line(exc))) from None
-        rows, counts = self.read_topic(self.topic, offsets)
-        reports = parse_reports(self.source.latest_of_keys(rows).values(), now)
+        agent_reports, counts, source = {}, {"records": 0, "bytes": 0}, None
+        if offsets is not None:
+            rows, counts = self.read_topic(self.topic, offsets)
+            agent_reports = parse_reports(self.source.latest_of_keys(rows).values(), now)
+            counts = dict(counts, keys=len(rows))
+            source = "%d new record(s), %d bytes, of %s" % (counts["records"], counts["bytes"],
+                                                            self.topic)
+        reports = agent_reports
+        if self.volume_source != AGENT:
+            asked = sorted(set(brokers) - (fresh_agent_brokers(agent_reports, now,
+                                                                self.freshness)
+                                           if self.volume_source == AUTO else set()))
+            broker_reports = self.broker_reports(asked, replicas, now)
+            if self.volume_source == DESCRIBE_LOG_DIRS:
+                reports, source = broker_reports, "DescribeLogDirs"
+            else:
+                reports, used = merge_reports(agent_reports, broker_reports, now, self.freshness)
+                source = "%s; DescribeLogDirs for broker(s) %s" % (
+                    source or "no report topic", ", ".join(
+                        str(b) for b, u in sorted(used.items()) if u == "broker") or "none")
         snap = cluster_snapshot(reports, brokers, replicas, now, self.freshness,
                                 generated_by="kthrottle spark-sync")
-        return snap, dict(counts, keys=len(rows), reports=len(reports))
+        return snap, dict(counts, reports=len(reports), source=source)
+
+    def broker_reports(self, brokers, replicas, now):
+        """{broker id: BrokerReport} from the brokers' DescribeLogDirs
+        answers; what could not be read is logged (that broker is UNKNOWN)."""
+        if not brokers:
+            return {}
+        try:
+            answers = read_log_dirs(self.settings, self.timeout_ms, brokers, replicas)
+        except Exception as exc:
+            raise CycleError("DescribeLogDirs on %s: %s" % (self.settings["bootstrap"],
+                                                            one_line(exc))) from None
+        reports, problems = reports_from_log_dirs(answers, self.soft_limit, self.hard_limit, now)
+        for problem in problems:
+            log.warning("%s", problem)
+        return reports
 
     def cycle(self, now=None):
         """One cycle; returns the snapshot written. CycleError (one line)
@@ -1052,11 +1420,10 @@ class SparkSync:
         not used again."""
         started = time.monotonic()
         try:
-            self.writer.ensure_connected()
-            if self.cycles is None:
-                self.cycles = self.writer.last_cycle([self.writer.znode] + [
-                    shares_znode(p, self.writer.znode)
-                    for p in self.writer.children(self.writer.znode + "/shares")[:1]])
+            for output in self.outputs:
+                output.connect()
+            if self.cycles is None:  # where a restarted job carries on counting
+                self.cycles = max(output.last_cycle() for output in self.outputs)
         except CycleError:
             raise
         except Exception as exc:
@@ -1068,19 +1435,22 @@ class SparkSync:
             generated_at = snap["generated_at"] if snap else (time.time() if now is None
                                                               else now)
             shares = self.fleet_shares(generated_at)
-            writes = [(shares_znode(proxy, self.writer.znode),
-                       encode_shares_document(shares_document(proxy_shares, generated_at, cycle)))
-                      for proxy, proxy_shares in sorted(shares.items())]
+            documents = [(proxy, encode_shares_document(shares_document(proxy_shares,
+                                                                         generated_at, cycle)))
+                         for proxy, proxy_shares in sorted(shares.items())]
+            data = None
             if snap is not None:
                 snap["cycle"] = cycle
                 snap["quota_shares"] = {
                     "proxies": sorted(shares), "usage_reports": len(shares),
                     "buckets": len({s[:3] for p in shares.values() for s in p.shares})}
                 snap["cycle_seconds"] = round(time.monotonic() - started, 3)
-                writes.append((self.writer.znode, encode_snapshot(snap)))
-            if writes:
-                # the shares and the snapshot together, or neither
-                self.writer.commit(writes)
+                data = encode_snapshot(snap)
+            if documents or data is not None:
+                # ZooKeeper: the shares and the snapshot together, or neither;
+                # the topic: the shares, then the snapshot
+                for output in self.outputs:
+                    output.write(documents, data)
             self.recommend(generated_at)
             if snap is None:
                 log.info("cycle %d: quota shares for %d proxies written; no volume reports",
@@ -1095,16 +1465,20 @@ class SparkSync:
             OPEN, "PAUSE") else "")
         not_open = snap["partitions"]
         log.info(
-            "cycle %d: %d broker(s), %d report(s) read (%d new record(s), %d bytes, of %s), "
+            "cycle %d: %d broker(s), %d report(s) read (%s), "
             "cluster %s, unknown brokers: %s, %d partition(s) not OPEN%s; written to %s in "
             "%.2f s",
-            cycle, len(snap["brokers"]), counts["reports"], counts["records"], counts["bytes"],
-            self.topic, state,
+            cycle, len(snap["brokers"]), counts["reports"], counts["source"], state,
             ", ".join(map(str, cluster["unknown_brokers"])) or "none", len(not_open),
             (" (%s)" % ", ".join("%s-%d %s" % (t, p, s) for t, p, s, _ in not_open[:5])
              + (" ..." if len(not_open) > 5 else "")) if not_open else "",
-            self.writer.znode, time.monotonic() - started)
+            self.where, time.monotonic() - started)
         return snap
+
+    @property
+    def where(self):
+        """Where the cycles are written, for the log."""
+        return " and ".join(output.where for output in self.outputs)
 
     def fleet_shares(self, now):
         """{proxy id: ProxyShares} from the fleet's usage reports (the same
@@ -1139,7 +1513,8 @@ class SparkSync:
         return shares
 
     def close(self):
-        self.writer.close()
+        for output in self.outputs:
+            output.close()
         if self.spark is not None and self._own_spark:
             try:
                 self.spark.stop()
@@ -1226,9 +1601,31 @@ def _stop_with_parent():
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def check_volume_flags(args):
+    """ValueError when --volume-source, the limits and --state-topic do not
+    fit together."""
+    source = getattr(args, "volume_source", AGENT) or AGENT
+    soft, hard = getattr(args, "soft_limit", None), getattr(args, "hard_limit", None)
+    if source == AGENT and (soft is not None or hard is not None):
+        raise ValueError("--soft-limit and --hard-limit are for --volume-source describe-log-dirs "
+                         "or auto (each agent's report carries its own limits)")
+    if source != AGENT:
+        if soft is None or hard is None:
+            raise ValueError("--volume-source %s needs --soft-limit and --hard-limit" % source)
+        from .agent import _limits_in_order
+
+        _limits_in_order(soft, hard)
+    topic = getattr(args, "state_topic", None)
+    if topic is not None and (not re.match(r"^[A-Za-z0-9._-]{1,249}$", topic)
+                              or topic in (".", "..")):
+        raise ValueError("--state-topic must be a Kafka topic name ([A-Za-z0-9._-], up to 249 "
+                         "characters), got %r" % (topic,))
+
+
 def run(args):
     try:
         security = security_options(args)
+        check_volume_flags(args)
     except ValueError as exc:
         print("kthrottle: error: %s" % exc, file=sys.stderr)
         return 2
@@ -1243,7 +1640,9 @@ def run(args):
                         recommend_window=args.recommend_window,
                         recommend_slot=args.recommend_slot,
                         recommend_znode=args.recommend_znode,
-                        recommend_file=args.recommend_file)
+                        recommend_file=args.recommend_file, state_topic=args.state_topic,
+                        volume_source=args.volume_source, soft_limit=args.soft_limit,
+                        hard_limit=args.hard_limit)
     except CycleError as exc:
         log.error("%s", exc)
         return 1
@@ -1252,10 +1651,12 @@ def run(args):
     job.on_session = stopper.install
     if os.environ.get("PYSPARK_GATEWAY_PORT"):
         _stop_with_parent()
-    where = "%s%s" % (args.zookeeper, args.znode)
-    log.info("spark-sync: %s from %s (freshness %.0f s) -> %s, %s; state in %s", args.topic,
-             ",".join(args.bootstrap), args.freshness, where,
-             "once" if args.once else "every %g s" % args.interval, job.state_dir)
+    where = job.where
+    log.info("spark-sync: %s from %s (freshness %.0f s) -> %s, %s; state in %s", {
+        AGENT: args.topic, DESCRIBE_LOG_DIRS: "DescribeLogDirs",
+        AUTO: "%s, else DescribeLogDirs," % args.topic}[args.volume_source],
+        ",".join(args.bootstrap), args.freshness, where,
+        "once" if args.once else "every %g s" % args.interval, job.state_dir)
     try:
         if args.once:
             try:

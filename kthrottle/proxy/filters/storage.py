@@ -1,7 +1,8 @@
 """Storage-aware throttling of producers, as a pipeline filter.
 
 The cluster state (``policy/storage.py``: OPEN, THROTTLE with a factor, PAUSE)
-comes from the Spark job's snapshot in ZooKeeper. The filter reads the state in
+comes from the Spark job's snapshot, in ZooKeeper or in a compacted topic of
+the cluster (``--cluster-state-topic``). The filter reads the state in
 force from an attribute that ``refresh`` sets, on each new snapshot and every
 second (the snapshot ages), so a Produce request costs one attribute read
 while the cluster is OPEN. Only Produce requests are touched: fetches,
@@ -72,7 +73,7 @@ class _Held:
 class StorageThrottle(Filter):
     name = "storage"
     options_title = ("storage-aware throttling (off unless --storage-scope is given; the cluster "
-                     "state kthrottle spark-sync writes to --zookeeper)")
+                     "state kthrottle spark-sync writes to --cluster-state-topic or --zookeeper)")
     options = (
         Option("storage-scope", choices=SCOPES,
                help="turns storage-aware throttling on (it is off unless given; --zookeeper "
@@ -81,7 +82,8 @@ class StorageThrottle(Filter):
                "Produce requests are held; partition: only Produce requests writing to a "
                "partition with a replica on such a volume are slowed, or throttled for "
                "--storage-pause-max-ms; off: the same as not given. Follows the cluster state "
-               "in --zookeeper from the first snapshot the job writes"),
+               "in --cluster-state-topic, else in --zookeeper, from the first snapshot the job "
+               "writes"),
         Option("storage-fail-safe", default="PAUSE", choices=("PAUSE", "OPEN"),
                help="what an unknown state means (a snapshot older than --storage-max-age-ms, "
                "brokers without a fresh volume report): PAUSE (default) or OPEN"),
@@ -128,7 +130,8 @@ class StorageThrottle(Filter):
         self.released_at_cap = 0
         self.throttled = 0
 
-    reads = ("zookeeper", "quota_settings")  # the quota window is the storage rate's
+    # the quota window is the storage rate's
+    reads = ("zookeeper", "cluster_state_topic", "quota_settings")
 
     @classmethod
     def check(cls, config):
@@ -142,12 +145,13 @@ class StorageThrottle(Filter):
                      and getattr(config, o.attr) != o.default_value()]
             if given:
                 raise ConfigError("%s: storage-aware throttling is off unless storage-scope is "
-                                  "given (cluster or partition, with --zookeeper)"
-                                  % ", ".join(given))
-        elif scope != "off" and not config.zookeeper:
+                                  "given (cluster or partition, with --cluster-state-topic or "
+                                  "--zookeeper)" % ", ".join(given))
+        elif scope != "off" and not (config.zookeeper or config.cluster_state_topic):
             raise ConfigError("storage-scope %s follows the cluster state kthrottle spark-sync "
-                              "writes to ZooKeeper: give --zookeeper HOST:PORT[/chroot] too"
-                              % scope)
+                              "writes to ZooKeeper: give --zookeeper HOST:PORT[/chroot] too, or "
+                              "--cluster-state-topic NAME where it writes to a compacted topic "
+                              "of the cluster" % scope)
         if config.storage_unknown_scope not in UNKNOWN_SCOPES:
             raise ConfigError("storage-unknown-scope must be cluster or broker, got %r"
                               % config.storage_unknown_scope)
@@ -162,13 +166,14 @@ class StorageThrottle(Filter):
     @classmethod
     def enabled(cls, config):
         """Only when asked for: storage-scope cluster or partition (with the
-        cluster state in --zookeeper)."""
-        return bool(config.zookeeper) and config.storage_scope in ("cluster", "partition")
+        cluster state in --cluster-state-topic or --zookeeper)."""
+        followed = (config.cluster_state_topic, config.zookeeper)
+        return any(followed) and config.storage_scope in ("cluster", "partition")
 
     @classmethod
     def build(cls, config, services):
-        """With --zookeeper: the cluster state is fed in by the composition
-        root (``policy.update``, then ``refresh``)."""
+        """The cluster state is fed in by the composition root
+        (``policy.update``, then ``refresh``)."""
         if not cls.enabled(config):
             return None
         from ...policy.storage import StoragePolicy
