@@ -168,7 +168,8 @@ def test_the_cutter_defers_a_frame_and_keeps_every_byte_in_order():
 
 
 def produce_to(cid, partitions, nbytes=600, version=8):
-    """A Produce request writing ``nbytes`` to each (topic, partition)."""
+    """A Produce request writing ``nbytes`` to each (topic, partition); from version 13 the
+    topic is a uuid.UUID (named by id alone, KIP-516)."""
     import uuid
     import warnings
 
@@ -181,6 +182,7 @@ def produce_to(cid, partitions, nbytes=600, version=8):
         topics.setdefault(topic, []).append(D.PartitionProduceData(index=partition,
                                                                    records=b"r" * nbytes))
     req = ProduceRequest[version](transactional_id=None, acks=1, timeout_ms=30000, topic_data=[
+        D(name=None, topic_id=t, partition_data=p) if isinstance(t, uuid.UUID) else
         D(name=t, topic_id=uuid.UUID(int=1), partition_data=p) for t, p in topics.items()])
     req.with_header(correlation_id=cid, client_id="app-1")
     return bytes(req.encode(header=True, framed=True))
@@ -191,8 +193,9 @@ class PartitionHarness(StorageHarness):
         super().__init__(**kw)
         self.storage.policy.scope = "partition"
 
-    def partitions(self, states, generated_at=WALL):
-        self.storage.policy.update(ClusterState(generated_at, OPEN_STATE, (), states))
+    def partitions(self, states, generated_at=WALL, topic_names=None):
+        self.storage.policy.update(ClusterState(generated_at, OPEN_STATE, (), states,
+                                                topic_names=topic_names))
         return self.storage.refresh(WALL, self.now)
 
 
@@ -211,6 +214,41 @@ def test_partition_scope_touches_only_producers_of_a_filling_partition(chunk):
     assert h.client_paused_until == pytest.approx(8.0)
     h.at(8.0)
     assert req_cids(h.take_broker()) == [4]
+
+
+def test_partition_scope_finds_a_partition_named_by_topic_id_in_produce_v13():
+    """Produce v13 names topics by id alone: the snapshot's map of the ids of the topics it
+    lists decides, so only a producer to the paused partition waits."""
+    import uuid
+
+    hot, cold = uuid.UUID(int=0xA1), uuid.UUID(int=0xB2)
+    h = PartitionHarness(pause_max_ms=8000)
+    h.partitions({("hot", 1): PAUSE_STATE}, topic_names={hot: "hot"})
+    h.client(produce_to(1, [(cold, 0), (hot, 0)], version=13)
+             + produce_to(2, [(cold, 1)], version=13))
+    assert req_cids(h.take_broker()) == [1, 2] and h.client_paused_until is None
+    h.client(produce_to(3, [(cold, 0), (hot, 1)], version=13) + produce_to(4, [(cold, 0)],
+                                                                          version=13))
+    assert req_cids(h.take_broker()) == [3]
+    assert h.client_paused_until == pytest.approx(8.0)
+
+
+def test_a_snapshot_without_topic_ids_leaves_v13_producers_to_the_cluster_state():
+    import uuid
+
+    h = PartitionHarness(pause_max_ms=8000)
+    h.storage.policy.update(ClusterState(WALL, State(THROTTLE, 0.5), (),
+                                         {("hot", 1): PAUSE_STATE}))
+    h.storage.refresh(WALL, h.now)
+    # by name: only hot-1's producer; by id, with no map: the cluster's THROTTLE
+    by_id = h.storage.policy.partition_by_id(uuid.UUID(int=5), 0, WALL)
+    assert by_id == State(THROTTLE, 0.5)
+    h.storage.policy.update(ClusterState(WALL, State(THROTTLE, 0.5), (),
+                                         {("hot", 1): PAUSE_STATE},
+                                         topic_names={uuid.UUID(int=5): "hot"}))
+    assert h.storage.policy.partition_by_id(uuid.UUID(int=5), 1, WALL) == PAUSE_STATE
+    assert h.storage.policy.partition_by_id(uuid.UUID(int=5), 0, WALL) == OPEN_STATE
+    assert h.storage.policy.partition_by_id(uuid.UUID(int=6), 1, WALL) == OPEN_STATE
 
 
 def test_partition_scope_throttles_once_for_what_was_sent_behind_the_throttled_request():

@@ -176,7 +176,28 @@ def test_a_proxy_reads_the_snapshot_and_applies_its_fail_safe():
     assert opened.partition("t", 0, NOW + 31) == State(OPEN, 1.0)
 
 
+def test_the_snapshot_maps_the_ids_of_the_topics_it_lists_for_produce_v13():
+    import uuid
+
+    reports = {1: report(1, [vol("a", 70, [("t", 0)])]), 2: report(2, [vol("b", 10, [])])}
+    replicas = {("t", 0): [1], ("quiet", 0): [2]}
+    ids = {"t": str(uuid.UUID(int=1)), "quiet": str(uuid.UUID(int=2))}
+    snap = cluster_snapshot(reports, [1, 2], replicas, NOW, 60, topic_ids=ids)
+    assert snap["topic_ids"] == {"t": ids["t"]}  # only what is listed: the rest is OPEN
+    assert "topic_ids" not in cluster_snapshot(reports, [1, 2], replicas, NOW, 60)
+    state = ClusterState.from_json(json.dumps(snap).encode())
+    assert state.topic_names == {uuid.UUID(int=1): "t"}
+    policy = StoragePolicy("partition", PAUSE, max_age=30)
+    policy.update(state)
+    assert policy.partition_by_id(uuid.UUID(int=1), 0, NOW + 1) == State(THROTTLE, 0.5)
+    assert policy.partition_by_id(uuid.UUID(int=2), 0, NOW + 1) == State(OPEN, 1.0)
+    # stale: the fail-safe, by id as by name
+    assert policy.partition_by_id(uuid.UUID(int=2), 0, NOW + 31) == State(PAUSE, 0.0)
+
+
 @pytest.mark.parametrize("mutate,message", [
+    (lambda d: d.update(topic_ids=["t"]), "topic_ids must be an object"),
+    (lambda d: d.update(topic_ids={"t": "not-an-id"}), "topic_ids.t is not a topic id"),
     (lambda d: d.update(format="other"), "not a kthrottle-cluster-state snapshot"),
     (lambda d: d.update(version=2), "snapshot version 2; this proxy reads version 1"),
     (lambda d: d["cluster"].update(state="MELTING"), "cluster state must be one of"),

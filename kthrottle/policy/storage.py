@@ -25,6 +25,7 @@ import datetime
 import json
 import math
 import re
+import uuid
 from typing import NamedTuple
 
 OPEN = "OPEN"
@@ -303,7 +304,8 @@ def parse_report(data, now=None):
 
 # the cluster-state snapshot (the Spark job writes it, proxies read it) ------------
 
-def cluster_snapshot(reports, brokers, replicas, now, freshness, generated_by="kthrottle"):
+def cluster_snapshot(reports, brokers, replicas, now, freshness, generated_by="kthrottle",
+                     topic_ids=None):
     """The snapshot for ``reports`` ({broker id: BrokerReport}, the latest of
     each), ``brokers`` (the live broker ids from the cluster's Metadata) and
     ``replicas`` ({(topic, partition): [broker ids]}). A live broker whose
@@ -312,7 +314,9 @@ def cluster_snapshot(reports, brokers, replicas, now, freshness, generated_by="k
     would never grow old) is UNKNOWN, and so is every partition with a replica
     on it (unless another replica's volume already PAUSEs it). A replica a
     report does not list (a partition just created) takes the strongest state
-    of its broker's volumes.
+    of its broker's volumes. ``topic_ids`` ({topic: id as text}, from the
+    same Metadata): the snapshot then maps the ids of the topics it lists to
+    their names, for Produce v13+, which names topics by id alone (KIP-516).
     Returns a JSON-ready dict."""
     broker_entries = {}
     broker_state = {}  # id -> State (UNKNOWN included)
@@ -365,13 +369,17 @@ def cluster_snapshot(reports, brokers, replicas, now, freshness, generated_by="k
             partitions.append([topic, partition, UNKNOWN, state.factor])
         elif state.state != OPEN:
             partitions.append([topic, partition, state.state, state.factor])
-    return {
+    snapshot = {
         "format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, "generated_by": generated_by,
         "generated_at": now, "freshness_s": freshness,
         "cluster": {"state": cluster.state, "factor": cluster.factor, "unknown_brokers": unknown},
         "brokers": broker_entries,
         "partitions": partitions,
     }
+    if topic_ids is not None:  # only the topics listed: every other one is OPEN
+        listed = {entry[0] for entry in partitions}
+        snapshot["topic_ids"] = {t: topic_ids[t] for t in sorted(listed) if t in topic_ids}
+    return snapshot
 
 
 def encode_snapshot(snapshot):
@@ -428,14 +436,18 @@ class ClusterState:
     """A snapshot as a proxy reads it back: validated, with the per-partition
     states in a dict (only partitions that are not OPEN are listed)."""
 
-    __slots__ = ("generated_at", "cluster", "unknown_brokers", "partitions", "brokers")
+    __slots__ = ("generated_at", "cluster", "unknown_brokers", "partitions", "brokers",
+                 "topic_names")
 
-    def __init__(self, generated_at, cluster, unknown_brokers=(), partitions=None, brokers=None):
+    def __init__(self, generated_at, cluster, unknown_brokers=(), partitions=None, brokers=None,
+                 topic_names=None):
         self.generated_at = generated_at
         self.cluster = cluster
         self.unknown_brokers = tuple(unknown_brokers)
         self.partitions = partitions or {}
         self.brokers = brokers or {}
+        # {uuid.UUID: topic} of the topics listed; None: a job that wrote no ids
+        self.topic_names = topic_names
 
     @classmethod
     def from_json(cls, data):
@@ -463,6 +475,17 @@ class ClusterState:
                                  % (entry,))
             partitions[entry[0], entry[1]] = _state(entry[2], entry[3], "partition %s-%d"
                                                     % (entry[0], entry[1]))
+        topic_names = None
+        if "topic_ids" in data:
+            ids = data["topic_ids"]
+            if not isinstance(ids, dict):
+                raise ValueError("topic_ids must be an object of {topic: topic id}")
+            topic_names = {}
+            for topic, text in ids.items():
+                try:
+                    topic_names[uuid.UUID(text)] = topic
+                except (TypeError, ValueError, AttributeError):
+                    raise ValueError("topic_ids.%s is not a topic id: %r" % (topic, text)) from None
         brokers = data.get("brokers", {})
         brokers = brokers if isinstance(brokers, dict) else {}
         for broker, entry in brokers.items():
@@ -474,7 +497,7 @@ class ClusterState:
             if entry.get("state") != UNKNOWN and at - generated_at > MAX_CLOCK_SKEW:
                 raise ValueError("%s is %.0f s after generated_at, yet the broker's state is %r"
                                  % (what, at - generated_at, entry.get("state")))
-        return cls(generated_at, state, unknown, partitions, brokers)
+        return cls(generated_at, state, unknown, partitions, brokers, topic_names)
 
     def check_clock(self, now):
         """ValueError when the snapshot is dated more than MAX_CLOCK_SKEW
@@ -611,6 +634,17 @@ class StoragePolicy:
         state = self.state
         return (state is not None and bool(state.unknown_brokers) and self.fail_safe == PAUSE
                 and self.unknown_scope == "broker")
+
+    def partition_by_id(self, topic_id, partition, now):
+        """``partition`` for a topic named by its id (Produce v13+, KIP-516):
+        by the name the snapshot gives that id; a topic it does not list is
+        OPEN as by name. A snapshot without ids (an older job) leaves only
+        the cluster's state to go by."""
+        state = self.state
+        names = state.topic_names if state is not None else None
+        if names is None:
+            return self.cluster(now)[0]
+        return self.partition(names.get(topic_id), partition, now)
 
     def partition(self, topic, partition, now):
         """The State of one topic-partition (partition scope)."""

@@ -1396,7 +1396,7 @@ class SparkSync:
                     source or "no report topic", ", ".join(
                         str(b) for b, u in sorted(used.items()) if u == "broker") or "none")
         snap = cluster_snapshot(reports, brokers, replicas, now, self.freshness,
-                                generated_by="kthrottle spark-sync")
+                                generated_by="kthrottle spark-sync", topic_ids=self.topic_ids)
         return snap, dict(counts, reports=len(reports), source=source)
 
     def broker_reports(self, brokers, replicas, now):

@@ -295,8 +295,8 @@ class StorageThrottle(Filter):
         for topic, partition in reader.partitions:
             if isinstance(topic, str):
                 state = self.policy.partition(topic, partition, wall)
-            else:  # a topic id (Produce v13+): the snapshot names topics
-                state = self.policy.cluster(wall)[0]
+            else:  # a topic id (Produce v13+): the snapshot maps ids to names
+                state = self.policy.partition_by_id(topic, partition, wall)
             worst = worst.stronger(state)
         if worst.state == OPEN:
             return None
