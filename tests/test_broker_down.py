@@ -1,6 +1,8 @@
 """A broker that is down looks down through the proxy: its listener refuses
 connections as the broker's own port would, says so once, and listens again
-when the broker is back; clients recover on their own (no proxy restart)."""
+when the broker is back; clients recover on their own (no proxy restart).
+The broker is an Apache Kafka node of each test's own (node id 111), started,
+killed and started again by the test on the same port."""
 import asyncio
 import re
 import socket
@@ -8,9 +10,24 @@ import struct
 import time
 import urllib.request
 
-from conftest import TANSU_NODE_ID, ProxyProcess
+from conftest import BROKER_NODE_ID, ProxyProcess
+from kafka_cluster import KafkaBroker
 
-from kthrottle.embedded import TansuBroker, free_port
+from kthrottle.embedded import free_port
+
+
+# After a kill -9 the controller (in the same JVM) takes the restarted node's registration only
+# once the old one's session has expired (DUPLICATE_BROKER_REGISTRATION until then): 4 s, not
+# the default 9 s, as tests/kafka_cluster.py's cluster_settings have it.
+QUICK_REREGISTRATION = {"broker.session.timeout.ms": "4000", "broker.heartbeat.interval.ms": "500"}
+
+
+def _kafka(tmp_path):
+    """An Apache Kafka node of the test's own, not started: its port is chosen already. Its
+    data is kept across a stop or kill and the start after it (removed by ``stop(keep=False)``
+    at the end)."""
+    return KafkaBroker(node_id=BROKER_NODE_ID, workdir=tmp_path / "kafka",
+                       log_path=tmp_path / "kafka.log", keep=True, config=QUICK_REREGISTRATION)
 
 
 def _api_versions(correlation_id):
@@ -61,11 +78,11 @@ def _metric(text, name, labels):
 
 
 def test_the_bootstrap_listener_refuses_while_no_broker_answers_and_says_so_once(tmp_path):
-    port = free_port()  # where the broker will be: nothing there yet
+    broker = _kafka(tmp_path)
+    port = broker.port  # where the broker will be: nothing there yet
     admin = free_port()
-    p = ProxyProcess("127.0.0.1:%d" % port, tmp_path / "proxy.log",
+    p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
                      ["--admin-listen", "127.0.0.1:%d" % admin]).start()
-    broker = TansuBroker(port=port, log_path=tmp_path / "tansu.log")
     try:
         # the first client is accepted before anything is known, and turned away
         with _connect(p.port) as s:
@@ -81,9 +98,9 @@ def test_the_bootstrap_listener_refuses_while_no_broker_answers_and_says_so_once
         assert _metric(text, "kthrottle_broker_reachable", 'listener="bootstrap"') == 0
         assert _metric(text, "kthrottle_connections_refused_total",
                        'reason="broker_unreachable"') == 1
-        # the broker starts: the proxy listens again on its own
+        # the broker starts (a JVM: seconds): the proxy listens again on its own
         broker.start()
-        _wait(lambda: _answers_api_versions(p.port), 10, "the proxy listens again")
+        _wait(lambda: _answers_api_versions(p.port), 30, "the proxy listens again")
         p.wait_for_log("bootstrap listener: a broker answers again")
         log = p.log()
         assert log.count("no broker answers") == 1, log
@@ -94,19 +111,23 @@ def test_the_bootstrap_listener_refuses_while_no_broker_answers_and_says_so_once
         assert p.alive()
     finally:
         p.stop()
-        broker.stop()
+        broker.stop(keep=False)
 
 
 def test_a_broker_restart_through_the_node_listener(tmp_path):
     """The broker dies under a running producer and starts again on the same
     port: the node listener refuses meanwhile, then serves again, and the
-    same producer (not restarted, nor is the proxy) gets its records through."""
+    same producer (not restarted, nor is the proxy) gets its records through.
+    Kafka keeps its data across the kill: the topic and the record sent before
+    it are there after the restart."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-    broker = TansuBroker(log_path=tmp_path / "tansu.log").start()
-    p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log").start()
+    broker = _kafka(tmp_path)
+    p = None
     topic = "restart-%d" % broker.port
     try:
+        broker.start()
+        p = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log").start()
         broker.create_topic(topic)
 
         async def run():
@@ -116,39 +137,45 @@ def test_a_broker_restart_through_the_node_listener(tmp_path):
             try:
                 await producer.send_and_wait(topic, b"before")
                 loop = asyncio.get_running_loop()
-                broker.proc.kill()  # SIGKILL: no goodbye to anyone
-                broker.proc.wait(5)
+                broker.kill()  # SIGKILL: no goodbye to anyone
                 # the node listener stops listening once the loss is seen
                 deadline = loop.time() + 5
                 while not await loop.run_in_executor(None, _refused, p.node_port):
                     assert loop.time() < deadline, p.log()[-2000:]
                     await asyncio.sleep(0.02)
-                broker.start()  # memory storage: the topic is made again
-                await loop.run_in_executor(None, broker.create_topic, topic)
+                # started again on its data (the topic is still there), from this thread
+                # (the broker gets SIGTERM when the thread that started it ends), and
+                # awaited elsewhere: the producer's loop runs on meanwhile
+                broker.launch()
+                await loop.run_in_executor(None, broker.wait_ready, 90.0)
                 sent = loop.time()
                 while True:  # the producer's own retries, until its buffer times out
                     try:
                         await asyncio.wait_for(producer.send_and_wait(topic, b"after"), 30)
                         break
                     except Exception:
-                        assert loop.time() - sent < 30, p.log()[-2000:]
+                        assert loop.time() - sent < 60, p.log()[-2000:]
                         await asyncio.sleep(0.1)
             finally:
                 await producer.stop()
             consumer = AIOKafkaConsumer(topic, bootstrap_servers=p.bootstrap,
                                         auto_offset_reset="earliest")
             await consumer.start()
+            got = []
             try:
-                got = await asyncio.wait_for(consumer.getone(), 20)
+                while len(got) < 2:
+                    got.append((await asyncio.wait_for(consumer.getone(), 30)).value)
             finally:
                 await consumer.stop()
-            return got.value
+            return got
 
-        assert asyncio.run(run()) == b"after"  # the restarted broker kept nothing else
+        # the restarted broker kept the record sent before the kill
+        assert asyncio.run(run()) == [b"before", b"after"]
         log = p.log()
-        assert "node %d listener: no broker answers" % TANSU_NODE_ID in log, log
-        assert "node %d listener: a broker answers again" % TANSU_NODE_ID in log, log
+        assert "node %d listener: no broker answers" % BROKER_NODE_ID in log, log
+        assert "node %d listener: a broker answers again" % BROKER_NODE_ID in log, log
         assert p.alive()
     finally:
-        p.stop()
-        broker.stop()
+        if p is not None:
+            p.stop()
+        broker.stop(keep=False)

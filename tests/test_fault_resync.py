@@ -25,9 +25,10 @@ import uuid
 import pytest
 
 import zookeeper as zk_server
-from conftest import ROOT, TANSU_NODE_ID, ProxyProcess
+from conftest import BROKER_NODE_ID, ROOT, ProxyProcess
 from kthrottle.config import build_config
-from kthrottle.embedded import TansuBroker, free_port
+from kafka_cluster import KafkaBroker
+from kthrottle.embedded import free_port
 from kthrottle.policy.fleet import ProxyShares, encode_shares_document, shares_document
 from kthrottle.policy.quotas import QuotaManager
 from kthrottle.policy.storage import (
@@ -423,7 +424,7 @@ class StorageJob(_PlayedJob):
                     self._latest[report.broker_id] = report
         if self._latest:
             set_znode(self.zk, DEFAULT_ZNODE, encode_snapshot(cluster_snapshot(
-                self._latest, [TANSU_NODE_ID], {}, time.time(), self.freshness)))
+                self._latest, [BROKER_NODE_ID], {}, time.time(), self.freshness)))
             self.written += 1
 
 
@@ -472,7 +473,7 @@ def test_a_cluster_state_no_longer_refreshed_takes_the_fail_safe_then_resyncs(
     log_dir = tmp_path / "kafka-logs"
     (log_dir / "orders-0").mkdir(parents=True)
     agent_args = ("volume-agent", "--bootstrap-server", broker.bootstrap, "--broker-id",
-                  str(TANSU_NODE_ID), "--log-dir", str(log_dir), "--soft-limit",
+                  str(BROKER_NODE_ID), "--log-dir", str(log_dir), "--soft-limit",
                   "MinFreeBytes:2MiB", "--hard-limit", "MinFreeBytes:1MiB", "--interval",
                   "500ms", "--topic", reports)
     agent = Command(tmp_path / "agent.log", *agent_args)
@@ -488,7 +489,7 @@ def test_a_cluster_state_no_longer_refreshed_takes_the_fail_safe_then_resyncs(
         def known():
             return (metric(a, "kthrottle_storage_fail_safe") == 0
                     and metric(a, "kthrottle_storage_state", scope="broker",
-                               broker=str(TANSU_NODE_ID)) == 0
+                               broker=str(BROKER_NODE_ID)) == 0
                     and metric(a, "kthrottle_storage_state", scope="cluster") == 0)
 
         assert wait_until(known, 20), proxy.log()[-2000:]
@@ -524,7 +525,7 @@ def test_a_cluster_state_no_longer_refreshed_takes_the_fail_safe_then_resyncs(
         agent.kill()
         assert wait_until(lambda: metric(a, "kthrottle_storage_fail_safe") == 1, 10)
         assert metric(a, "kthrottle_storage_state", scope="broker",
-                      broker=str(TANSU_NODE_ID)) == 3  # UNKNOWN
+                      broker=str(BROKER_NODE_ID)) == 3  # UNKNOWN
         assert metric(a, "kthrottle_storage_state", scope="cluster") == 2
         assert metric(a, "kthrottle_cluster_state_age_seconds") < 2  # the job is alive
         time.sleep(1.5)
@@ -532,7 +533,7 @@ def test_a_cluster_state_no_longer_refreshed_takes_the_fail_safe_then_resyncs(
         # may see the state's cause change meanwhile (a job cycle late: the
         # state is old for a moment), each change said once
         causes = storage_causes(proxy.log())
-        assert causes[-1] == "no fresh volume report from broker(s) %d" % TANSU_NODE_ID
+        assert causes[-1] == "no fresh volume report from broker(s) %d" % BROKER_NODE_ID
         assert all(a != b for a, b in zip(causes, causes[1:])), causes
 
         # and back: its first report makes the broker known again
@@ -581,17 +582,24 @@ def test_usage_reports_that_cannot_reach_the_cluster_take_the_share_fail_safe_th
     from kafka import KafkaProducer
 
     quota, client = 200_000.0, "fleet-app"
-    cluster = TansuBroker(log_path=tmp_path / "tansu.log").start()
+    # an Apache Kafka node of the test's own, killed and started again on its data; after a
+    # kill -9 its controller takes the new registration once the old session has expired:
+    # 4 s, not the default 9 s
+    cluster = KafkaBroker(node_id=BROKER_NODE_ID, workdir=tmp_path / "kafka",
+                          log_path=tmp_path / "kafka.log", keep=True,
+                          config={"broker.session.timeout.ms": "4000",
+                                  "broker.heartbeat.interval.ms": "500"})
     chroot = "/fleet-%s" % uuid.uuid4().hex[:8]
     hosts = zookeeper.hosts + chroot
-    alter_quota(hosts, client, quota)
-    zk = kazoo(hosts)
-    job = SharesJob(zk, "a", [(P, "", client, quota / 4, quota)], ("a", "b")).start()
     usage_topic = "usage-%s" % uuid.uuid4().hex[:8]
     topic = "fleet-%s" % uuid.uuid4().hex[:8]
-    cluster.create_topic(topic)
-    proxy = None
+    zk = job = proxy = None
     try:
+        cluster.start()
+        alter_quota(hosts, client, quota)
+        zk = kazoo(hosts)
+        job = SharesJob(zk, "a", [(P, "", client, quota / 4, quota)], ("a", "b")).start()
+        cluster.create_topic(topic)
         proxy = admin_proxy(cluster.bootstrap, tmp_path / "proxy.log", "--zookeeper", hosts,
                             "--proxy-id", "a", "--usage-topic", usage_topic,
                             "--usage-interval", "500", "--share-max-age-ms", "3000",
@@ -627,9 +635,9 @@ def test_usage_reports_that_cannot_reach_the_cluster_take_the_share_fail_safe_th
         assert len(set(line.split(" ERROR ", 1)[1] for line in errors)) == len(errors)
         assert log.count("fleet: the quota shares (cycle") == 1  # the fail-safe, once
 
-        # back on the same port (its topics gone with it): the reports go through again
+        # back on the same port, on its data (a JVM: seconds): the reports go through again
         cluster.start()
-        assert wait_until(lambda: metric(a, "kthrottle_usage_reports_total") > reports, 15)
+        assert wait_until(lambda: metric(a, "kthrottle_usage_reports_total") > reports, 30)
         failed = metric(a, "kthrottle_usage_report_errors_total")
         proxy.wait_for_log("fleet: usage reports reach the cluster again")
         assert "after %d failed publication(s)" % failed in proxy.log()
@@ -641,9 +649,11 @@ def test_usage_reports_that_cannot_reach_the_cluster_take_the_share_fail_safe_th
         assert job.error is None
         assert proxy.alive()
     finally:
-        job.close()
+        if job is not None:
+            job.close()
         if proxy is not None:
             proxy.stop()
-        zk.stop()
-        zk.close()
-        cluster.stop()
+        if zk is not None:
+            zk.stop()
+            zk.close()
+        cluster.stop(keep=False)

@@ -2,7 +2,7 @@
 broker its TLS server name names (--sni-broker-pattern
 'broker-$(nodeId).kafka.example.com'). Real clients, aiokafka and
 confluent-kafka (librdkafka), produce and consume through a kthrottle process
-in front of a real Tansu broker (node id 111), resolving
+in front of a real Apache Kafka broker (node id 111), resolving
 broker-111.kafka.example.com and the bootstrap name kafka.example.com to
 127.0.0.1: each client runs in a mount namespace of its own (unshare -m) whose
 /etc/hosts is a file of the test's, since librdkafka resolves with
@@ -23,7 +23,7 @@ import uuid
 import pytest
 import trustme
 
-from conftest import TANSU_NODE_ID
+from conftest import BROKER_NODE_ID
 from kthrottle.codecs.proxy_protocol import v1_header, v2_header
 from kthrottle.config import ConfigError, ProxyConfig
 from kthrottle.embedded import free_port
@@ -32,7 +32,7 @@ from test_node_ports import MappedProxy
 
 PATTERN = "broker-$(nodeId).kafka.example.com"
 BOOTSTRAP_NAME = "kafka.example.com"
-NAMES = [BOOTSTRAP_NAME, "broker-%d.kafka.example.com" % TANSU_NODE_ID,
+NAMES = [BOOTSTRAP_NAME, "broker-%d.kafka.example.com" % BROKER_NODE_ID,
          "broker-7.kafka.example.com"]
 
 
@@ -140,7 +140,7 @@ def _isolated(pki, *argv, timeout=120):
 
 
 def test_the_clients_resolve_the_names_to_127_0_0_1(pki):
-    out = _isolated(pki, "getent", "hosts", "broker-%d.kafka.example.com" % TANSU_NODE_ID)
+    out = _isolated(pki, "getent", "hosts", "broker-%d.kafka.example.com" % BROKER_NODE_ID)
     assert out.returncode == 0 and out.stdout.split()[0] == "127.0.0.1", (
         "cannot give a client its own /etc/hosts with 'unshare -m' (needs root or user "
         "namespaces, and a mount of /etc/hosts): %s %s" % (out.stdout, out.stderr))
@@ -219,12 +219,12 @@ def test_real_clients_produce_and_consume_through_one_port(broker, pki, sni_prox
     assert result["got"] == ["s%d" % i for i in range(20)]
     # the node's address is its name, on the one port
     assert [tuple(b) for b in result["brokers"]] == [
-        (TANSU_NODE_ID, "broker-%d.kafka.example.com" % TANSU_NODE_ID, sni_proxy.port)]
+        (BROKER_NODE_ID, "broker-%d.kafka.example.com" % BROKER_NODE_ID, sni_proxy.port)]
     log = sni_proxy.log()
     assert re.search(r"connection \d+ opened: client 127\.0\.0\.1:\d+ -> node %d listener"
-                     % TANSU_NODE_ID, log)
+                     % BROKER_NODE_ID, log)
     assert re.search(r"connection \d+ opened: client 127\.0\.0\.1:\d+ -> bootstrap listener", log)
-    assert "for node %d" % TANSU_NODE_ID not in log  # no port of its own was opened
+    assert "for node %d" % BROKER_NODE_ID not in log  # no port of its own was opened
     assert "every node on this port by TLS server name %s" % PATTERN in log
 
 
@@ -247,7 +247,7 @@ def _tls_roundtrip(pki, port, server_name, header=b""):
 
 
 def test_names_route_to_their_node_the_rest_to_the_bootstrap(pki, sni_proxy):
-    assert _tls_roundtrip(pki, sni_proxy.port, "broker-%d.kafka.example.com" % TANSU_NODE_ID) == 5
+    assert _tls_roundtrip(pki, sni_proxy.port, "broker-%d.kafka.example.com" % BROKER_NODE_ID) == 5
     assert _tls_roundtrip(pki, sni_proxy.port, BOOTSTRAP_NAME) == 5
     assert _tls_roundtrip(pki, sni_proxy.port, None) == 5  # by IP address: no name sent
     assert _tls_roundtrip(pki, sni_proxy.port, "other.kafka.example.com") == 5
@@ -257,7 +257,7 @@ def test_a_name_of_a_node_the_cluster_never_named_is_refused(pki, sni_proxy):
     assert _tls_roundtrip(pki, sni_proxy.port, "broker-7.kafka.example.com") is None
     sni_proxy.wait_for_log("refused (unknown_node): TLS server name broker-7.kafka.example.com "
                            "names node 7, which the cluster has not named (nodes known: %d)"
-                           % TANSU_NODE_ID)
+                           % BROKER_NODE_ID)
     metrics = urllib.request.urlopen(
         "http://127.0.0.1:%d/metrics" % sni_proxy.admin, timeout=10).read().decode()
     assert 'kthrottle_connections_refused_total{reason="unknown_node"} 1.0' in metrics
@@ -272,10 +272,10 @@ def test_behind_a_balancer_sending_the_proxy_protocol(broker, pki, tmp_path):
                     ["--security-protocol", "SSL", "--ssl-cert", pki["pem"], "--ssl-key",
                      pki["pem"], "--sni-broker-pattern", PATTERN, "--proxy-protocol"]).start()
     try:
-        node = "broker-%d.kafka.example.com" % TANSU_NODE_ID
+        node = "broker-%d.kafka.example.com" % BROKER_NODE_ID
         assert _tls_roundtrip(pki, p.port, node,
                               v1_header(("198.51.100.50", 5050), ("127.0.0.1", p.port))) == 5
-        p.wait_for_log("client 198.51.100.50:5050 -> node %d listener" % TANSU_NODE_ID)
+        p.wait_for_log("client 198.51.100.50:5050 -> node %d listener" % BROKER_NODE_ID)
         assert _tls_roundtrip(pki, p.port, BOOTSTRAP_NAME,
                               v2_header(("198.51.100.51", 5151), ("127.0.0.1", p.port))) == 5
         p.wait_for_log("client 198.51.100.51:5151 -> bootstrap listener")
@@ -289,25 +289,30 @@ def test_behind_a_balancer_sending_the_proxy_protocol(broker, pki, tmp_path):
 
 def test_a_node_whose_broker_is_down_closes_its_connections_with_a_line(pki, tmp_path):
     """No port of its own to stop listening on (the bootstrap's is shared):
-    each connection routed to that node is refused, said and counted."""
-    from kthrottle.embedded import TansuBroker
+    each connection routed to that node is refused, said and counted. The
+    broker: an Apache Kafka node of the test's own, stopped and started again
+    on its data and on the same port."""
+    from kafka_cluster import KafkaBroker
 
-    own = TansuBroker(log_path=tmp_path / "tansu.log")
-    own.start()
-    p = MappedProxy(own.bootstrap, tmp_path / "proxy.log",
-                    ["--security-protocol", "SSL", "--ssl-cert", pki["pem"], "--ssl-key",
-                     pki["pem"], "--sni-broker-pattern", PATTERN,
-                     "--upstream-connect-timeout-ms", "1000"]).start()
-    node = "broker-%d.kafka.example.com" % TANSU_NODE_ID
+    own = KafkaBroker(node_id=BROKER_NODE_ID, workdir=tmp_path / "kafka",
+                      log_path=tmp_path / "kafka.log", keep=True)
+    p = None
+    node = "broker-%d.kafka.example.com" % BROKER_NODE_ID
     try:
+        own.start()
+        p = MappedProxy(own.bootstrap, tmp_path / "proxy.log",
+                        ["--security-protocol", "SSL", "--ssl-cert", pki["pem"], "--ssl-key",
+                         pki["pem"], "--sni-broker-pattern", PATTERN,
+                         "--upstream-connect-timeout-ms", "1000"]).start()
         assert _tls_roundtrip(pki, p.port, node) == 5
-        own.stop()
+        own.stop()  # a controlled shutdown, over once the process has exited
         assert _tls_roundtrip(pki, p.port, node) is None
         p.wait_for_log("refused (broker_unreachable): no broker reachable for node %d (%s"
-                       % (TANSU_NODE_ID, own.bootstrap))
+                       % (BROKER_NODE_ID, own.bootstrap))
         own.start()
         assert _tls_roundtrip(pki, p.port, node) == 5
         assert p.alive()
     finally:
-        p.stop()
-        own.stop()
+        if p is not None:
+            p.stop()
+        own.stop(keep=False)

@@ -1,5 +1,5 @@
 """``kthrottle volume-agent``: the report it builds from real log dirs, its
-flags, and its publications to a real Tansu broker (directly, through a
+flags, and its publications to a real Apache Kafka broker (directly, through a
 terminating SASL kthrottle, and while the broker goes away and comes back)."""
 import json
 import logging
@@ -17,14 +17,21 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from conftest import ROOT, ProxyProcess
-from kthrottle.embedded import TansuBroker, free_port
+from conftest import BROKER_NODE_ID, ROOT, ProxyProcess
+from kafka_cluster import KafkaBroker
+from kthrottle.embedded import free_port
 from kthrottle.policy.storage import Limit, parse_limit, parse_report, volume_state
 from kthrottle.sources.kafka_publisher import _LastKafkaError
 from kthrottle.spark_sync import agent
 from quota_clients import kthrottle_quotas, wait_until
 
 SOFT, HARD = "MinFreePercentage:20", "MinFreeBytes:1GiB"
+@pytest.fixture(scope="module")
+def broker(own_kafka):
+    """A broker of this module's own: its tests read the volume report topic by its default name."""
+    return own_kafka
+
+
 PARTITIONS = [("my-topic", 7), ("orders", 0), ("orders", 1)]
 SLACK = 256 * 1024 * 1024  # disk usage moves while the test runs
 
@@ -545,30 +552,40 @@ def test_an_absent_broker_fails_once_with_exit_1_and_a_clear_error(tmp_path):
 
 def test_a_broker_that_goes_away_is_counted_and_reconnected(tmp_path):
     log_dir = make_log_dir(tmp_path / "kafka-logs")
-    b = TansuBroker(log_path=tmp_path / "tansu.log").start()
+    # an Apache Kafka node of the test's own (the default topic is its alone), killed and
+    # started again on its data; after a kill -9 its controller takes the new registration
+    # once the old session has expired: 4 s, not the default 9 s
+    b = KafkaBroker(node_id=BROKER_NODE_ID, workdir=tmp_path / "kafka",
+                    log_path=tmp_path / "kafka.log", keep=True,
+                    config={"broker.session.timeout.ms": "4000",
+                            "broker.heartbeat.interval.ms": "500"})
     port = free_port()
-    p = AgentProcess(tmp_path / "agent.log", "--bootstrap-server", b.bootstrap,
-                     "--broker-id", "2", "--log-dir", str(log_dir), "--soft-limit", SOFT,
-                     "--hard-limit", HARD, "--interval", "500ms", "--timeout", "1s",
-                     "--metrics-listen", "127.0.0.1:%d" % port)
+    p = None
     try:
+        b.start()
+        p = AgentProcess(tmp_path / "agent.log", "--bootstrap-server", b.bootstrap,
+                         "--broker-id", "2", "--log-dir", str(log_dir), "--soft-limit", SOFT,
+                         "--hard-limit", HARD, "--interval", "500ms", "--timeout", "1s",
+                         "--metrics-listen", "127.0.0.1:%d" % port)
+        # (the first publication creates the topic)
         wait_for_metric(port, "kthrottle_volume_agent_publications_total",
-                        lambda v: v >= 1, 8, p.proc)
-        os.kill(b.proc.pid, signal.SIGKILL)  # a crash (Tansu's own stop waits for clients)
-        b.proc.wait(5)
+                        lambda v: v >= 1, 20, p.proc)
+        b.kill()  # a crash: no controlled shutdown
         wait_for_metric(port, "kthrottle_volume_agent_publication_errors_total",
                         lambda v: v >= 4, 12, p.proc)
         assert metrics_of(port)["kthrottle_volume_agent_connected"] == 0
         published = metrics_of(port)["kthrottle_volume_agent_publications_total"]
-        b.start()  # the same port; Tansu keeps topics in memory, so the topic is new
+        b.start()  # the same port, on its data: the topic and its reports are still there
         wait_for_metric(port, "kthrottle_volume_agent_publications_total",
-                        lambda v: v > published, 10, p.proc)
+                        lambda v: v > published, 30, p.proc)
         assert metrics_of(port)["kthrottle_volume_agent_connected"] == 1
         failed = metrics_of(port)["kthrottle_volume_agent_publication_errors_total"]
-        assert read_reports(b.bootstrap, agent.DEFAULT_TOPIC)[0][0] == b"2"
+        reports = read_reports(b.bootstrap, agent.DEFAULT_TOPIC, at_least=int(published) + 1)
+        assert len(reports) >= published + 1  # those before the kill, and after
+        assert {key for key, _ in reports} == {b"2"}
     finally:
-        code = p.stop()
-        b.stop()
+        code = p.stop() if p is not None else None
+        b.stop(keep=False)
     assert code == 0, p.log()
     assert "not published within 1s" in p.log() and "ECONNREFUSED" in p.log()
     # logged when it starts failing and per new reason, not per failed publication
