@@ -2,8 +2,9 @@
 process) on 127.0.0.1 and free ports, with its data in a directory of its own; a three-node
 KRaft cluster of such nodes (``KafkaCluster``); Kafka 3.9 in ZooKeeper mode; client listeners
 with SASL (PLAIN, SCRAM, OAUTHBEARER) and TLS; and Kafka's own command-line tools
-(kafka-tools) run from the same jars. For tests, benchmarks and ``kthrottle local --broker
-kafka`` alike.
+(kafka-tools) run from the same jars (``JavaTool``), among them the nothing-lost scenario of
+VerifiableProducer and VerifiableConsumer through a leader's kill -9 (``VerifiableRun``). For
+tests, benchmarks and ``kthrottle local --broker kafka`` alike.
 
 The jars come from Maven Central through ``scripts/kafka-jars`` (pinned in pom.xml), which
 ``scripts/test`` and ``scripts/run-local --broker kafka`` run first; ``KTHROTTLE_KAFKA_LIB``
@@ -23,6 +24,10 @@ jars raise ``KafkaMissing`` with the command that fixes it.
         cluster.bootstrap                  # "127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3"
         cluster.create_topic("orders", partitions=3)   # replication factor 3, min ISR 2
         cluster.kill(cluster.leaders("orders")[0])     # kill -9
+        # VerifiableProducer/Consumer through a bootstrap address (a proxy's, or the
+        # cluster's) while partition 0's leader is killed, restarted and elected again
+        result = VerifiableRun(cluster, cluster.bootstrap, workdir / "verifiable").run()
+        result.lost, result.duplicated, result.timeline
 """
 import functools
 import os
@@ -1172,3 +1177,310 @@ def java_version():
         return 0
     major = int(match.group(1))
     return int(match.group(2)) if major == 1 else major
+
+
+# Kafka's tools as processes ---------------------------------------------------------------
+
+# A tool's log4j2 settings: warnings to stderr, and the Java client's NetworkClient at INFO (the
+# tools log at WARN), so that a request timeout ("Disconnecting from node 1 due to request
+# timeout") and a dropped connection ("Cancelled in-flight PRODUCE request ... due to node 1
+# being disconnected") show in its stderr
+TOOL_LOG4J2 = """status = warn
+appender.err.type = Console
+appender.err.name = ERR
+appender.err.target = SYSTEM_ERR
+appender.err.layout.type = PatternLayout
+appender.err.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.err.ref = ERR
+logger.net.name = org.apache.kafka.clients.NetworkClient
+logger.net.level = info
+"""
+
+
+class JavaTool:
+    """One of Kafka's tools as a process: each stdout line with the time it came, stderr in a
+    file. ``watch_for``: a regex; when a stdout line first matches it, ``on_match`` runs (in
+    the reader thread) before the next line is read. ``kafka``: a KafkaBroker or KafkaCluster
+    (its jars); give the tool its bootstrap address in ``args``."""
+
+    def __init__(self, kafka, main_class, args, stderr_path, log_config):
+        self.command = kafka.java_command(
+            main_class, *args, jvm_args=["-Dlog4j2.configurationFile=%s" % log_config])
+        self.stderr_path = stderr_path
+        self.lines = []  # (monotonic time, text)
+        self.proc = None
+        self.watch_for = None
+        self.on_match = None
+
+    def start(self):
+        self._err = open(self.stderr_path, "wb")
+        # a session of its own: Ctrl-C reaches only the Python process, which stops the tool
+        # by its PID (a tool's SIGINT would race that stop)
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=self._err,
+                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                                     start_new_session=True, text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+            if self.watch_for is not None and self.watch_for.search(line):
+                self.watch_for = None
+                self.on_match()
+
+    def wait(self, timeout):
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.stop()
+
+    def stop(self, grace=10.0):
+        """SIGTERM (a tool's shutdown hook closes its clients and prints its summary), SIGKILL
+        after ``grace`` seconds. Safe to call twice, or before ``start``."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._reader.join(5)
+        self._err.close()
+
+    def stdout(self):
+        return "\n".join(text for _, text in self.lines)
+
+    def stderr(self):
+        try:
+            return self.stderr_path.read_text(errors="replace")
+        except OSError:
+            return "(no stderr)"
+
+
+def tool_events(tool, name, start=0):
+    """The JSON lines of a VerifiableProducer/VerifiableConsumer (``tool``, a JavaTool) named
+    ``name`` ("producer_send_success", "record_data", ...), from line ``start`` on."""
+    import json
+
+    marker = '"name":"%s"' % name
+    return [json.loads(text) for _, text in tool.lines[start:]
+            if text.startswith("{") and marker in text]
+
+
+class VerifiableResult:
+    """What a ``VerifiableRun`` saw, from both tools' JSON lines. ``acked_records`` and
+    ``consumed_records``: {(partition, offset): value} (a record consumed twice, after a
+    rebalance, has one place in the log). ``sent``/``acked`` are the producer's own summary
+    (tool_data; None if it printed none). ``lost``: places acknowledged and never consumed;
+    ``changed``: [(place, value acknowledged, value consumed)]; ``duplicated``: {value:
+    places} for values in the log more than once; ``send_errors``: the producer_send_error
+    events. ``timeline``: [(seconds since the producer started, event, acked so far)];
+    ``failover``: seconds from the kill -9 (the process gone) to Metadata naming another
+    leader; ``elapsed``: seconds from the producer's start to the consumer's catching up."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+    @property
+    def consumed(self):
+        return len(self.consumed_records)
+
+    @property
+    def election_acked(self):
+        """Records acknowledged when the preferred election was over (None: it never was)."""
+        return next((acked for _, what, acked in self.timeline if "election" in what), None)
+
+    @property
+    def ok(self):
+        """Nothing lost, changed, doubled or failed, every record sent acknowledged and read,
+        and the kill and the election both while the producer still sent."""
+        return (self.sent is not None and not self.lost and not self.changed
+                and not self.duplicated and not self.send_errors
+                and self.sent == self.acked == len(self.acked_records)
+                and sorted(map(int, self.consumed_records.values())) == list(range(self.sent))
+                and self.election_acked is not None and self.election_acked < self.sent)
+
+    def summary(self):
+        return "timeline (s, event, acked so far):\n  %s" % "\n  ".join(map(str, self.timeline))
+
+
+class VerifiableRun:
+    """Kafka's VerifiableProducer (acks=all, enable.idempotence=true) and VerifiableConsumer,
+    the tools of Kafka's system tests, through ``bootstrap`` (a proxy's, or the cluster's own)
+    on a new topic of ``cluster`` (a KafkaCluster) with 3 replicas and min.insync.replicas 2,
+    while the leader of partition 0 is killed (kill -9), started again on its data and given
+    its leadership back by a preferred election (KIP-460). The producer sends at most
+    ``records`` at ``throughput`` a second and is stopped ``after`` seconds after the
+    election; the consumer then reads until it has every acknowledged record (at most
+    ``catch_up`` seconds). Its files (configs, the tools' stderr) go in ``workdir``.
+
+    ``run()`` returns a ``VerifiableResult``; it raises if the scenario cannot go on (no
+    acknowledgements, a tool exits, no new leader). A node it killed is started again before
+    it returns or raises, unless on Ctrl-C (then everything is about to stop)."""
+
+    ACKED_MARK = '"name":"producer_send_success"'
+
+    def __init__(self, cluster, bootstrap, workdir, topic=None, records=50_000,
+                 throughput=1_000, kill_after=2_000, after=3.0, partitions=3, catch_up=45.0,
+                 producer_id="verifiable-producer", consumer_id="verifiable-consumer",
+                 first_acks_timeout=60.0, producer_grace=30.0, log=None):
+        self.cluster = cluster
+        self.bootstrap = bootstrap
+        self.workdir = Path(workdir)
+        self.topic = topic or "verifiable-%s" % uuid.uuid4().hex[:8]
+        self.records, self.throughput = records, throughput
+        self.kill_after, self.after = kill_after, after
+        self.partitions, self.catch_up = partitions, catch_up
+        self.producer_id, self.consumer_id = producer_id, consumer_id
+        self.first_acks_timeout = first_acks_timeout
+        # a throttled producer's close waits for every record it still holds
+        self.producer_grace = producer_grace
+        self.log = log or (lambda text: None)  # progress lines (a benchmark prints them)
+        self.producer = self.consumer = None
+        self._seen = self._acked = 0
+
+    def _acked_so_far(self):
+        lines = self.producer.lines
+        end = len(lines)
+        self._acked += sum(1 for _, text in lines[self._seen:end] if self.ACKED_MARK in text)
+        self._seen = end
+        return self._acked
+
+    def _tools(self):
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        log_config = self.workdir / "tools-log4j2.properties"
+        log_config.write_text(TOOL_LOG4J2)
+        producer_config = self.workdir / "producer.properties"
+        # (the tool sets retries=0 of its own: idempotence needs them, KIP-98)
+        producer_config.write_text("client.id=%s\nenable.idempotence=true\nacks=all\n"
+                                   "retries=2147483647\nlinger.ms=5\n" % self.producer_id)
+        consumer_config = self.workdir / "consumer.properties"
+        consumer_config.write_text("client.id=%s\n" % self.consumer_id)
+        self.consumer = JavaTool(self.cluster, VERIFIABLE_CONSUMER, [
+            "--topic", self.topic, "--group-id", "verifiable-%s" % self.topic, "--verbose",
+            "--reset-policy", "earliest", "--bootstrap-server", self.bootstrap,
+            "--command-config", consumer_config], self.workdir / "consumer.err", log_config)
+        self.producer = JavaTool(self.cluster, VERIFIABLE_PRODUCER, [
+            "--topic", self.topic, "--max-messages", self.records,
+            "--throughput", self.throughput, "--acks", "-1",
+            "--bootstrap-server", self.bootstrap, "--command-config", producer_config],
+            self.workdir / "producer.err", log_config)
+
+    def run(self):
+        cluster, topic = self.cluster, self.topic
+        cluster.create_topic(topic, partitions=self.partitions, replication_factor=3,
+                             config={"min.insync.replicas": "2"})
+        self._tools()
+        producer, consumer = self.producer, self.consumer
+        timeline = []
+        victim = moved_to = election = failover = None
+        began = caught_up = None
+        restart = True
+
+        def mark(what):
+            timeline.append((round(time.monotonic() - began, 1), what, self._acked_so_far()))
+            self.log("    %5.1f s  %s (%d acked)" % timeline[-1])
+
+        try:
+            consumer.start()
+            producer.start()
+            began = time.monotonic()
+            while self._acked_so_far() < self.kill_after:
+                if producer.proc.poll() is not None:
+                    raise RuntimeError("VerifiableProducer exited (%s) before %d acks:\n%s" % (
+                        producer.proc.returncode, self.kill_after, producer.stderr()[-3000:]))
+                if time.monotonic() - began > self.first_acks_timeout:
+                    raise TimeoutError("%d of %d acks in %.0f s:\n%s" % (
+                        self._acked, self.kill_after, self.first_acks_timeout,
+                        producer.stderr()[-3000:]))
+                time.sleep(0.1)
+            leader, replicas, _ = cluster.partitions(topic)[0]
+            if leader != replicas[0]:
+                raise RuntimeError("a new topic is led by its preferred replica: %s-0 has "
+                                   "leader %s, replicas %s" % (topic, leader, replicas))
+            victim = leader
+            cluster.kill(victim)
+            killed = time.monotonic()
+            mark("killed node %d, leader of partition 0" % victim)
+            moved_to = cluster.wait_leader(topic, 0, not_on=victim, timeout=30)
+            failover = time.monotonic() - killed
+            mark("node %d leads partition 0" % moved_to)
+            cluster.restart(victim)
+            mark("node %d restarted" % victim)
+            cluster.wait_in_sync(topic, timeout=60)
+            mark("every replica in sync")
+            # the victim was the preferred (first) replica: None here, unless Kafka's own
+            # rebalance (auto.leader.rebalance.enable) was quicker (ELECTION_NOT_NEEDED)
+            election = cluster.elect_leaders(topic, [0])
+            back = cluster.wait_leader(topic, 0, on=victim, timeout=30)
+            mark("preferred election: node %d leads partition 0 again" % back)
+            try:  # a few seconds' more records to the leader elected; then SIGTERM: the tool
+                # closes its producer (every send answered) and prints its summary (tool_data)
+                producer.proc.wait(self.after)
+            except subprocess.TimeoutExpired:
+                pass
+            producer.stop(self.producer_grace)
+            mark("producer stopped (exit code %s)" % producer.proc.returncode)
+            acked = {(e["partition"], e["offset"])
+                     for e in tool_events(producer, "producer_send_success")}
+            # the consumer reads until it has every acknowledged record, or gives up
+            deadline = time.monotonic() + self.catch_up
+            got, seen = set(), 0
+            while True:
+                end = len(consumer.lines)
+                got.update((r["partition"], r["offset"])
+                           for r in tool_events(consumer, "record_data", seen))
+                seen = end
+                caught_up = acked <= got
+                if caught_up or time.monotonic() > deadline:
+                    break
+                if consumer.proc.poll() is not None:
+                    raise RuntimeError("VerifiableConsumer exited (%s):\n%s" % (
+                        consumer.proc.returncode, consumer.stderr()[-3000:]))
+                time.sleep(0.5)
+            mark("consumer caught up" if caught_up else
+                 "consumer gave up after %.0f s, %d of %d read" % (
+                     self.catch_up, len(acked & got), len(acked)))
+            elapsed = time.monotonic() - began
+        except KeyboardInterrupt:
+            restart = False
+            raise
+        finally:
+            producer.stop(self.producer_grace)
+            consumer.stop()
+            if restart and victim is not None and not cluster.nodes[victim].alive():
+                cluster.restart(victim)
+        return self._result(timeline, victim, moved_to, election, failover, elapsed,
+                            caught_up)
+
+    def _result(self, timeline, victim, moved_to, election, failover, elapsed, caught_up):
+        producer, consumer = self.producer, self.consumer
+        acked = {(e["partition"], e["offset"]): e["value"]
+                 for e in tool_events(producer, "producer_send_success")}
+        consumed = {}
+        for r in tool_events(consumer, "record_data"):
+            consumed.setdefault((r["partition"], r["offset"]), r["value"])
+        places = {}
+        for place, value in consumed.items():
+            places.setdefault(value, []).append(place)
+        summary = tool_events(producer, "tool_data")
+        summary = summary[-1] if summary else None
+        return VerifiableResult(
+            topic=self.topic, bootstrap=self.bootstrap,
+            sent=summary["sent"] if summary else None,
+            acked=summary["acked"] if summary else None,
+            tool_summary=summary,
+            acked_records=acked, consumed_records=consumed,
+            lost=sorted(place for place in acked if place not in consumed),
+            changed=[(place, acked[place], consumed[place]) for place in acked
+                     if place in consumed and consumed[place] != acked[place]],
+            duplicated={value: spots for value, spots in places.items() if len(spots) > 1},
+            send_errors=tool_events(producer, "producer_send_error"),
+            timeline=timeline, victim=victim, new_leader=moved_to, election=election,
+            failover=failover, elapsed=elapsed, caught_up=caught_up,
+            producer=producer, consumer=consumer)

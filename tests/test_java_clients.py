@@ -20,14 +20,15 @@ offsets, records x record size), the consumer's from the records the tool itself
 timeout or a dropped connection shows in their stderr.
 """
 import re
-import subprocess
-import threading
 import time
 import urllib.request
 import uuid
 
 from conftest import ProxyProcess
-from kthrottle.embedded import _die_with_parent, free_port
+# (in the kit, so that benchmarks run Kafka's tools the same way; other test modules
+# import them from here)
+from kafka_cluster import TOOL_LOG4J2, JavaTool
+from kthrottle.embedded import free_port
 
 PRODUCER_PERFORMANCE = "org.apache.kafka.tools.ProducerPerformance"
 CONSUMER_PERFORMANCE = "org.apache.kafka.tools.ConsumerPerformance"
@@ -43,79 +44,11 @@ LOW, HIGH = 0.8, 1.2  # the bounds a loaded 2-core machine keeps (the target is 
 CLIENT_TROUBLE = re.compile(r"TimeoutException|Expiring \d+ record|NetworkException|"
                             r"Disconnecting from node|due to request timeout|"
                             r"Cancelled in-flight|DisconnectException|\bdisconnected\b")
-# the Java client's NetworkClient at INFO (the tools log at WARN), so that a request timeout
-# ("Disconnecting from node 1 due to request timeout") and a dropped connection ("Cancelled
-# in-flight PRODUCE request ... due to node 1 being disconnected") show in its stderr
-TOOL_LOG4J2 = """status = warn
-appender.err.type = Console
-appender.err.name = ERR
-appender.err.target = SYSTEM_ERR
-appender.err.layout.type = PatternLayout
-appender.err.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = warn
-rootLogger.appenderRef.err.ref = ERR
-logger.net.name = org.apache.kafka.clients.NetworkClient
-logger.net.level = info
-"""
 # what the Java client logs (WARN) when a response's throttle_time_ms makes it back off: it
 # sends that node nothing more until then (NetworkClient, KIP-219)
 BACKED_OFF = re.compile(r"Connection to node -?\d+ is throttled for \d+ ms")
 OPENED = re.compile(r"connection (\d+) opened: client (\S+) -> (.+?) listener")
 CLOSED = re.compile(r"connection (\d+) closed: (.*)")
-
-
-class JavaTool:
-    """One of Kafka's tools as a process: each stdout line with the time it came, stderr in a
-    file. ``watch_for``: a regex; when a stdout line first matches it, ``on_match`` runs (in
-    the reader thread) before the next line is read."""
-
-    def __init__(self, kafka, main_class, args, stderr_path, log_config):
-        self.command = kafka.java_command(
-            main_class, *args, jvm_args=["-Dlog4j2.configurationFile=%s" % log_config])
-        self.stderr_path = stderr_path
-        self.lines = []  # (monotonic time, text)
-        self.proc = None
-        self.watch_for = None
-        self.on_match = None
-
-    def start(self):
-        self._err = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=self._err,
-                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
-                                     text=True)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        return self
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append((time.monotonic(), line.rstrip("\n")))
-            if self.watch_for is not None and self.watch_for.search(line):
-                self.watch_for = None
-                self.on_match()
-
-    def wait(self, timeout):
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self.stop()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self._reader.join(5)
-        self._err.close()
-
-    def stdout(self):
-        return "\n".join(text for _, text in self.lines)
-
-    def stderr(self):
-        return self.stderr_path.read_text(errors="replace")
 
 
 def metrics(port):
