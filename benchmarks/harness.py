@@ -560,13 +560,9 @@ class LoginFailed(Exception):
 
 
 def _recv_exact(sock, n):
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("connection closed after %d of %d bytes" % (len(buf), n))
-        buf += chunk
-    return buf
+    from kthrottle.kafka_kit import _read_exactly
+
+    return _read_exactly(sock, n)
 
 
 def metadata_probe(host, port, timeout=10.0, cafile=None, all_topics=True,

@@ -1292,15 +1292,11 @@ class ShareConsoleConsumer:
 
     def stop(self, grace=10.0):
         """SIGTERM, SIGKILL ``grace`` seconds later; by its PID."""
+        from kthrottle.embedded import stop_process
+
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, grace=grace)
         if self.thread is not None:
             self.thread.join(5)
         if self._log is not None:

@@ -1242,13 +1242,7 @@ class JavaTool:
         after ``grace`` seconds. Safe to call twice, or before ``start``."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, grace=grace)
         self._reader.join(5)
         self._err.close()
 

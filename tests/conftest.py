@@ -1,7 +1,6 @@
 """Fixtures that start real components on 127.0.0.1 and free ports, and stop
 them (by their own PID) when the tests that use them are done."""
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -9,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kthrottle.embedded import TansuBroker, free_port, wait_for_port
+from kthrottle.embedded import TansuBroker, free_port, stop_process, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -83,13 +82,7 @@ class ProxyProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self):
-        if self.alive():
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, grace=10)
 
 
 @pytest.fixture(scope="module")
@@ -264,13 +257,7 @@ class _OAuthServer:
         return self
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, grace=10)
 
 
 @pytest.fixture(scope="session")

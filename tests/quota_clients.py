@@ -13,6 +13,26 @@ from conftest import ROOT
 RECORD = b"x" * 1024
 
 
+async def produce_rate(bootstrap, topic, seconds, size=10_000, client_id="e2e-writer"):
+    """Bytes/s an aiokafka producer achieves in ``seconds``, sending one record of ``size``
+    bytes at a time to partition 0 as fast as it is let."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, client_id=client_id,
+                                linger_ms=5, request_timeout_ms=40000)
+    await producer.start()
+    sent = 0
+    value = b"x" * size
+    try:
+        start = time.monotonic()
+        while time.monotonic() - start < seconds:
+            await producer.send_and_wait(topic, value, partition=0)
+            sent += size
+        return sent / (time.monotonic() - start)
+    finally:
+        await producer.stop()
+
+
 class BackgroundProducer:
     """An aiokafka producer writing 1 KiB records as fast as it is let, on a
     thread of its own; ``rate(t0, t1)`` is what was delivered per second

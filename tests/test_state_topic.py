@@ -22,6 +22,7 @@ import warnings
 import pytest
 
 from conftest import ROOT, ProxyProcess
+from quota_clients import produce_rate
 from kthrottle.config import ConfigError, build_config
 from kthrottle.policy.fleet import parse_shares_document
 from kthrottle.policy.storage import (
@@ -469,24 +470,6 @@ def wait_for_state(kafka, topic, job_process, state, timeout=120, since_cycle=No
 def current_cycle(kafka, topic):
     held = read_topic(kafka.bootstrap, topic).get(STATE_KEY)
     return json.loads(held[0])["cycle"] if held else 0
-
-
-async def produce_rate(bootstrap, topic, seconds, size=10_000):
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, client_id="state-topic-writer",
-                                linger_ms=5, request_timeout_ms=40000)
-    await producer.start()
-    sent = 0
-    value = b"x" * size
-    try:
-        start = time.monotonic()
-        while time.monotonic() - start < seconds:
-            await producer.send_and_wait(topic, value, partition=0)
-            sent += size
-        return sent / (time.monotonic() - start)
-    finally:
-        await producer.stop()
 
 
 def test_a_proxy_follows_the_state_topic_and_slows_pauses_and_releases_producers(

@@ -9,7 +9,6 @@ hard limit (PAUSE), then clear; then stops the agent, whose report goes stale,
 and the fail-safe (PAUSE) takes over."""
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ import pytest
 
 import zookeeper as zk_server
 from conftest import ROOT, TANSU_NODE_ID, ProxyProcess
+from kthrottle.embedded import stop_process
+from quota_clients import produce_rate
 
 pytestmark = pytest.mark.skipif(not zk_server.available(),
                                 reason="scripts/test installs ZooKeeper")
@@ -33,7 +34,10 @@ def broker(own_kafka):
 
 
 class Process:
-    """A kthrottle command run by the test, stopped by its own PID."""
+    """A kthrottle command run by the test, stopped by its own PID: by the test, or at the
+    latest by the ``_no_process_left`` fixture when a test fails half-way."""
+
+    started = []
 
     def __init__(self, args, log_path):
         self.log_path = log_path
@@ -41,15 +45,17 @@ class Process:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kthrottle", *args], stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        Process.started.append(self)
 
     def stop(self):
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, grace=20)
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left():
+    yield
+    while Process.started:
+        Process.started.pop().stop()
 
     def log(self):
         return self.log_path.read_text(errors="replace")
@@ -137,26 +143,6 @@ def agent(broker, tmp_path, log_dir, soft, hard, name):
     return Process(["volume-agent", "--bootstrap-server", broker.bootstrap, "--broker-id",
                     str(TANSU_NODE_ID), "--log-dir", str(log_dir), "--soft-limit", soft,
                     "--hard-limit", hard, "--interval", "1s"], tmp_path / ("%s.log" % name))
-
-
-async def produce_rate(bootstrap, topic, seconds, size=10_000):
-    """Bytes/s a producer sending as fast as it is let achieves, and the
-    time its first request took."""
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, client_id="e2e-writer",
-                                linger_ms=5, request_timeout_ms=40000)
-    await producer.start()
-    sent = 0
-    value = b"x" * size
-    try:
-        start = time.monotonic()
-        while time.monotonic() - start < seconds:
-            await producer.send_and_wait(topic, value, partition=0)
-            sent += size
-        return sent / (time.monotonic() - start)
-    finally:
-        await producer.stop()
 
 
 def test_a_filling_volume_slows_then_pauses_producers_and_clearing_it_restores_them(

@@ -514,3 +514,12 @@ def parse_shares_document(data):
             raise ValueError("%s is listed twice" % what)
         shares[sk] = Share(share, quota)
     return SharesDocument(generated_at, cycle, proxy, fleet_size, float(prior), shares)
+
+
+def parse_own_shares(data, proxy_id):
+    """``parse_shares_document`` for the proxy ``proxy_id``: a document
+    written for another proxy is refused (ValueError) as malformed ones are."""
+    document = parse_shares_document(data)
+    if document.proxy != proxy_id:
+        raise ValueError("the document is for proxy %r, this is %r" % (document.proxy, proxy_id))
+    return document

@@ -37,7 +37,7 @@ import asyncio
 import logging
 import time
 
-from ..policy.fleet import BucketUsage, UsageReport, estimate_demand, parse_shares_document
+from ..policy.fleet import BucketUsage, UsageReport, estimate_demand, parse_own_shares
 from ..sources import cancelled
 from ..sources.cluster_state import ZnodeWatch
 from ..sources.outage import Outage
@@ -214,11 +214,7 @@ class SharesWatch(ZnodeWatch):
         self.proxy_id = proxy_id
 
     def parse(self, data):
-        document = parse_shares_document(data)
-        if document.proxy != self.proxy_id:
-            raise ValueError("the document is for proxy %r, this is %r"
-                             % (document.proxy, self.proxy_id))
-        return document
+        return parse_own_shares(data, self.proxy_id)
 
 
 # publishing on the event loop ------------------------------------------------------

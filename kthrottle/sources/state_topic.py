@@ -211,13 +211,9 @@ class SharesTopic(TopicWatch):
         self.proxy_id = proxy_id
 
     def parse(self, data):
-        from ..policy.fleet import parse_shares_document
+        from ..policy.fleet import parse_own_shares
 
-        document = parse_shares_document(data)
-        if document.proxy != self.proxy_id:
-            raise ValueError("the document is for proxy %r, this is %r"
-                             % (document.proxy, self.proxy_id))
-        return document
+        return parse_own_shares(data, self.proxy_id)
 
 
 # the consumer ----------------------------------------------------------------------

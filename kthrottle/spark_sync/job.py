@@ -872,16 +872,13 @@ class ZnodeWriter:
         """The greatest ``cycle`` among the documents at ``znodes`` (0 when
         none has one): where a restarted job carries on counting."""
         self.ensure_connected()
-        last = 0
+        values = []
         for znode in znodes:
             try:
-                data, _ = self.zk.get_async(znode).get(timeout=self.timeout)
-                cycle = decode_snapshot(data).get("cycle") if data else None
+                values.append(self.zk.get_async(znode).get(timeout=self.timeout)[0])
             except Exception:
                 continue
-            if isinstance(cycle, int) and not isinstance(cycle, bool):
-                last = max(last, cycle)
-        return last
+        return last_cycle_of(values)
 
     def children(self, znode):
         """The names under ``znode`` ([] when it does not exist)."""
