@@ -102,7 +102,8 @@ def test_a_good_token_names_its_principal_expiry_and_scopes():
     (make_token(KEY1, "k1", exp=None), NOW, "no exp claim"),
     (make_token(KEY1, "k1", sub=None), NOW, "sub claim"),
     (make_token(KEY1, "k1", sub=""), NOW, "sub claim"),
-])
+], ids=["expired", "audience", "issuer", "signature", "not-yet", "no-exp", "no-sub",
+        "empty-sub"])  # the tokens are signed with a key made per process: no ids from them
 def test_refused_tokens_say_why(token, now, reason):
     with pytest.raises(InvalidToken, match=reason):
         check(token, now)
