@@ -6,7 +6,9 @@ Everything runs on 127.0.0.1 and free ports, started here and stopped by PID at 
 
 * a local S3 server (moto's server mode) holding the broker's data, so that it outlives the
   broker process (Tansu's ``memory://`` engine keeps nothing across a restart);
-* a Tansu broker on ``s3://tansu/`` against it;
+* a Tansu broker on ``s3://tansu/`` against it; or, with ``--broker kafka``, instead of
+  both, one Apache Kafka node (KRaft, node id 111, ``broker.session.timeout.ms`` 4000 so that
+  it registers again soon after a kill -9) keeping its data on local disk;
 * a ZooKeeper holding the client quota (Kafka's ``/config/clients/<client-id>`` layout, written
   with ``kthrottle quotas alter --zookeeper``) and the cluster-state snapshot, which this script
   writes and refreshes as ``kthrottle spark-sync`` would;
@@ -35,7 +37,8 @@ on serving its open connections for seconds) and started again on the same port 
   records when it is killed while it writes (the retried batch is answered
   DUPLICATE_SEQUENCE_NUMBER though it cannot be read afterwards, and the partition's next
   records are acknowledged at offsets other records already hold): ``--direct`` shows the same
-  with no proxy in the path (benchmarks/results/nothing_lost.md).
+  with no proxy in the path (benchmarks/results/nothing_lost.md). With ``--broker kafka``
+  the flow variant holds too (a kill -9 of the process keeps what it wrote in the page cache).
 
 ``--direct``: the clients talk straight to the broker (no proxy, so no quota and no pause; the
 restart happens during flow): what the broker does on its own.
@@ -62,6 +65,7 @@ Examples::
     python benchmarks/nothing_lost.py --records 100000
     python benchmarks/nothing_lost.py            # 1,000,000 records, about 2 minutes
     python benchmarks/nothing_lost.py --records 200000 --direct --report-name direct.md
+    python benchmarks/nothing_lost.py --broker kafka --records 100000 --report-name kafka.md
 """
 import asyncio
 import logging
@@ -69,6 +73,7 @@ import sys
 import threading
 import time
 from array import array
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -110,10 +115,13 @@ class Scenario:
     down_seconds: float = 2.0
     direct: bool = False  # no proxy: no quota, no pause, the restart during flow
     timeout: Optional[float] = None  # whole run; None: from the records and the quota
+    broker: str = "tansu"  # or "kafka": one Apache Kafka node (KRaft), its data on disk
 
     def __post_init__(self):
         if self.restart_during not in ("pause", "flow"):
             raise ValueError("restart_during: pause or flow")
+        if self.broker not in ("tansu", "kafka"):
+            raise ValueError("broker: tansu or kafka")
         if self.direct:
             self.restart_during = "flow"
 
@@ -185,20 +193,39 @@ class Outcome:
 # --------------------------------------------------------------------------- the cluster
 
 
+# --broker kafka: after a kill -9 the controller (in the same JVM) takes the restarted node's
+# registration only once the old one's session has expired: 4 s, not the default 9 s
+KAFKA_CONFIG = {"broker.session.timeout.ms": "4000", "broker.heartbeat.interval.ms": "500"}
+KAFKA_NODE_ID = 111  # the proxy's --node-port-base is set for node 111 (Tansu's)
+
+
 class Cluster:
-    """S3 server, ZooKeeper, Tansu on S3 and the proxy (the last two not with
-    ``scenario.direct``), all started here."""
+    """The broker (Tansu on a local S3 server, or one Apache Kafka node), ZooKeeper and the
+    proxy (the last two not with ``scenario.direct``), all started here."""
 
     def __init__(self, work_dir, scenario):
         self.work = Path(work_dir)
         self.scenario = scenario
         self.run = Run("nothing_lost", log_dir=self.work)
         self.s3 = self.zookeeper = self.broker = self.proxy = self.zk = None
+        # Kafka's process gets SIGTERM when the thread that started it ends: it is started,
+        # and started again, from this one thread, which lives until stop()
+        self.broker_thread = None
 
     def start(self):
-        self.s3 = self.run.s3()
-        self.broker = self.run.broker("tansu", storage_url=self.s3.storage_url,
-                                      env=self.s3.tansu_env())
+        if self.scenario.broker == "kafka":
+            from kthrottle import kafka_kit
+
+            self.broker = kafka_kit.KafkaBroker(
+                node_id=KAFKA_NODE_ID, workdir=self.work / "kafka",
+                log_path=self.work / "kafka.log", keep=True, config=KAFKA_CONFIG)
+            self.broker_thread = ThreadPoolExecutor(1, thread_name_prefix="kafka-broker")
+            self.run.procs.on_stop(lambda: self.broker.stop(keep=False))
+            self.broker_thread.submit(self.broker.start).result()
+        else:
+            self.s3 = self.run.s3()
+            self.broker = self.run.broker("tansu", storage_url=self.s3.storage_url,
+                                          env=self.s3.tansu_env())
         if self.scenario.direct:
             return self
         self.zookeeper = self.run.zookeeper()
@@ -246,11 +273,28 @@ class Cluster:
         self.broker.kill()
         killed = time.monotonic()
         time.sleep(down_seconds)
-        self.broker.start()  # returns once the port accepts connections
+        if self.broker_thread is not None:  # Kafka: on its data, once it answers Metadata
+            self.broker_thread.submit(self.broker.launch).result()
+            self.broker.wait_ready(90.0)
+        else:
+            self.broker.start()  # returns once the port accepts connections
         return killed, time.monotonic()
 
+    def describe(self):
+        """The broker's processes, for the console."""
+        if self.s3 is not None:
+            return "S3 (moto) pid %d, Tansu pid %d on %s (s3://%s/)" % (
+                self.s3.proc.pid, self.broker.proc.pid, self.broker.bootstrap, self.s3.bucket)
+        return "Apache Kafka %s pid %d on %s (data in %s)" % (
+            self.broker.version, self.broker.proc.pid, self.broker.bootstrap,
+            self.broker.workdir)
+
     def stop(self):
-        self.run.procs.stop_all()
+        try:
+            self.run.procs.stop_all()
+        finally:
+            if self.broker_thread is not None:
+                self.broker_thread.shutdown(wait=False)
 
 
 # --------------------------------------------------------------------------- the clients
@@ -577,16 +621,12 @@ async def run_scenario(scenario, work_dir):
         topic = "nothing-lost"
         await asyncio.to_thread(cluster.create_topic, topic)
         if scenario.direct:
-            print("S3 (moto) pid %d, Tansu pid %d on %s (s3://%s/), no proxy; logs in %s" % (
-                cluster.s3.proc.pid, cluster.broker.proc.pid, cluster.broker.bootstrap,
-                cluster.s3.bucket, work_dir), flush=True)
+            print("%s, no proxy; logs in %s" % (cluster.describe(), work_dir), flush=True)
         else:
             out.proxy_pid = cluster.proxy.proc.pid
-            print("S3 (moto) pid %d, ZooKeeper pid %d, Tansu pid %d on %s (s3://%s/), kthrottle "
-                  "pid %d on %s; logs in %s" % (
-                      cluster.s3.proc.pid, cluster.zookeeper.proc.pid, cluster.broker.proc.pid,
-                      cluster.broker.bootstrap, cluster.s3.bucket, cluster.proxy.proc.pid,
-                      cluster.proxy.bootstrap, work_dir), flush=True)
+            print("%s, ZooKeeper pid %d, kthrottle pid %d on %s; logs in %s" % (
+                cluster.describe(), cluster.zookeeper.proc.pid, cluster.proxy.proc.pid,
+                cluster.proxy.bootstrap, work_dir), flush=True)
         deadline = time.monotonic() + scenario.deadline_seconds()
         producer = Producer(cluster.bootstrap, topic, scenario)
         reader = Reader(scenario.records)
@@ -850,6 +890,24 @@ def describe(out):
     return lines
 
 
+def broker_text(s):
+    """What the broker was, for the report."""
+    if s.broker == "kafka":
+        from kthrottle.kafka_kit import KAFKA_VERSION
+
+        return ("one Apache Kafka %s node (KRaft, broker and controller in one JVM; its data on "
+                "local disk, kept across the kill)" % KAFKA_VERSION)
+    return "Tansu on s3:// (moto)"
+
+
+def broker_version(s, facts):
+    if s.broker == "kafka":
+        from kthrottle.kafka_kit import KAFKA_VERSION
+
+        return "Apache Kafka %s" % KAFKA_VERSION
+    return facts.get("tansu")
+
+
 def setup_text(s, elapsed):
     """One paragraph: what this run did."""
     if s.direct:
@@ -865,8 +923,9 @@ def setup_text(s, elapsed):
                 "at %d%% acknowledged for at least %g s; %s" % (
                     format(s.quota, ","), s.pause_at * 100, s.pause_seconds, restart))
     return ("%s records of %d B, %d partitions; idempotent confluent-kafka producer, acks=all, "
-            "%s; Tansu on s3:// (moto); aiokafka consumer on the same path. Whole run %.0f s."
-            % (format(s.records, ","), s.record_size, s.partitions, path, elapsed))
+            "%s; %s; aiokafka consumer on the same path. Whole run %.0f s."
+            % (format(s.records, ","), s.record_size, s.partitions, path, broker_text(s),
+               elapsed))
 
 
 def markdown(out, facts, command, elapsed):
@@ -875,7 +934,8 @@ def markdown(out, facts, command, elapsed):
         "",
         "`%s` (%s, %d cores, %s; %s; confluent-kafka %s / librdkafka %s, aiokafka %s)" % (
             command, facts.get("kthrottle_commit"), facts.get("nproc") or 0,
-            facts.get("cpu_model"), facts.get("tansu"), facts.get("confluent_kafka"),
+            facts.get("cpu_model"), broker_version(out.scenario, facts),
+            facts.get("confluent_kafka"),
             facts.get("librdkafka"), facts.get("aiokafka")),
         "",
         setup_text(out.scenario, elapsed),
@@ -892,8 +952,12 @@ def markdown(out, facts, command, elapsed):
         "one before it in its partition; at another partition/offset: read elsewhere than its "
         "delivery report named. The pause and a flow-time restart are triggered by the number "
         "of acknowledged records; the waits are the longest gaps between acknowledgements "
-        "(producer) or fetched records (consumer). Tansu's data lives in moto's S3 server, "
-        "which is never restarted; neither client nor the proxy is restarted or reconfigured.",
+        "(producer) or fetched records (consumer). %s; neither client nor the proxy is "
+        "restarted or reconfigured." % (
+            "The Kafka node is killed with SIGKILL and started again on its own data directory "
+            "(a process kill keeps what it wrote in the OS page cache)"
+            if out.scenario.broker == "kafka" else
+            "Tansu's data lives in moto's S3 server, which is never restarted"),
         "",
     ]
     return "\n".join(lines)
@@ -929,6 +993,9 @@ def parse_args(argv=None):
     p.add_argument("--direct", action="store_true",
                    help="no proxy: the clients talk straight to the broker, which restarts "
                    "during flow (no quota, no pause): what the broker does on its own")
+    p.add_argument("--broker", choices=("tansu", "kafka"), default=d.broker,
+                   help="tansu: Tansu with its data on a local S3 server (moto); kafka: one "
+                   "Apache Kafka node (KRaft), its data on local disk")
     p.add_argument("--timeout", type=float, default=None,
                    help="give up after this many seconds (default: from records and quota)")
     add_output_dir(p, help="where the report is written")
@@ -953,7 +1020,11 @@ def main(argv=None):
                         partitions=args.partitions, quota=args.quota, pause_at=args.pause_at,
                         pause_seconds=args.pause_seconds, restart_during=args.restart_during,
                         restart_at=args.restart_at, down_seconds=args.down_seconds,
-                        direct=args.direct, timeout=args.timeout)
+                        direct=args.direct, timeout=args.timeout, broker=args.broker)
+    if scenario.broker == "kafka":
+        from kthrottle import kafka_kit
+
+        kafka_kit.fetch_kafka_lib()  # scripts/kafka-jars: quick once the jars are there
     facts = machine_facts()
     with Run("nothing_lost", catch=False) as run:  # run_scenario stops what it starts
         with new_runner() as runner:

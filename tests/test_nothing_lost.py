@@ -1,12 +1,10 @@
 """Nothing lost, at a small size: the scenario of benchmarks/nothing_lost.py (imported, not
 copied). Sequence-numbered records go through one kthrottle proxy from an idempotent
 confluent-kafka producer (acks=all) while its client-id is held to a produce quota below what
-it offers, a storage PAUSE holds it, the Tansu broker (its data on a local S3 server, moto) is
-killed and started again while it does, and the pause is released; an aiokafka consumer reads
-through the same proxy meanwhile. Neither client nor the proxy is restarted: they must recover
-on their own. (The broker is killed while nothing is written there: Tansu 0.6's s3:// engine
-loses acknowledged records when killed mid-write, with or without a proxy; the benchmark's
---restart-during flow and --direct show it.)"""
+it offers, a storage PAUSE holds it, the broker (one Apache Kafka node, the benchmark's
+--broker kafka) is killed with SIGKILL and started again on its data while it does, and the
+pause is released; an aiokafka consumer reads through the same proxy meanwhile. Neither client
+nor the proxy is restarted: they must recover on their own."""
 import asyncio
 import sys
 from pathlib import Path
@@ -15,9 +13,9 @@ import pytest
 
 import zookeeper as zk_server
 
-pytestmark = pytest.mark.skipif(not zk_server.available(),
-                                reason="scripts/test installs ZooKeeper")
-pytest.importorskip("moto.server", reason="needs moto[server], the local S3 server")
+pytestmark = [pytest.mark.skipif(not zk_server.available(),
+                                 reason="scripts/test installs ZooKeeper"),
+              pytest.mark.kafka]  # an Apache Kafka node of its own
 pytest.importorskip("confluent_kafka")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -30,7 +28,7 @@ def test_every_acknowledged_record_is_read_back_once_in_order_through_throttle_p
         records=3000, record_size=100, partitions=3,
         quota=50_000,  # about 8 s of Produce requests: throttled all along
         pause_at=0.3, pause_seconds=2.0, restart_during="pause", down_seconds=1.0,
-        timeout=50.0)
+        timeout=50.0, broker="kafka")
     out = asyncio.run(nothing_lost.run_scenario(scenario, tmp_path))
     report = "\n".join(nothing_lost.describe(out) + [out.summary()])
 
