@@ -56,6 +56,8 @@ def _refused(port):
             return False
     except ConnectionRefusedError:
         return True
+    except ConnectionResetError:  # accepted as the listener closed: not refused yet
+        return False
 
 
 def _wait(condition, timeout, what):
