@@ -192,6 +192,22 @@ def java_binary():
     return found
 
 
+def compile_java(source, folder, lib):
+    """Compile one ``.java`` file against the ``kafka-clients`` jar in ``lib`` into ``folder``
+    (a class folder to put before Kafka's jars); KafkaMissing where only a JRE is found."""
+    javac = os.path.join(os.path.dirname(os.path.realpath(java_binary())), "javac")
+    javac = javac if os.access(javac, os.X_OK) else shutil.which("javac")
+    if not javac:
+        raise KafkaMissing("no javac next to %s nor on PATH (a JRE only): apt-get install -y "
+                           "--no-install-recommends openjdk-17-jdk-headless" % java_binary())
+    clients = next(Path(lib).glob("kafka-clients-*.jar"))
+    done = subprocess.run([javac, "-cp", str(clients), "-d", str(folder), str(source)],
+                          capture_output=True, text=True, timeout=180)
+    if done.returncode:
+        raise RuntimeError("javac %s failed:\n%s%s" % (source, done.stdout, done.stderr))
+    return Path(folder)
+
+
 def kafka_lib(version=KAFKA_VERSION):
     """The folder of Kafka ``version``'s jars (``KTHROTTLE_KAFKA_LIB`` overrides), as
     ``scripts/kafka-jars`` leaves it; KafkaMissing if it is not there (complete)."""

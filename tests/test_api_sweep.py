@@ -6,9 +6,14 @@ broker, the proxy and the codec share; an answer through the proxy must carry th
 same top-level error code as the broker's own."""
 import socket
 import struct
+import subprocess
 import warnings
+from pathlib import Path
+
+import pytest
 
 from conftest import ProxyProcess
+from kafka_cluster import IPV4_ONLY_JVM_ARGS, KafkaMissing, compile_java
 
 # not swept: ApiVersions itself (read first), the SASL exchange (a state machine of its own:
 # test_sasl*), and the requests the proxy refuses by design, tested where they are refused
@@ -145,3 +150,69 @@ def test_every_api_the_proxy_offers_is_answered_through_it_as_directly(apache_ka
           "closed or silent both ways: %s"
           % (len({s[0] for s in swept}), len(swept), len(answered), uncovered,
              sorted({(s[0], s[2]) for s in swept if s[2] in (CLOSED, SILENT)})))
+
+
+@pytest.fixture(scope="module")
+def api_sweep_class(apache_kafka, tmp_path_factory):
+    """tests/java/ApiSweep.java compiled against the broker's kafka-clients jar."""
+    folder = tmp_path_factory.mktemp("api-sweep")
+    try:
+        return compile_java(Path(__file__).parent / "java" / "ApiSweep.java", folder,
+                            apache_kafka.lib)
+    except KafkaMissing as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+def java_sweep(kafka, classes, address, ranges):
+    """{(key, version): outcome} of ApiSweep's default requests sent to ``address``."""
+    specs = ["%d:%d-%d" % (key, low, high) for key, (low, high) in sorted(ranges.items())]
+    command = kafka.java_command("ApiSweep", address, *specs, jvm_args=IPV4_ONLY_JVM_ARGS)
+    at = command.index("-cp") + 1
+    command[at] = "%s:%s" % (classes, command[at])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = {}
+    for line in done.stdout.splitlines():
+        key, version, what = line.split(" ", 2)
+        found[int(key), int(version)] = what
+    return found
+
+
+def test_the_apis_python_cannot_build_are_answered_through_the_proxy_as_directly(
+        apache_kafka, api_sweep_class, tmp_path):
+    """The APIs kafka-python has no codec for (delegation tokens, KIP-848, KIP-932 share
+    groups, KIP-1071 streams groups, raft voters, ...), built by Kafka's own generated
+    message classes at their defaults, every version the broker and the proxy both offer:
+    the answer through the proxy carries the same errors (Kafka's errorCounts: top level,
+    per group, per topic) as the broker's, or both close or both stay silent."""
+    kafka = apache_kafka
+    proxy = ProxyProcess(kafka.bootstrap, tmp_path / "proxy.log", node_id=kafka.node_id).start()
+    try:
+        broker = api_ranges(kafka.bootstrap)
+        offered = api_ranges(proxy.bootstrap)
+        python = codecs()
+        keys = sorted(k for k in set(offered) - NOT_SWEPT
+                      if k not in python or python[k].max_version < offered[k][0])
+        ranges = {k: (max(offered[k][0], broker[k][0]), min(offered[k][1], broker[k][1]))
+                  for k in keys}
+        ranges = {k: r for k, r in ranges.items() if r[0] <= r[1]}
+        direct = java_sweep(kafka, api_sweep_class, kafka.bootstrap, ranges)
+        through = java_sweep(kafka, api_sweep_class, proxy.bootstrap, ranges)
+        assert proxy.alive()
+    finally:
+        proxy.stop()
+    expected = {(k, v) for k, (low, high) in ranges.items() for v in range(low, high + 1)}
+    assert set(direct) == expected and set(through) == expected
+    report = "\n".join("%s %s" % (kv, direct[kv]) for kv in sorted(direct))
+    differ = ["%s: direct %s, through %s" % (kv, direct[kv], through[kv])
+              for kv in sorted(direct) if direct[kv] != through[kv]]
+    assert not differ, "answered otherwise through the proxy:\n%s\nall:\n%s" % (
+        "\n".join(differ), report)
+    # the codec was Kafka's own: every answer read back (none "unbuildable"/"unreadable")
+    assert all(what.split()[0] in ("answered", "closed", "silent")
+               for what in direct.values()), report
+    answered = {k for (k, v), what in direct.items() if what.startswith("answered")}
+    assert len(answered) >= len(ranges) - 4, report
+    print("Java-built sweep: %d APIs in %d versions, %d answered:\n%s"
+          % (len(ranges), len(expected), len(answered), report))

@@ -15,9 +15,11 @@ from kthrottle.proxy import filters as registry
 from kthrottle.proxy.filter import Filter, FilterContext
 from kthrottle.proxy.filters.forbidden_api_keys import ForbiddenApiKeys, parse_api_keys
 from kthrottle.proxy.pipeline import HEAD, Phase
+from kafka_frames import api_versions, frame_response
 from test_pipeline import (
     Harness,
     advertise,
+    api_versions_req,
     cids,
     metadata_req,
     metadata_resp,
@@ -173,6 +175,26 @@ def test_a_forbidden_request_closes_its_connection_and_reaches_no_broker():
     assert h.refused == "forbidden_api_key"
 
 
+@pytest.mark.parametrize("version", [0, 1, 2, 3])
+def test_a_forbidden_api_is_left_out_of_every_api_versions_answer(version):
+    """A client reading ApiVersions (every Kafka client) never sends what it
+    would be refused for: the broker's answer loses the forbidden keys, and
+    so do the ranges the proxy answers with itself before authentication."""
+    from kafka.protocol.metadata import ApiVersionsResponse
+
+    f = ForbiddenApiKeys({19, 20})
+    h = Harness(filters=registry.standard_filters(advertise) + [f])
+    h.client(api_versions_req(1, version))
+    body = api_versions(version, [(apis.PRODUCE, 0, 9), (19, 0, 7), (20, 0, 6),
+                                  (apis.METADATA, 0, 12)])
+    h.broker(frame_response(apis.API_VERSIONS, version, body, 1))
+    decoded = ApiVersionsResponse[version].decode(h.take_client()[8:])
+    assert decoded.error_code == 0
+    assert sorted(k[0] for k in decoded.api_keys) == [apis.PRODUCE, apis.METADATA]
+    assert f.api_ranges(((0, 0, 9), (19, 0, 7), (20, 0, 6))) == ((0, 0, 9),)
+    assert h.closed is None
+
+
 def test_an_api_not_listed_is_not_even_looked_at():
     f = ForbiddenApiKeys({19})
     h = Harness(filters=[f])
@@ -198,18 +220,24 @@ def test_the_option_is_a_flag_and_a_toml_key(tmp_path):
 
 
 def test_through_the_proxy_admin_calls_are_refused_and_records_still_flow(broker, tmp_path):
-    """Real clients: kafka-python's admin client cannot create a topic
-    through a proxy that forbids CreateTopics; an aiokafka producer and
+    """Real clients: the proxy does not offer CreateTopics and DeleteTopics, so
+    kafka-python's admin client cannot create a topic through it, and a raw
+    CreateTopics sent all the same closes its connection; an aiokafka producer and
     consumer carry on through the same proxy."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import KafkaError
 
     from conftest import ProxyProcess
+    from test_api_sweep import CLOSED, api_ranges, exchange
 
     proxy = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
                          ["--forbidden-api-keys", "CreateTopics,DeleteTopics"]).start()
     try:
+        # not offered: the broker offers both, the proxy neither
+        offered, direct = api_ranges(proxy.bootstrap), api_ranges(broker.bootstrap)
+        assert {19, 20} <= set(direct) and not {19, 20} & set(offered)
+        assert set(offered) >= set(direct) - {19, 20} - set(apis.BROKER_ONLY_APIS)
         admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap, request_timeout_ms=3000,
                                  client_id="admin-tool")
         try:
@@ -217,7 +245,9 @@ def test_through_the_proxy_admin_calls_are_refused_and_records_still_flow(broker
                 admin.create_topics([NewTopic("forbidden-topic", 1, 1)])
         finally:
             admin.close()
-        proxy.wait_for_log("api key 19")  # the refusal names the API
+        # a client that sends it anyway is closed, and the refusal names the API
+        assert exchange(proxy.bootstrap, create_topics_req(3)) == CLOSED
+        proxy.wait_for_log("api key 19")
         assert "forbidden_api_key" in proxy.log()
 
         async def round_trip():

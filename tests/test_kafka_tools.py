@@ -18,9 +18,7 @@ watched too (psutil) and must all be the proxy's ports.
 ProducerPerformance and ConsumerPerformance held to byte-rate quotas are in
 test_java_clients.py (there the quotas come from a file); not repeated here.
 """
-import os
 import re
-import shutil
 import subprocess
 import tempfile
 import time
@@ -31,7 +29,7 @@ import psutil
 import pytest
 
 from conftest import ProxyProcess
-from kafka_cluster import IPV4_ONLY_JVM_ARGS, java_binary
+from kafka_cluster import IPV4_ONLY_JVM_ARGS, KafkaMissing, compile_java
 from kthrottle.embedded import _die_with_parent, free_port
 from quota_clients import admin_get, wait_until
 
@@ -393,17 +391,10 @@ def txn_producer(apache_kafka, tmp_path_factory):
     """TxnProducer compiled against the broker's kafka-clients jar: its class folder."""
     folder = tmp_path_factory.mktemp("txn-producer")
     (folder / "TxnProducer.java").write_text(TXN_PRODUCER)
-    javac = os.path.join(os.path.dirname(os.path.realpath(java_binary())), "javac")
-    javac = javac if os.access(javac, os.X_OK) else shutil.which("javac")
-    if not javac:  # as the kit does for a missing JDK: fail, saying how to get one
-        pytest.fail("no javac next to %s nor on PATH (a JRE only): apt-get install -y "
-                    "--no-install-recommends openjdk-17-jdk-headless" % java_binary(),
-                    pytrace=False)
-    clients = next(apache_kafka.lib.glob("kafka-clients-*.jar"))
-    done = subprocess.run([javac, "-cp", str(clients), "-d", str(folder),
-                           str(folder / "TxnProducer.java")], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
+    try:
+        compile_java(folder / "TxnProducer.java", folder, apache_kafka.lib)
+    except KafkaMissing as e:  # as the kit does for a missing JDK: fail, saying how to get one
+        pytest.fail(str(e), pytrace=False)
     return folder
 
 

@@ -66,17 +66,18 @@ def api_versions_answer(correlation_id, version, ranges):
     return INT32.pack(len(body) + 4) + INT32.pack(correlation_id) + bytes(body)
 
 
-def with_api_ranges(ranges, answered=None, clamped=None):
+def with_api_ranges(ranges, answered=None, clamped=None, withheld=()):
     """Version ranges ((api_key, min, max), ...) as the proxy advertises them:
     the APIs it answers itself (``answered``: {api_key: (min, max)}) listed
     with its own range whatever the broker said (or added when the broker
-    lacks them), and the max of the ones it passes on after a look
-    (``clamped``: {api_key: max}) lowered to what it can answer for."""
+    lacks them), the max of the ones it passes on after a look
+    (``clamped``: {api_key: max}) lowered to what it can answer for, and the
+    ones it refuses (``withheld``) left out."""
     answered = answered or {}
     clamped = clamped or {}
     out = []
     for api_key, low, high in ranges:
-        if api_key in answered:
+        if api_key in answered or api_key in withheld:
             continue
         limit = clamped.get(api_key)
         if limit is not None and high > limit:
@@ -86,13 +87,13 @@ def with_api_ranges(ranges, answered=None, clamped=None):
     return tuple(sorted(out))
 
 
-def splice_api_ranges(frame, version, answered=None, clamped=None):
+def splice_api_ranges(frame, version, answered=None, clamped=None, withheld=()):
     """A framed ApiVersions response from a broker with the ranges
     ``with_api_ranges`` gives (None: nothing to change). Only the api_keys
     array is rewritten, an entry's own tagged fields kept; every other byte
     (throttle time, features) is copied as it came. An error answer is left
     alone."""
-    if not answered and not clamped:
+    if not answered and not clamped and not withheld:
         return None
     answered = answered or {}
     clamped = clamped or {}
@@ -114,7 +115,7 @@ def splice_api_ranges(frame, version, answered=None, clamped=None):
         tags_at = pos
         if compact:
             pos = skip_tagged_fields(frame, pos)
-        if api_key in answered:
+        if api_key in answered or api_key in withheld:
             changed = True
             continue
         limit = clamped.get(api_key)

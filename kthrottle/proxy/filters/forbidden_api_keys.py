@@ -2,14 +2,17 @@
 proxy in front of a shared cluster commonly blocks the admin APIs
 (CreateTopics, DeleteTopics, AlterConfigs ...) for everyone behind it.
 
-A request of a forbidden API reaches no broker: the connection is closed, as
-a broker closes a connection that sends an API it does not know, with a
-WARNING naming the API and the principal, counted in
+A forbidden API is left out of every ApiVersions answer, so a client that
+reads them (every Kafka client does) does not send it; a request of it all
+the same reaches no broker: the connection is closed, as a broker closes a
+connection that sends an API it does not know, with a WARNING naming the API
+and the principal, counted in
 kthrottle_connections_refused_total{reason="forbidden_api_key"}.
 """
-from ...codecs.apis import ALL_RESPONSES
+from ...codecs.apis import ALL_RESPONSES, API_VERSIONS
+from ...codecs.versions import splice_api_ranges, with_api_ranges
 from ...options import ConfigError, Option, Parsed
-from ..filter import HEAD, NOTHING, Filter, Refuse
+from ..filter import GATHER, HEAD, NOTHING, Filter, Refuse
 
 REFUSED_FORBIDDEN_API_KEY = "forbidden_api_key"  # the refusal counter's label
 # what every client must be able to send: forbidding them would lock everyone out
@@ -44,7 +47,8 @@ class ForbiddenApiKeys(Filter):
         Option("forbidden-api-keys", Parsed(parse_api_keys), default=frozenset(), metavar="LIST",
                help="API keys no client may send through the proxy, by number or Kafka's "
                "name, comma-separated (e.g. 'CreateTopics,DeleteTopics,AlterConfigs' or "
-               "'19,20,33'); such a request closes its connection and reaches no broker"),
+               "'19,20,33'); they are left out of ApiVersions answers, and a request of one "
+               "closes its connection and reaches no broker"),
     )
 
     @classmethod
@@ -56,6 +60,17 @@ class ForbiddenApiKeys(Filter):
 
     def request_need(self, api_key, api_version):
         return HEAD if api_key in self.api_keys else NOTHING
+
+    def response_need(self, api_key, api_version):
+        return GATHER if api_key == API_VERSIONS else NOTHING
+
+    def api_ranges(self, ranges):
+        """The ranges the proxy answers ApiVersions with itself, without these keys."""
+        return with_api_ranges(ranges, withheld=self.api_keys)
+
+    def on_response(self, ctx, inflight, frame):
+        new = splice_api_ranges(frame, inflight.api_version, withheld=self.api_keys)
+        return frame if new is None else new
 
     def on_request(self, ctx, head, inflight):
         return Refuse("api key %d v%d is forbidden on this proxy (--forbidden-api-keys), "
