@@ -108,6 +108,7 @@ async def _serve(config, on_ready, stack, worker=None):
                                  config.sasl_oauthbearer_jwks_endpoint_refresh_ms)
         await _started(stack, services.jwks, services.jwks.start)
         followed.append(services.jwks)
+    await _start_acls(config, services, stack)
     try:
         server = ProxyServer(config, services)
     except ValueError as exc:  # the TLS files
@@ -249,6 +250,39 @@ async def _serve(config, on_ready, stack, worker=None):
             if manager is not None and (not every_second or ticks % 60 == 0):
                 manager.expire(loop.time())
     await server.drain(config.drain_timeout_ms / 1000.0, stopping[0])
+
+
+async def _start_acls(config, services, stack):
+    """Where the brokers see the proxy's principal, not the client's: the
+    cluster's ACLs followed for the authorization filter (--authorization
+    acls), or a WARNING naming whose rights every client has (none)."""
+    if config.passthrough:
+        return  # the brokers authorize each client's own principal
+    security = config.upstream_security()
+    whom = ("User:%s" % security.sasl_username if security.sasl_username
+            else "the proxy's own (its TLS certificate's, or ANONYMOUS)")
+    if config.authorization == "none":
+        logging.getLogger("kthrottle").warning(
+            "--authorization none: every client acts at the brokers as the proxy's principal, "
+            "%s; the cluster's ACLs are not applied per client", whom)
+        return
+    from ..sources.acls import AclsRefused, KafkaAclSource
+    from .filters.authorization import AclView
+
+    client_id = "kthrottle-proxy-%s" % config.proxy_id if config.proxy_id else "kthrottle"
+    try:
+        source = KafkaAclSource(
+            config.bootstrap_servers, security, refresh=config.acl_refresh, client_id=client_id,
+            token=services.upstream_token, super_users=config.super_users,
+            allow_everyone_if_no_acl_found=config.allow_everyone_if_no_acl_found)
+    except ValueError as exc:  # the upstream TLS files
+        raise SystemExit("kthrottle: error: %s" % exc) from None
+    view = AclView()
+    try:
+        await _started(stack, source, source.start, view.update)
+    except AclsRefused as exc:
+        raise SystemExit("kthrottle: error: %s" % exc) from None
+    services.acls = view
 
 
 def _on_sighup(stack, followed):

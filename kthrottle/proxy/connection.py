@@ -180,6 +180,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _accepted(self, transport):
         self.client.transport = transport
+        self.pipeline.client_host = self.address
         if transport.get_extra_info("ssl_object") is not None:
             self.zero_copy = None  # its bytes are decrypted here
             self.client_tls = True

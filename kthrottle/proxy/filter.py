@@ -41,6 +41,14 @@ class Forward(NamedTuple):
     head: bytes
 
 
+class Replace(NamedTuple):
+    """Forward this frame in place of a request read whole (GATHER, or after
+    Gather): the same request rewritten, of any length, its correlation id
+    kept (the response answers it)."""
+
+    frame: bytes
+
+
 class Answer(NamedTuple):
     """Answer in the broker's place; the request is not forwarded. The
     answer reaches the client in request order. ``mute_ms``: the client is
@@ -322,6 +330,12 @@ class FilterContext:
         return self._conn._principal
 
     @property
+    def client_host(self):
+        """The client's IP address as text (from a PROXY protocol header where
+        one came), None before the connection is accepted."""
+        return self._conn.client_host
+
+    @property
     def now(self):
         """The time given with the input being handled (seconds)."""
         return self._conn.now
@@ -415,3 +429,6 @@ class Services:
         # (sources.jwks.JwksKeys), and the proxy's own token towards the brokers
         self.jwks = None
         self.upstream_token = None
+        # the cluster's ACLs enforced per client principal (filters.authorization.
+        # AclView), or None: not asked for (--authorization none, sasl passthrough)
+        self.acls = None

@@ -62,6 +62,7 @@ from .filter import (  # noqa: F401 (the filter API, named here for the adapter 
     Pending,
     QuickHead,
     Refuse,
+    Replace,
     Throttle,
 )
 
@@ -434,6 +435,7 @@ class Connection:
         self.quota_manager = quotas  # policy QuotaManager, or None
         self.phase = Phase.CONNECTING
         self._principal = ANONYMOUS
+        self.client_host = None  # the client's IP address as text (ACLs' hosts), once accepted
         self.max_frame_size = max_frame_size
         # Kafka's sasl.server.max.receive.size: frames are capped at this
         # until the client has authenticated
@@ -481,6 +483,7 @@ class Connection:
         self._gathering = None  # the InFlight whose response is being gathered whole
         self._streaming = None  # the rewriter of the response being streamed
         self._request_gathered = None  # the entry of a request being gathered whole
+        self._admitting_whole = False  # its filters are being asked (Gather, Replace)
         # each filter's view of this connection, in the table's order
         self.contexts = tuple(FilterContext(self, f, f.new_state()) for f in table.filters)
         self._plain = table.plain
@@ -1425,7 +1428,7 @@ class Connection:
                 request.fields_for_policy()
         except HeadTooShort as exc:
             return NeedHead(exc.needed)
-        if request_need == GATHER and len(head) < frame_len:
+        if request_need == GATHER:  # through _whole_request even when the head holds it all
             self._request_gathered = entry
             return WHOLE
         return self._admit(correlation_id, api_key, api_version, request, entry, acks_0)
@@ -1453,18 +1456,26 @@ class Connection:
             return None
         request = RequestHead(frame, len(frame))
         acks_0 = request.api_key == PRODUCE and request.acks == 0
-        result = self._admit(request.correlation_id, request.api_key, request.api_version,
-                             request, entry, acks_0)
+        self._admitting_whole = True
+        try:
+            result = self._admit(request.correlation_id, request.api_key, request.api_version,
+                                 request, entry, acks_0)
+        finally:
+            self._admitting_whole = False
         if result == DROP:
             return None
         if result == DEFER:
             raise TypeError("a request gathered whole cannot be deferred")
         if result.__class__ is tuple or result.__class__ is _Observed:
             head, observed = result if result.__class__ is tuple else (None, result)
-            if head is not None:
+            if head.__class__ is Replace:
+                frame = head.frame
+            elif head is not None:
                 frame = head + frame[len(head):]
             observed.feed(frame, [])
             return frame
+        if result.__class__ is Replace:
+            return result.frame
         return frame if result == PASS else result
 
     def _admit(self, correlation_id, api_key, api_version, request, entry, acks_0):
@@ -1488,6 +1499,13 @@ class Connection:
             elif cls is Forward:
                 result = verdict.head
                 request.buf = result
+            elif cls is Replace:
+                if not self._admitting_whole:
+                    raise TypeError("filter %s replaced a request it does not have whole"
+                                    % f.name)
+                result = verdict
+                request.buf = verdict.frame
+                request.frame_len = len(verdict.frame)
             elif cls is Answer:
                 inflight.answer = verdict.frame
                 inflight.throttle_ms = 0  # the proxy's own answer says its own
@@ -1512,7 +1530,7 @@ class Connection:
                     self._mute_due = verdict.delay_ms
                 return DEFER
             elif cls is Gather:
-                if request is None or len(request.buf) >= request.frame_len:
+                if request is None or self._admitting_whole:
                     raise TypeError("filter %s asked to gather a request it has whole" % f.name)
                 self.requests -= 1  # counted when it is read whole
                 self._request_gathered = entry

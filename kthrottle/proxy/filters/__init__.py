@@ -11,6 +11,7 @@ its TOML file. ``forbidden_api_keys.py`` is the smallest example.
 from . import (
     address_rewrite,
     admin_api,
+    authorization,
     broker_only,
     controller_mutation,
     forbidden_api_keys,
@@ -40,6 +41,9 @@ REGISTERED = (
     # after authentication (it needs the principal); it answers in the
     # broker's place, so before what would count or rewrite the request
     admin_api.AdminApi,
+    # the cluster's ACLs for the client's own principal: what is refused is
+    # answered here, before anything counts it or rewrites it
+    authorization.Authorization,
     version_gate.VersionGate,
     address_rewrite.AddressRewrite,
     # before the quotas: a Produce request held back (PAUSE) is counted

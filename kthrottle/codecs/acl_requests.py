@@ -1,0 +1,211 @@
+"""What Kafka authorizes in each client request, and the answers a broker
+gives a request it refuses.
+
+Kafka's broker checks every request against its authorizer before it acts:
+which operation on which resource each API needs is Kafka's table
+("Operations and Resources on Protocols", in its security documentation).
+``needs`` reads a decoded request (kafka-python's schema-built classes) into
+that table's terms: the resources it names, each with the operation it needs
+and where the answer says so. ``refused_answer`` and ``without_topics`` /
+``merge_refused`` then answer the way the broker does: an error per topic,
+partition, group or transactional id inside the response, never a closed
+connection, and the allowed part of a request still served.
+
+Codes are Kafka's (``ResourceType``, ``Operation`` in ``policy/acls.py``).
+"""
+import uuid
+import warnings
+from typing import NamedTuple
+
+from .errors import ProtocolError
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import importlib
+    import pkgutil
+
+    import kafka.protocol as _protocol
+
+TOPIC, GROUP, CLUSTER, TRANSACTIONAL_ID = 2, 3, 4, 5
+READ, WRITE, CREATE, DELETE, ALTER, DESCRIBE = 3, 4, 5, 6, 7, 8
+CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE = 9, 10, 11, 12
+CLUSTER_NAME = "kafka-cluster"
+
+# Kafka's error codes for a refusal
+TOPIC_AUTHORIZATION_FAILED = 29
+GROUP_AUTHORIZATION_FAILED = 30
+CLUSTER_AUTHORIZATION_FAILED = 31
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+UNKNOWN_TOPIC_ID = 100
+ERROR_FOR = {TOPIC: TOPIC_AUTHORIZATION_FAILED, GROUP: GROUP_AUTHORIZATION_FAILED,
+             CLUSTER: CLUSTER_AUTHORIZATION_FAILED,
+             TRANSACTIONAL_ID: TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+NO_TOPIC_ID = uuid.UUID(int=0)
+
+
+def _classes():
+    """{(api key, is request): kafka-python class} of every API it describes."""
+    found = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for info in pkgutil.walk_packages(_protocol.__path__, "kafka.protocol."):
+            try:
+                module = importlib.import_module(info.name)
+            except Exception:  # noqa: BLE001 (a module needing an optional dependency)
+                continue
+            for name, obj in vars(module).items():
+                key = getattr(obj, "API_KEY", None)
+                if isinstance(key, int) and getattr(obj, "max_version", None) is not None \
+                        and name.endswith(("Request", "Response")):
+                    found.setdefault((key, name.endswith("Request")), obj)
+    return found
+
+
+_CLASSES = _classes()
+
+
+def request_class(api_key):
+    return _CLASSES.get((api_key, True))
+
+
+def response_class(api_key):
+    return _CLASSES.get((api_key, False))
+
+
+class Need(NamedTuple):
+    """One check: ``operation`` on the resource (``resource_type``, ``name``).
+    ``topic``: the topic entry it stands for (a topic-list API's), else None."""
+
+    resource_type: int
+    name: str
+    operation: int
+
+
+class TopicList(NamedTuple):
+    """Where a topic-list API keeps its topics, in the request and in the
+    response: the array field, the topic's name (and id) field, the
+    partitions array and a partition's index field (None: the partitions are
+    plain ints, or the response has none), and the error field."""
+
+    operation: int
+    req_topics: str
+    req_name: str
+    req_parts: str
+    req_index: object
+    resp_topics: str
+    resp_name: str
+    resp_parts: object
+    resp_index: object
+    resp_error: str = "error_code"
+
+
+TOPIC_LISTS = {
+    0: TopicList(WRITE, "topic_data", "name", "partition_data", "index",
+                 "responses", "name", "partition_responses", "index"),
+    1: TopicList(READ, "topics", "topic", "partitions", "partition",
+                 "responses", "topic", "partitions", "partition_index"),
+    2: TopicList(DESCRIBE, "topics", "name", "partitions", "partition_index",
+                 "topics", "name", "partitions", "partition_index"),
+    8: TopicList(READ, "topics", "name", "partitions", "partition_index",
+                 "topics", "name", "partitions", "partition_index"),
+    21: TopicList(DELETE, "topics", "name", "partitions", "partition_index",
+                  "topics", "name", "partitions", "partition_index"),
+    23: TopicList(DESCRIBE, "topics", "topic", "partitions", "partition",
+                  "topics", "topic", "partitions", "partition"),
+    28: TopicList(READ, "topics", "name", "partitions", "partition_index",
+                  "topics", "name", "partitions", "partition_index"),
+    47: TopicList(READ, "topics", "name", "partitions", "partition_index",
+                  "topics", "name", "partitions", "partition_index"),
+    61: TopicList(READ, "topics", "name", "partition_indexes", None,
+                  "topics", "name", "partitions", "partition_index"),
+    19: TopicList(CREATE, "topics", "name", None, None, "topics", "name", None, None),
+    20: TopicList(DELETE, "topics", "name", None, None, "responses", "name", None, None),
+    37: TopicList(ALTER, "topics", "name", None, None, "results", "name", None, None),
+}
+
+
+def decode(api_key, api_version, frame):
+    """The framed request as kafka-python's object; ProtocolError if it does not decode."""
+    cls = request_class(api_key)
+    if cls is None:
+        raise ProtocolError("api key %d cannot be decoded" % api_key)
+    try:
+        return cls[api_version].decode(bytes(frame[4:]), header=True)
+    except Exception as exc:  # noqa: BLE001 (kafka-python raises several types on bad input)
+        raise ProtocolError("malformed %s v%d: %s" % (cls.__name__, api_version, exc)) from None
+
+
+def encode(request, correlation_id, client_id):
+    """A request object framed again, with its header."""
+    request.with_header(correlation_id=correlation_id, client_id=client_id)
+    return bytes(request.encode(header=True, framed=True))
+
+
+def topic_key(entry, spec, names):
+    """A request topic entry's name, or its id named through ``names`` (None:
+    an id the proxy does not know)."""
+    name = getattr(entry, spec.req_name, None)
+    if name:
+        return name
+    topic_id = getattr(entry, "topic_id", None)
+    if topic_id is not None and topic_id != NO_TOPIC_ID:
+        return names.get(topic_id)
+    return name
+
+
+def _entry_class(parent_cls, field_name):
+    return parent_cls.fields[field_name].data_class
+
+
+def refused_topic_entries(api_key, version, request, refused, errors):
+    """Response topic entries for the request's topic entries in ``refused``
+    (a list of request entries), each partition (or the topic) with
+    ``errors[i]``: Kafka's answer for a topic it refuses."""
+    spec = TOPIC_LISTS[api_key]
+    response = response_class(api_key)[version]
+    topic_cls = _entry_class(response, spec.resp_topics)
+    out = []
+    for entry, error in zip(refused, errors):
+        fields = {}
+        name = getattr(entry, spec.req_name, None)
+        if spec.resp_name in topic_cls.fields:
+            fields[spec.resp_name] = name
+        if "topic_id" in topic_cls.fields:
+            fields["topic_id"] = getattr(entry, "topic_id", None) or NO_TOPIC_ID
+        if spec.resp_parts is None:
+            fields[spec.resp_error] = error
+            if "error_message" in topic_cls.fields:
+                fields["error_message"] = None
+        else:
+            part_cls = _entry_class(topic_cls, spec.resp_parts)
+            parts = getattr(entry, spec.req_parts, None) or []
+            indexes = [p if spec.req_index is None else getattr(p, spec.req_index)
+                       for p in parts]
+            fields[spec.resp_parts] = [part_cls(**{spec.resp_index: i, spec.resp_error: error})
+                                       for i in indexes]
+        out.append(topic_cls(**fields))
+    return out
+
+
+def response_for(api_key, version, correlation_id, **fields):
+    response = response_class(api_key)[version](**fields)
+    response.with_header(correlation_id=correlation_id)
+    return bytes(response.encode(header=True, framed=True))
+
+
+def decode_response(api_key, version, frame):
+    try:
+        return response_class(api_key)[version].decode(bytes(frame[4:]), header=True)
+    except Exception as exc:  # noqa: BLE001
+        raise ProtocolError("malformed response v%d of api key %d: %s"
+                            % (version, api_key, exc)) from None
+
+
+def encode_response(response, correlation_id):
+    response.with_header(correlation_id=correlation_id)
+    return bytes(response.encode(header=True, framed=True))
+
+
+def has_field(api_key, version, name):
+    cls = response_class(api_key)
+    return cls is not None and name in cls[version].fields

@@ -1,0 +1,710 @@
+"""The cluster's ACLs, enforced at the proxy for the client's own principal
+(``--authorization acls``, the default where the broker would otherwise see
+the proxy's principal instead of the client's).
+
+A proxy that authenticates clients itself (``--sasl-mode terminate``, TLS
+client certificates, or none) reaches the brokers over connections of its
+own principal, which must be allowed whatever every tenant is: without this
+filter alice would act with the proxy's rights, on bob's topics too. The
+proxy reads the cluster's ACLs (DescribeAcls, ``sources/acls.py``, again
+every ``--acl-refresh-ms``) and decides each request as Kafka's authorizer
+would for ``User:<principal>`` from the client's address
+(``policy/acls.py``), using Kafka's table of the operation each API needs on
+each resource (``codecs/acl_requests.py``). A refused request never reaches
+a broker, and it is answered as a broker answers it:
+
+- Produce, Fetch, ListOffsets, OffsetCommit, TxnOffsetCommit, DeleteRecords,
+  OffsetForLeaderEpoch, OffsetDelete, DescribeProducers, CreateTopics,
+  DeleteTopics, CreatePartitions: TOPIC_AUTHORIZATION_FAILED on each refused
+  topic, the allowed topics of the same request still served (the request
+  goes on without the refused ones, and their errors are put into the
+  broker's answer);
+- Metadata leaves out the topics the principal may not describe when it asks
+  for every topic, and answers TOPIC_AUTHORIZATION_FAILED for each one named;
+  a topic it may describe but not create is not created automatically;
+- group and transactional APIs answer GROUP_AUTHORIZATION_FAILED or
+  TRANSACTIONAL_ID_AUTHORIZATION_FAILED; ListGroups lists only the groups the
+  principal may describe;
+- APIs on the cluster answer CLUSTER_AUTHORIZATION_FAILED in their top-level
+  error; an API with no such field (and one the proxy cannot decode) closes
+  the connection instead, with a WARNING, counted as
+  kthrottle_connections_refused_total{reason="authorization"}.
+
+With no authorizer on the cluster (DescribeAcls answers SECURITY_DISABLED, or
+is not offered) there is nothing to enforce: every request passes with one
+attribute check. Until the ACLs have been read once, requests are refused.
+"""
+import logging
+
+from ...codecs import acl_requests as wire
+from ...codecs import apis
+from ...codecs.acl_requests import (
+    CLUSTER,
+    CLUSTER_NAME,
+    DESCRIBE,
+    GROUP,
+    READ,
+    TOPIC,
+    TOPIC_LISTS,
+    TRANSACTIONAL_ID,
+    WRITE,
+)
+from ...codecs.errors import ProtocolError
+from ...options import SWITCH, ConfigError, Option, Parsed, parse_duration
+from ..filter import GATHER, GATHER_WHOLE, HEAD, NOTHING, Answer, Filter, Refuse, Replace
+
+log = logging.getLogger("kthrottle.authorization")
+
+REFUSED_AUTHORIZATION = "authorization"  # the refusal counter's label
+ALTER, CREATE, DELETE = wire.ALTER, wire.CREATE, wire.DELETE
+DESCRIBE_CONFIGS, ALTER_CONFIGS = wire.DESCRIBE_CONFIGS, wire.ALTER_CONFIGS
+IDEMPOTENT_WRITE = wire.IDEMPOTENT_WRITE
+
+# APIs authorized by one operation on the cluster (Kafka's table); a refusal
+# is their top-level error
+CLUSTER_APIS = {
+    29: DESCRIBE, 30: ALTER, 31: ALTER, 34: ALTER, 35: DESCRIBE, 43: ALTER, 45: ALTER,
+    46: DESCRIBE, 48: DESCRIBE_CONFIGS, 49: ALTER_CONFIGS, 50: DESCRIBE, 51: ALTER,
+    55: DESCRIBE, 57: ALTER, 60: DESCRIBE, 64: ALTER, 74: DESCRIBE_CONFIGS, 80: ALTER,
+    81: ALTER, 94: ALTER,
+}
+# group APIs whose request names one group in its first field (``group_id``),
+# and the operation each needs
+GROUP_APIS = {11: READ, 12: READ, 13: READ, 14: READ}
+# APIs the proxy passes through without a kafka-python schema whose request's
+# first field is the group (a compact string): KIP-848, KIP-932, KIP-1071
+FIRST_FIELD_GROUP = {68: READ, 76: READ, 78: READ, 79: READ, 88: READ, 91: ALTER, 92: DELETE}
+# describe APIs without a schema whose first field is an array of groups
+GROUP_ARRAY_FIRST = {69: READ, 77: DESCRIBE, 89: DESCRIBE}
+# no check in Kafka: the handshake and the client's telemetry (KIP-714)
+UNCHECKED = {apis.API_VERSIONS, 17, 36, 71, 72}
+LIST_GROUPS = 16
+# topic-list APIs whose answers take the refused topics' errors back in
+MERGED = frozenset(TOPIC_LISTS) - {apis.PRODUCE, apis.FETCH}
+TOPIC_IDS_KEPT = 100_000  # topic ids remembered with their names (then forgotten, all)
+# delegation tokens: one created through a terminating proxy would be the
+# proxy's own principal's, a way around every check here
+DELEGATION_TOKEN_APIS = {38, 39, 40, 41}
+
+
+class AclView:
+    """The ACLs in force: ``authorizer`` is None until read, ALLOW_ALL when
+    the cluster has none, else a ``policy.acls.Authorizer``."""
+
+    ALLOW_ALL = "allow-all"
+
+    def __init__(self):
+        self.authorizer = None
+        self.generation = 0
+
+    def update(self, snapshot):
+        from ...policy.acls import Authorizer
+
+        if not snapshot.enabled:
+            self.authorizer = self.ALLOW_ALL
+        else:
+            self.authorizer = Authorizer(
+                snapshot.bindings, snapshot.super_users, snapshot.allow_everyone_if_no_acl_found)
+        self.generation += 1
+
+
+def _first_compact_string(frame, head):
+    """The first field of a flexible request body: a compact string."""
+    from ...codecs.wire import read_uvarint
+
+    pos = head.body_offset
+    size, pos = read_uvarint(frame, pos)
+    if size == 0:
+        return None
+    end = pos + size - 1
+    if end > len(frame):
+        raise ProtocolError("truncated request")
+    return bytes(frame[pos:end]).decode("utf-8", "replace")
+
+
+def _refresh(value, what):
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise ConfigError("%s: %s" % (what, exc)) from None
+    if seconds < 0.1:
+        raise ConfigError("%s: at least 100ms, got %r" % (what, value))
+    return seconds
+
+
+def _super_users(value, what):
+    """Kafka's super.users: ``User:admin;User:ops`` (or a TOML list)."""
+    items = value.split(";") if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise ConfigError("%s must be principals separated by ';' (User:admin;User:ops)" % what)
+    users = frozenset(i.strip() for i in items if i.strip())
+    for user in users:
+        if ":" not in user:
+            raise ConfigError("%s: %r is not a principal (User:NAME)" % (what, user))
+    return users
+
+
+AUTHORIZATION_MODES = ("acls", "none")
+
+
+def _first_compact_strings(frame, head):
+    """The first field of a flexible request body: a compact array of compact strings."""
+    from ...codecs.wire import read_uvarint
+
+    count, pos = read_uvarint(frame, head.body_offset)
+    out = []
+    for _ in range(max(count - 1, 0)):
+        size, pos = read_uvarint(frame, pos)
+        end = pos + max(size - 1, 0)
+        if end > len(frame):
+            raise ProtocolError("truncated request")
+        out.append(bytes(frame[pos:end]).decode("utf-8", "replace"))
+        pos = end
+    return out
+
+
+class Authorization(Filter):
+    name = "authorization"
+    options_title = "authorization"
+    options = (
+        Option("authorization", default="acls", choices=AUTHORIZATION_MODES,
+               help="where the brokers see the proxy's principal instead of the client's "
+               "(every sasl-mode but passthrough): acls (default), the cluster's own ACLs "
+               "(read with DescribeAcls) are enforced at the proxy for each client's "
+               "principal, so a tenant does only what its own ACLs allow; none, every "
+               "client acts with the proxy's rights (a WARNING at start says so). A "
+               "cluster without an authorizer has nothing to enforce"),
+        Option("acl-refresh", Parsed(_refresh), default=5.0, metavar="DURATION",
+               help="authorization acls: how often the cluster's ACLs are read again, e.g. "
+               "5s (default), 500ms; a change takes effect on this proxy within that"),
+        Option("super-users", Parsed(_super_users), metavar="PRINCIPALS",
+               help="authorization acls: the brokers' super.users (User:admin;User:ops), "
+               "allowed everything; Kafka does not show that setting to clients, so without "
+               "this no principal is a super user at the proxy"),
+        Option("allow-everyone-if-no-acl-found", SWITCH,
+               help="authorization acls: as the brokers' allow.everyone.if.no.acl.found, a "
+               "resource no ACL names is allowed to everyone (default: as the brokers "
+               "show it, else off)"),
+    )
+
+    @classmethod
+    def build(cls, config, services):
+        view = getattr(services, "acls", None)
+        if view is None or config.authorization != "acls":
+            return None
+        log.info("authorization: the cluster's ACLs enforced for each client's principal, "
+                 "read again every %gs; super users %s; a resource no ACL names is %s",
+                 config.acl_refresh, ", ".join(sorted(config.super_users or ())) or
+                 "as the brokers show them", {True: "allowed to everyone",
+                                              False: "refused"}.get(
+                     config.allow_everyone_if_no_acl_found, "as the brokers say"))
+        return cls(view)
+
+    def __init__(self, view):
+        self.view = view
+        self.topic_names = {}  # topic id -> name, from the Metadata answers clients get
+
+    def new_state(self):
+        return _State()
+
+    # needs -------------------------------------------------------------------
+
+    def request_need(self, api_key, api_version):
+        if api_key in UNCHECKED:
+            return NOTHING
+        if api_key == apis.PRODUCE or api_key == apis.FETCH:
+            return HEAD  # gathered only for a principal not allowed every topic
+        return GATHER
+
+    def authenticating_need(self, api_key, api_version):
+        return NOTHING  # the authenticator holds everything else back meanwhile
+
+    def response_need(self, api_key, api_version):
+        # Produce and Fetch answers are never gathered (a Fetch's is the bulk of
+        # the traffic): a refused topic of a request that has allowed ones too
+        # is left out of it, and its answer then says nothing of it
+        if api_key in MERGED or api_key == apis.METADATA or api_key == LIST_GROUPS:
+            return GATHER
+        return NOTHING
+
+    def quick(self, api_key, api_version):
+        return api_key == apis.PRODUCE or api_key == apis.FETCH
+
+    def quick_ready(self, ctx):
+        authorizer = self.view.authorizer
+        if authorizer is AclView.ALLOW_ALL:
+            return True
+        if authorizer is None:
+            return False
+        principal, host = _who(ctx)
+        return (authorizer.allowed_every(principal, host, TOPIC, WRITE)
+                and authorizer.allowed_every(principal, host, TOPIC, READ)
+                and authorizer.allowed_every(principal, host, TRANSACTIONAL_ID, WRITE))
+
+    def quick_response_ready(self, ctx, inflight):
+        return True
+
+    # requests ------------------------------------------------------------------
+
+    def on_request(self, ctx, head, inflight):
+        authorizer = self.view.authorizer
+        if authorizer is AclView.ALLOW_ALL:
+            return None
+        if authorizer is None:
+            return Refuse("the cluster's ACLs have not been read yet (--authorization acls): "
+                          "api key %d refused for %s" % (head.api_key, ctx.principal),
+                          REFUSED_AUTHORIZATION)
+        key, version = head.api_key, head.api_version
+        principal, host = _who(ctx)
+        if key == apis.PRODUCE or key == apis.FETCH:
+            op = WRITE if key == apis.PRODUCE else READ
+            if authorizer.allowed_every(principal, host, TOPIC, op) and (
+                    key == apis.FETCH
+                    or authorizer.allowed_every(principal, host, TRANSACTIONAL_ID, WRITE)):
+                return None
+            # read whole first (asked again then), even when its head holds all of it:
+            # only a request gathered whole may be replaced
+            state = ctx.state
+            if state.gathering != head.correlation_id:
+                state.gathering = head.correlation_id
+                return GATHER_WHOLE
+            state.gathering = None
+        allowed = _Decider(authorizer, principal, host)
+        frame = head.buf
+        try:
+            if key in CLUSTER_APIS:
+                if allowed(CLUSTER, CLUSTER_NAME, CLUSTER_APIS[key]):
+                    return None
+                return self._refuse_top_level(ctx, head, wire.CLUSTER_AUTHORIZATION_FAILED)
+            if key in DELEGATION_TOKEN_APIS:
+                return self._close(ctx, head, "a delegation token made through the proxy would "
+                                   "be the proxy's own")
+            if key in FIRST_FIELD_GROUP:
+                group = _first_compact_string(frame, head)
+                if allowed(GROUP, group or "", FIRST_FIELD_GROUP[key]):
+                    return None
+                return self._refuse_top_level(ctx, head, wire.GROUP_AUTHORIZATION_FAILED)
+            if key in GROUP_ARRAY_FIRST:
+                groups = _first_compact_strings(frame, head)
+                if all(allowed(GROUP, g or "", GROUP_ARRAY_FIRST[key]) for g in groups):
+                    return None
+                return self._close(ctx, head, "a group it names is refused")
+            if wire.request_class(key) is None:
+                return self._close(ctx, head, "no decoder to check it with")
+            request = wire.decode(key, version, frame)
+            handler = _HANDLERS.get(key)
+            if handler is not None:
+                return handler(self, ctx, head, inflight, request, allowed)
+            if key in TOPIC_LISTS:
+                return self._topic_list(ctx, head, inflight, request, allowed)
+            return self._close(ctx, head, "no rule for it")
+        except ProtocolError as exc:
+            return Refuse(str(exc))
+
+    # answers -------------------------------------------------------------------
+
+    def _refuse_top_level(self, ctx, head, error):
+        key, version = head.api_key, head.api_version
+        if wire.has_field(key, version, "error_code"):
+            fields = {"error_code": error}
+            if wire.has_field(key, version, "error_message"):
+                fields["error_message"] = None
+            return Answer(wire.response_for(key, version, head.correlation_id, **fields))
+        return self._close(ctx, head, "refused, and its answer has no error field")
+
+    def _close(self, ctx, head, why):
+        return Refuse("api key %d v%d for principal %s: %s (--authorization acls)"
+                      % (head.api_key, head.api_version, ctx.principal, why),
+                      REFUSED_AUTHORIZATION)
+
+    def _topic_list(self, ctx, head, inflight, request, allowed, extra=None):
+        """A topic-list API: each topic checked; the refused ones answered
+        TOPIC_AUTHORIZATION_FAILED (UNKNOWN_TOPIC_ID for an id the principal
+        cannot have been given), the rest served by the broker."""
+        key, version = head.api_key, head.api_version
+        spec = TOPIC_LISTS[key]
+        entries = list(getattr(request, spec.req_topics, None) or [])
+        kept, refused, errors = [], [], []
+        for entry in entries:
+            name = wire.topic_key(entry, spec, self.topic_names)
+            if name is None:
+                refused.append(entry)
+                errors.append(wire.UNKNOWN_TOPIC_ID)
+            elif allowed(TOPIC, name, spec.operation) and (
+                    extra is None or extra(name)):
+                kept.append(entry)
+            else:
+                refused.append(entry)
+                errors.append(wire.TOPIC_AUTHORIZATION_FAILED)
+        if not refused:
+            return None
+        answered = wire.refused_topic_entries(key, version, request, refused, errors)
+        if not kept:
+            fields = {spec.resp_topics: answered}
+            if key == apis.FETCH:
+                fields.update(error_code=0, session_id=0)
+            return Answer(wire.response_for(key, version, head.correlation_id, **fields))
+        setattr(request, spec.req_topics, kept)
+        if key in MERGED:
+            ctx.note(inflight, answered)
+        return Replace(wire.encode(request, head.correlation_id, head.client_id))
+
+    # responses -----------------------------------------------------------------
+
+    def on_response(self, ctx, inflight, frame):
+        key = inflight.api_key
+        if key == apis.METADATA:
+            return self._metadata_response(ctx, inflight, frame)
+        if key == LIST_GROUPS:
+            return self._list_groups_response(ctx, inflight, frame)
+        answered = ctx.noted(inflight)
+        if answered is None:
+            return frame
+        spec = TOPIC_LISTS[key]
+        response = wire.decode_response(key, inflight.api_version, frame)
+        setattr(response, spec.resp_topics,
+                list(getattr(response, spec.resp_topics) or []) + answered)
+        return wire.encode_response(response, inflight.correlation_id)
+
+
+class _State:
+    __slots__ = ("gathering", "host")
+
+    def __init__(self):
+        self.gathering = None  # the correlation id of a Produce or Fetch asked to be whole
+        self.host = None  # the client's address as Kafka writes it
+
+
+def _who(ctx):
+    state = ctx.state
+    host = state.host
+    if host is None:
+        from ...policy.acls import java_host_address
+
+        host = state.host = java_host_address(ctx.client_host) if ctx.client_host else ""
+    return "User:%s" % ctx.principal, host
+
+
+class _Decider:
+    """allowed(resource type, name, operation) for one principal and host."""
+
+    __slots__ = ("authorizer", "principal", "host")
+
+    def __init__(self, authorizer, principal, host):
+        self.authorizer, self.principal, self.host = authorizer, principal, host
+
+    def __call__(self, resource_type, name, operation):
+        return self.authorizer.allowed(self.principal, self.host, resource_type, name, operation)
+
+    def any(self, resource_type, operation):
+        return self.authorizer.allowed_any(self.principal, self.host, resource_type, operation)
+
+    def every(self, resource_type, operation):
+        return self.authorizer.allowed_every(self.principal, self.host, resource_type,
+                                             operation)
+
+
+# handlers of the APIs whose rules are more than one topic list ----------------
+
+def _metadata(self, ctx, head, inflight, request, allowed):
+    """Metadata: every topic (null list) is asked of the broker and the
+    answer filtered; named topics the principal may not describe are
+    answered refused (the broker's answer then carries them); a topic it may
+    describe but not create is not created."""
+    topics = request.topics
+    # v0 asks for every topic with an empty list; v1+ with a null one
+    named = bool(topics) if head.api_version >= 1 else bool(topics)
+    ctx.note(inflight, _MetadataAsk(named, allowed))
+    if not topics:
+        return None
+    changed = False
+    if request.allow_auto_topic_creation and not allowed(CLUSTER, CLUSTER_NAME, CREATE):
+        for entry in topics:
+            if entry.name and not allowed(TOPIC, entry.name, CREATE):
+                request.allow_auto_topic_creation = False
+                changed = True
+                break
+    if changed:
+        return Replace(wire.encode(request, head.correlation_id, head.client_id))
+    return None
+
+
+class _MetadataAsk:
+    __slots__ = ("named", "allowed")
+
+    def __init__(self, named, allowed):
+        self.named, self.allowed = named, allowed
+
+
+def _metadata_response(self, ctx, inflight, frame):
+    ask = ctx.noted(inflight)
+    response = wire.decode_response(apis.METADATA, inflight.api_version, frame)
+    names = self.topic_names
+    kept = []
+    changed = False
+    for topic in response.topics or []:
+        name = topic.name
+        topic_id = getattr(topic, "topic_id", None)
+        if name and topic_id is not None and topic_id != wire.NO_TOPIC_ID:
+            if len(names) > TOPIC_IDS_KEPT:
+                names.clear()
+            names[topic_id] = name
+        if ask is None or not name or ask.allowed(TOPIC, name, DESCRIBE):
+            kept.append(topic)
+            continue
+        changed = True
+        if ask.named:
+            topic.error_code = wire.TOPIC_AUTHORIZATION_FAILED
+            topic.partitions = []
+            if topic_id is not None:
+                topic.topic_id = wire.NO_TOPIC_ID
+            kept.append(topic)
+    if not changed:
+        return frame
+    response.topics = kept
+    return wire.encode_response(response, inflight.correlation_id)
+
+
+def _find_coordinator(self, ctx, head, inflight, request, allowed):
+    """FindCoordinator: DESCRIBE on the group (key type 0) or the
+    transactional id (1); v4+ asks for several keys at once."""
+    kind = GROUP if request.key_type == 0 else TRANSACTIONAL_ID if request.key_type == 1 \
+        else None
+    if kind is None:  # a share coordinator key (KIP-932): group:topic-id:partition
+        kind = GROUP
+    error = wire.ERROR_FOR[kind]
+    version = head.api_version
+    if version < 4:
+        key = request.key or ""
+        if kind == GROUP and request.key_type == 2:
+            key = key.split(":", 1)[0]
+        if allowed(kind, key, DESCRIBE):
+            return None
+        return Answer(wire.response_for(10, version, head.correlation_id, error_code=error,
+                                        error_message=None, node_id=-1, host="", port=-1))
+    keys = list(request.coordinator_keys or [])
+    refused = [k for k in keys
+               if not allowed(kind, k.split(":", 1)[0] if request.key_type == 2 else k,
+                              DESCRIBE)]
+    if not refused:
+        return None
+    if len(refused) == len(keys):
+        cls = wire.response_class(10)[version]
+        coordinator = cls.fields["coordinators"].data_class
+        return Answer(wire.response_for(10, version, head.correlation_id, coordinators=[
+            coordinator(key=k, node_id=-1, host="", port=-1, error_code=error,
+                        error_message=None) for k in refused]))
+    return self._close(ctx, head, "some of its coordinator keys are refused")
+
+
+def _group_first(self, ctx, head, inflight, request, allowed):
+    op = GROUP_APIS[head.api_key]
+    if allowed(GROUP, request.group_id or "", op):
+        return None
+    return self._refuse_top_level(ctx, head, wire.GROUP_AUTHORIZATION_FAILED)
+
+
+def _offset_commit(self, ctx, head, inflight, request, allowed):
+    if not allowed(GROUP, request.group_id or "", READ):
+        return _all_topics_refused(self, head, request, wire.GROUP_AUTHORIZATION_FAILED)
+    return self._topic_list(ctx, head, inflight, request, allowed)
+
+
+def _txn_offset_commit(self, ctx, head, inflight, request, allowed):
+    if not allowed(TRANSACTIONAL_ID, request.transactional_id or "", WRITE):
+        return _all_topics_refused(self, head, request,
+                                   wire.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+    if not allowed(GROUP, request.group_id or "", READ):
+        return _all_topics_refused(self, head, request, wire.GROUP_AUTHORIZATION_FAILED)
+    return self._topic_list(ctx, head, inflight, request, allowed)
+
+
+def _offset_delete(self, ctx, head, inflight, request, allowed):
+    if not allowed(GROUP, request.group_id or "", DELETE):
+        return self._refuse_top_level(ctx, head, wire.GROUP_AUTHORIZATION_FAILED)
+    return self._topic_list(ctx, head, inflight, request, allowed)
+
+
+def _all_topics_refused(self, head, request, error):
+    key, version = head.api_key, head.api_version
+    spec = TOPIC_LISTS[key]
+    entries = list(getattr(request, spec.req_topics, None) or [])
+    answered = wire.refused_topic_entries(key, version, request, entries,
+                                          [error] * len(entries))
+    return Answer(wire.response_for(key, version, head.correlation_id,
+                                    **{spec.resp_topics: answered}))
+
+
+def _offset_fetch(self, ctx, head, inflight, request, allowed):
+    """OffsetFetch: DESCRIBE on the group, then on each topic; v8+ names
+    several groups (all must be allowed here, else the connection closes)."""
+    version = head.api_version
+    groups = ([request.group_id] if version < 8
+              else [g.group_id for g in request.groups or []])
+    if all(allowed(GROUP, g or "", DESCRIBE) for g in groups):
+        topic_lists = ([request.topics] if version < 8
+                       else [g.topics for g in request.groups or []])
+        names = [t.name for topics in topic_lists for t in topics or [] if t.name]
+        if all(allowed(TOPIC, n, DESCRIBE) for n in names):
+            return None  # a null topic list: the broker leaves out what it may not
+        return self._close(ctx, head, "a topic it names is refused")
+    if version < 8 and version >= 2:
+        return Answer(wire.response_for(9, version, head.correlation_id, topics=[],
+                                        error_code=wire.GROUP_AUTHORIZATION_FAILED))
+    if version >= 8 and len(groups) == 1:
+        group_cls = wire.response_class(9)[version].fields["groups"].data_class
+        return Answer(wire.response_for(9, version, head.correlation_id, groups=[
+            group_cls(group_id=groups[0], topics=[],
+                      error_code=wire.GROUP_AUTHORIZATION_FAILED)]))
+    return self._close(ctx, head, "its group is refused")
+
+
+def _describe_groups(self, ctx, head, inflight, request, allowed):
+    groups = list(request.groups or [])
+    refused = [g for g in groups if not allowed(GROUP, g or "", DESCRIBE)]
+    if not refused:
+        return None
+    if len(refused) < len(groups):
+        return self._close(ctx, head, "some of the groups it names are refused")
+    version = head.api_version
+    group_cls = wire.response_class(15)[version].fields["groups"].data_class
+    return Answer(wire.response_for(15, version, head.correlation_id, groups=[
+        group_cls(error_code=wire.GROUP_AUTHORIZATION_FAILED, group_id=g, group_state="",
+                  protocol_type="", protocol_data="", members=[]) for g in groups]))
+
+
+def _delete_groups(self, ctx, head, inflight, request, allowed):
+    groups = list(request.groups_names or [])
+    if all(allowed(GROUP, g or "", DELETE) for g in groups):
+        return None
+    if any(allowed(GROUP, g or "", DELETE) for g in groups):
+        return self._close(ctx, head, "some of the groups it names are refused")
+    version = head.api_version
+    result_cls = wire.response_class(42)[version].fields["results"].data_class
+    return Answer(wire.response_for(42, version, head.correlation_id, results=[
+        result_cls(group_id=g, error_code=wire.GROUP_AUTHORIZATION_FAILED) for g in groups]))
+
+
+def _list_groups(self, ctx, head, inflight, request, allowed):
+    if not allowed(CLUSTER, CLUSTER_NAME, DESCRIBE):
+        ctx.note(inflight, allowed)  # the answer lists only the groups it may describe
+    return None
+
+
+def _list_groups_response(self, ctx, inflight, frame):
+    allowed = ctx.noted(inflight)
+    if allowed is None:
+        return frame
+    response = wire.decode_response(LIST_GROUPS, inflight.api_version, frame)
+    response.groups = [g for g in response.groups or []
+                       if allowed(GROUP, g.group_id or "", DESCRIBE)]
+    return wire.encode_response(response, inflight.correlation_id)
+
+
+def _init_producer_id(self, ctx, head, inflight, request, allowed):
+    txn = request.transactional_id
+    if txn is not None:
+        ok = allowed(TRANSACTIONAL_ID, txn, WRITE)
+        error = wire.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    else:  # idempotence (KIP-679): IdempotentWrite on the cluster, or Write on some topic
+        ok = allowed(CLUSTER, CLUSTER_NAME, IDEMPOTENT_WRITE) or allowed.any(TOPIC, WRITE)
+        error = wire.CLUSTER_AUTHORIZATION_FAILED
+    if ok:
+        return None
+    return self._refuse_top_level(ctx, head, error)
+
+
+def _txn_first(op_group=None):
+    def handler(self, ctx, head, inflight, request, allowed):
+        if not allowed(TRANSACTIONAL_ID, request.transactional_id or "", WRITE):
+            return self._refuse_top_level(ctx, head, wire.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        if op_group is not None and not allowed(GROUP, request.group_id or "", op_group):
+            return self._refuse_top_level(ctx, head, wire.GROUP_AUTHORIZATION_FAILED)
+        return None
+    return handler
+
+
+def _add_partitions_to_txn(self, ctx, head, inflight, request, allowed):
+    """AddPartitionsToTxn: WRITE on the transactional id, then on each topic.
+    v4+ (batched, sent by brokers to verify) is checked whole."""
+    if head.api_version <= 3:
+        txns = [(request.v3_and_below_transactional_id, request.v3_and_below_topics)]
+    else:
+        txns = [(t.transactional_id, t.topics) for t in request.transactions or []]
+    for txn, topics in txns:
+        if not allowed(TRANSACTIONAL_ID, txn or "", WRITE):
+            return self._refuse_top_level(ctx, head, wire.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        for topic in topics or []:
+            if not allowed(TOPIC, topic.name or "", WRITE):
+                return self._close(ctx, head, "topic %s is refused" % topic.name)
+    return None
+
+
+_CONFIG_RESOURCES = {2: TOPIC, 4: CLUSTER, 8: CLUSTER, 16: CLUSTER}  # broker logger: cluster
+
+
+def _configs(op):
+    def handler(self, ctx, head, inflight, request, allowed):
+        for resource in request.resources or []:
+            kind = _CONFIG_RESOURCES.get(resource.resource_type, CLUSTER)
+            name = resource.resource_name if kind == TOPIC else CLUSTER_NAME
+            if not allowed(kind, name or "", op):
+                return self._close(ctx, head, "%s %s is refused" % (
+                    "topic" if kind == TOPIC else "the cluster's config",
+                    resource.resource_name))
+        return None
+    return handler
+
+
+def _create_topics(self, ctx, head, inflight, request, allowed):
+    if allowed(CLUSTER, CLUSTER_NAME, CREATE):
+        return None
+    return self._topic_list(ctx, head, inflight, request, allowed)
+
+
+def _by_names(kind, field, op):
+    def handler(self, ctx, head, inflight, request, allowed):
+        names = getattr(request, field, None) or []
+        if all(allowed(kind, n or "", op) for n in names):
+            return None
+        return self._close(ctx, head, "a resource it names is refused")
+    return handler
+
+
+def _describe_topic_partitions(self, ctx, head, inflight, request, allowed):
+    if all(allowed(TOPIC, t.name or "", DESCRIBE) for t in request.topics or []):
+        return None
+    return self._close(ctx, head, "a topic it names is refused")
+
+
+def _list_transactions(self, ctx, head, inflight, request, allowed):
+    if allowed.every(TRANSACTIONAL_ID, DESCRIBE):
+        return None
+    return self._close(ctx, head, "it may not describe every transactional id")
+
+
+_HANDLERS = {
+    apis.METADATA: _metadata,
+    apis.FIND_COORDINATOR: _find_coordinator,
+    8: _offset_commit,
+    9: _offset_fetch,
+    11: _group_first, 12: _group_first, 13: _group_first, 14: _group_first,
+    15: _describe_groups,
+    LIST_GROUPS: _list_groups,
+    19: _create_topics,
+    22: _init_producer_id,
+    24: _add_partitions_to_txn,
+    25: _txn_first(READ),
+    26: _txn_first(),
+    28: _txn_offset_commit,
+    32: _configs(DESCRIBE_CONFIGS),
+    33: _configs(ALTER_CONFIGS),
+    42: _delete_groups,
+    44: _configs(ALTER_CONFIGS),
+    47: _offset_delete,
+    65: _by_names(TRANSACTIONAL_ID, "transactional_ids", DESCRIBE),
+    66: _list_transactions,
+    75: _describe_topic_partitions,
+}
+Authorization._metadata_response = _metadata_response
+Authorization._list_groups_response = _list_groups_response

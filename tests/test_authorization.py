@@ -1,0 +1,161 @@
+"""The cluster's ACLs enforced at a terminating proxy for each client's own
+principal (--authorization acls): Apache Kafka with StandardAuthorizer, ACLs
+for alice and bob, clients that log in to the proxy as themselves while the
+proxy logs in to the broker as its super user."""
+import time
+import uuid
+
+import pytest
+
+from conftest import ProxyProcess, _started_kafka
+from kafka_cluster import Listener
+from quota_clients import scram_credentials_file, wait_until
+
+pytestmark = pytest.mark.kafka
+
+SASL = "SASL_PLAINTEXT"
+USERS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
+RUN = uuid.uuid4().hex[:6]
+ALICE_TOPIC, BOB_TOPIC = "alice-orders-%s" % RUN, "bob-orders-%s" % RUN
+ALICE_GROUP, BOB_GROUP = "alice-app-%s" % RUN, "bob-app-%s" % RUN
+
+
+def acl(resource_type, name, principal, operation, pattern="PREFIXED", allow=True):
+    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType,
+                                       ResourcePatternType, ResourceType)
+
+    return AclBinding(getattr(ResourceType, resource_type), name,
+                      getattr(ResourcePatternType, pattern), principal, "*",
+                      getattr(AclOperation, operation),
+                      AclPermissionType.ALLOW if allow else AclPermissionType.DENY)
+
+
+@pytest.fixture(scope="module")
+def kafka_acl(tmp_path_factory):
+    kafka = _started_kafka(tmp_path_factory, "kafka-authz", users=USERS, authorizer=True,
+                           listeners=[Listener(SASL, SASL, ("PLAIN", "SCRAM-SHA-512"))])
+    admin = kafka.admin(**kafka.client_config(SASL, "PLAIN", "admin"))
+    for topic in (ALICE_TOPIC, BOB_TOPIC):
+        kafka.create_topic(topic)
+    bindings = []
+    for user in ("alice", "bob"):
+        for op in ("WRITE", "READ", "DESCRIBE"):
+            bindings.append(acl("TOPIC", "%s-" % user, "User:%s" % user, op))
+        bindings.append(acl("GROUP", "%s-" % user, "User:%s" % user, "READ"))
+    for future in admin.create_acls(bindings).values():
+        future.result(30)
+    kafka.acl_admin = admin
+    yield kafka
+    kafka.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(kafka_acl, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("authz-proxy")
+    creds = scram_credentials_file(tmp / "credentials.toml",
+                                   {"alice": USERS["alice"], "bob": USERS["bob"]},
+                                   mechanisms=("SCRAM-SHA-512",))
+    password = tmp / "upstream-password"
+    password.write_text(USERS["admin"] + "\n")
+    p = ProxyProcess(kafka_acl.listener(SASL), tmp / "proxy.log", [
+        "--security-protocol", SASL, "--sasl-enabled-mechanisms", "SCRAM-SHA-512",
+        "--credentials-file", str(creds),
+        "--upstream-security-protocol", SASL, "--upstream-sasl-mechanism", "PLAIN",
+        "--upstream-sasl-username", "admin", "--upstream-sasl-password-file", str(password),
+        "--super-users", "User:admin", "--acl-refresh", "500ms"],
+        node_id=kafka_acl.node_id).start()
+    yield p
+    p.stop()
+
+
+def conf(kafka, proxy, user, **settings):
+    return kafka.client_config(SASL, "SCRAM-SHA-512", user, bootstrap=proxy.bootstrap,
+                               **settings)
+
+
+def produce(kafka, proxy, user, topic, value=b"v"):
+    """One record: None when acknowledged, else the delivery error's name."""
+    import confluent_kafka
+
+    results = []
+    producer = confluent_kafka.Producer(conf(kafka, proxy, user, **{
+        "message.timeout.ms": 10000, "enable.idempotence": False}))
+    producer.produce(topic, value, on_delivery=lambda err, msg: results.append(err))
+    producer.flush(20)
+    assert results, "no delivery report"
+    return None if results[0] is None else results[0].name()
+
+
+def consume(kafka, proxy, user, topic, group, timeout=20):
+    """(values read, error names seen) from the start of ``topic``."""
+    import confluent_kafka
+
+    consumer = confluent_kafka.Consumer(conf(kafka, proxy, user, **{
+        "group.id": group, "auto.offset.reset": "earliest"}))
+    consumer.subscribe([topic])
+    values, errors = [], []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and not values and not errors:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error():
+                errors.append(msg.error().name())
+            else:
+                values.append(msg.value())
+                consumer.commit(msg, asynchronous=False)
+    finally:
+        consumer.close()
+    return values, errors
+
+
+def topics_seen(kafka, proxy, user):
+    from confluent_kafka.admin import AdminClient
+
+    return set(AdminClient(conf(kafka, proxy, user)).list_topics(timeout=15).topics)
+
+
+def test_alice_works_on_her_topics_and_is_refused_bobs_as_the_broker_would(kafka_acl, proxy):
+    kafka = kafka_acl
+    assert produce(kafka, proxy, "alice", ALICE_TOPIC, b"from alice") is None, proxy.log()[-3000:]
+    values, errors = consume(kafka, proxy, "alice", ALICE_TOPIC, ALICE_GROUP)
+    assert values == [b"from alice"] and not errors, errors
+    # bob's topic: Kafka's own error, from the proxy (the broker would let the
+    # proxy's principal, a super user, do it)
+    assert produce(kafka, proxy, "alice", BOB_TOPIC) == "TOPIC_AUTHORIZATION_FAILED"
+    values, errors = consume(kafka, proxy, "alice", BOB_TOPIC, ALICE_GROUP, timeout=15)
+    assert values == [] and "TOPIC_AUTHORIZATION_FAILED" in errors, errors
+    # bob's group, on her own topic
+    values, errors = consume(kafka, proxy, "alice", ALICE_TOPIC, BOB_GROUP, timeout=15)
+    assert values == [] and "GROUP_AUTHORIZATION_FAILED" in errors, errors
+    # Metadata: she does not see bob's topic at all; bob sees his, not hers
+    seen = topics_seen(kafka, proxy, "alice")
+    assert ALICE_TOPIC in seen and BOB_TOPIC not in seen, seen
+    seen = topics_seen(kafka, proxy, "bob")
+    assert BOB_TOPIC in seen and ALICE_TOPIC not in seen, seen
+    # nothing of alice's reached bob's topic
+    values, errors = consume(kafka, proxy, "bob", BOB_TOPIC, BOB_GROUP, timeout=8)
+    assert values == [] and not errors, (values, errors)
+    assert "Traceback" not in proxy.log()
+
+
+def test_a_change_of_acls_takes_effect_within_seconds(kafka_acl, proxy):
+    kafka = kafka_acl
+    topic = "shared-%s" % RUN
+    kafka.create_topic(topic)
+    assert produce(kafka, proxy, "alice", topic) == "TOPIC_AUTHORIZATION_FAILED"
+    grant = [acl("TOPIC", topic, "User:alice", op, pattern="LITERAL")
+             for op in ("WRITE", "DESCRIBE")]
+    for future in kafka.acl_admin.create_acls(grant).values():
+        future.result(30)
+    granted = time.monotonic()
+    assert wait_until(lambda: topic in topics_seen(kafka, proxy, "alice"), 20)
+    assert produce(kafka, proxy, "alice", topic) is None
+    print("an ACL granted took effect at the proxy within %.1f s" % (time.monotonic() - granted))
+    # a DENY beats her ALLOW
+    deny = [acl("TOPIC", topic, "User:alice", "WRITE", pattern="LITERAL", allow=False)]
+    for future in kafka.acl_admin.create_acls(deny).values():
+        future.result(30)
+    assert wait_until(lambda: produce(kafka, proxy, "alice", topic) == "TOPIC_AUTHORIZATION_FAILED",
+               30)
