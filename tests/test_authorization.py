@@ -159,3 +159,58 @@ def test_a_change_of_acls_takes_effect_within_seconds(kafka_acl, proxy):
         future.result(30)
     assert wait_until(lambda: produce(kafka, proxy, "alice", topic) == "TOPIC_AUTHORIZATION_FAILED",
                30)
+
+
+def java_tool(kafka, proxy, tmp_path, user, main_class, *args, stdin=""):
+    """One of Kafka's tools as ``user`` through the proxy: (exit code, stdout + stderr)."""
+    import subprocess
+
+    from kafka_cluster import IPV4_ONLY_JVM_ARGS
+
+    config = tmp_path / ("%s.properties" % user)
+    config.write_text("".join("%s=%s\n" % kv for kv in kafka.java_client_config(
+        SASL, "SCRAM-SHA-512", user, bootstrap=proxy.bootstrap).items()))
+    command = kafka.java_command(main_class, "--bootstrap-server", proxy.bootstrap, *[
+        a.replace("{config}", str(config)) for a in args], jvm_args=IPV4_ONLY_JVM_ARGS)
+    done = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=120)
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_the_java_client_gets_kafkas_own_authorization_errors(kafka_acl, proxy, tmp_path):
+    """Kafka's own tools as alice: kafka-topics --list shows her topics only;
+    kafka-console-producer to bob's topic fails with TopicAuthorizationException,
+    and to hers succeeds."""
+    kafka = kafka_acl
+    code, out = java_tool(kafka, proxy, tmp_path, "alice", "org.apache.kafka.tools.TopicCommand",
+                          "--command-config", "{config}", "--list")
+    assert code == 0, out
+    assert ALICE_TOPIC in out.split() and BOB_TOPIC not in out, out
+    producer = "org.apache.kafka.tools.ConsoleProducer"
+    code, out = java_tool(kafka, proxy, tmp_path, "alice", producer, "--topic", BOB_TOPIC,
+                          "--command-config", "{config}", "--property", "max.block.ms=15000",
+                          stdin="refused\n")
+    assert "TopicAuthorizationException" in out or "Not authorized to access topics" in out, out
+    assert BOB_TOPIC in out, out
+    code, out = java_tool(kafka, proxy, tmp_path, "alice", producer, "--topic", ALICE_TOPIC,
+                          "--command-config", "{config}", stdin="from java\n")
+    assert code == 0 and "Exception" not in out, out
+
+
+def test_authorization_none_is_said_at_start_with_the_principal_every_client_acts_as(
+        kafka_acl, tmp_path):
+    password = tmp_path / "upstream-password"
+    password.write_text(USERS["admin"] + "\n")
+    creds = scram_credentials_file(tmp_path / "credentials.toml", {"alice": USERS["alice"]},
+                                   mechanisms=("SCRAM-SHA-512",))
+    p = ProxyProcess(kafka_acl.listener(SASL), tmp_path / "proxy.log", [
+        "--security-protocol", SASL, "--credentials-file", str(creds),
+        "--upstream-security-protocol", SASL, "--upstream-sasl-mechanism", "PLAIN",
+        "--upstream-sasl-username", "admin", "--upstream-sasl-password-file", str(password),
+        "--authorization", "none"], node_id=kafka_acl.node_id).start()
+    try:
+        warning = [line for line in p.log().splitlines() if "--authorization none" in line]
+        assert warning and "WARNING" in warning[0] and "User:admin" in warning[0], p.log()
+        # and it is so: alice writes to bob's topic with the proxy's rights
+        assert produce(kafka_acl, p, "alice", BOB_TOPIC, b"as the proxy") is None
+    finally:
+        p.stop()
