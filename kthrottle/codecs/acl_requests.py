@@ -153,6 +153,12 @@ def topic_key(entry, spec, names):
     return name
 
 
+# what a broker says of offsets in a partition it refuses: none (-1)
+_INVALID_OFFSETS = {"base_offset": -1, "high_watermark": -1, "last_stable_offset": -1,
+                    "log_start_offset": -1, "offset": -1, "low_watermark": -1,
+                    "end_offset": -1, "committed_offset": -1}
+
+
 def _entry_class(parent_cls, field_name):
     return parent_cls.fields[field_name].data_class
 
@@ -181,8 +187,9 @@ def refused_topic_entries(api_key, version, request, refused, errors):
             parts = getattr(entry, spec.req_parts, None) or []
             indexes = [p if spec.req_index is None else getattr(p, spec.req_index)
                        for p in parts]
-            fields[spec.resp_parts] = [part_cls(**{spec.resp_index: i, spec.resp_error: error})
-                                       for i in indexes]
+            extra = {k: v for k, v in _INVALID_OFFSETS.items() if k in part_cls.fields}
+            fields[spec.resp_parts] = [part_cls(**{spec.resp_index: i, spec.resp_error: error},
+                                                **extra) for i in indexes]
         out.append(topic_cls(**fields))
     return out
 

@@ -223,7 +223,7 @@ class Authorization(Filter):
         # Produce and Fetch answers are never gathered (a Fetch's is the bulk of
         # the traffic): a refused topic of a request that has allowed ones too
         # is left out of it, and its answer then says nothing of it
-        if api_key in MERGED or api_key == apis.METADATA or api_key == LIST_GROUPS:
+        if api_key in MERGED or api_key in (apis.METADATA, LIST_GROUPS, apis.FIND_COORDINATOR):
             return GATHER
         return NOTHING
 
@@ -317,6 +317,17 @@ class Authorization(Filter):
                       % (head.api_key, head.api_version, ctx.principal, why),
                       REFUSED_AUTHORIZATION)
 
+    def _produce(self, ctx, head, inflight, request, allowed):
+        """Produce: WRITE on its transactional id (refused: every partition
+        answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED), then on each topic."""
+        txn = request.transactional_id
+        if txn is not None and not allowed(TRANSACTIONAL_ID, txn, WRITE):
+            if request.acks == 0:
+                return self._close(ctx, head, "an acks=0 Produce of a refused transactional id")
+            return _all_topics_refused(self, head, request,
+                                       wire.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        return self._topic_list(ctx, head, inflight, request, allowed)
+
     def _topic_list(self, ctx, head, inflight, request, allowed, extra=None):
         """A topic-list API: each topic checked; the refused ones answered
         TOPIC_AUTHORIZATION_FAILED (UNKNOWN_TOPIC_ID for an id the principal
@@ -338,6 +349,9 @@ class Authorization(Filter):
                 errors.append(wire.TOPIC_AUTHORIZATION_FAILED)
         if not refused:
             return None
+        if key == apis.PRODUCE and request.acks == 0:
+            # no answer is awaited: Kafka closes the connection of an acks=0 Produce it refuses
+            return self._close(ctx, head, "an acks=0 Produce to a refused topic")
         answered = wire.refused_topic_entries(key, version, request, refused, errors)
         if not kept:
             fields = {spec.resp_topics: answered}
@@ -360,6 +374,10 @@ class Authorization(Filter):
         answered = ctx.noted(inflight)
         if answered is None:
             return frame
+        if key == apis.FIND_COORDINATOR:
+            response = wire.decode_response(key, inflight.api_version, frame)
+            response.coordinators = list(response.coordinators or []) + answered
+            return wire.encode_response(response, inflight.correlation_id)
         spec = TOPIC_LISTS[key]
         response = wire.decode_response(key, inflight.api_version, frame)
         setattr(response, spec.resp_topics,
@@ -413,8 +431,10 @@ def _metadata(self, ctx, head, inflight, request, allowed):
     describe but not create is not created."""
     topics = request.topics
     # v0 asks for every topic with an empty list; v1+ with a null one
-    named = bool(topics) if head.api_version >= 1 else bool(topics)
-    ctx.note(inflight, _MetadataAsk(named, allowed))
+    named = bool(topics)  # v0 asks for every topic with an empty list, v1+ with null
+    by_id = frozenset(t.topic_id for t in topics or () if not t.name
+                      and getattr(t, "topic_id", None) not in (None, wire.NO_TOPIC_ID))
+    ctx.note(inflight, _MetadataAsk(named, allowed, by_id))
     if not topics:
         return None
     changed = False
@@ -430,10 +450,10 @@ def _metadata(self, ctx, head, inflight, request, allowed):
 
 
 class _MetadataAsk:
-    __slots__ = ("named", "allowed")
+    __slots__ = ("named", "allowed", "by_id")
 
-    def __init__(self, named, allowed):
-        self.named, self.allowed = named, allowed
+    def __init__(self, named, allowed, by_id):
+        self.named, self.allowed, self.by_id = named, allowed, by_id
 
 
 def _metadata_response(self, ctx, inflight, frame):
@@ -456,7 +476,9 @@ def _metadata_response(self, ctx, inflight, frame):
         if ask.named:
             topic.error_code = wire.TOPIC_AUTHORIZATION_FAILED
             topic.partitions = []
-            if topic_id is not None:
+            if topic_id is not None and topic_id in ask.by_id:
+                topic.name = None  # asked by id: the name is not given away
+            elif topic_id is not None:
                 topic.topic_id = wire.NO_TOPIC_ID
             kept.append(topic)
     if not changed:
@@ -488,13 +510,15 @@ def _find_coordinator(self, ctx, head, inflight, request, allowed):
                               DESCRIBE)]
     if not refused:
         return None
+    coordinator = wire.response_class(10)[version].fields["coordinators"].data_class
+    answered = [coordinator(key=k, node_id=-1, host="", port=-1, error_code=error,
+                            error_message=None) for k in refused]
     if len(refused) == len(keys):
-        cls = wire.response_class(10)[version]
-        coordinator = cls.fields["coordinators"].data_class
-        return Answer(wire.response_for(10, version, head.correlation_id, coordinators=[
-            coordinator(key=k, node_id=-1, host="", port=-1, error_code=error,
-                        error_message=None) for k in refused]))
-    return self._close(ctx, head, "some of its coordinator keys are refused")
+        return Answer(wire.response_for(10, version, head.correlation_id, coordinators=answered))
+    # the allowed keys asked of the broker, the refused ones put into its answer
+    request.coordinator_keys = [k for k in keys if k not in refused]
+    ctx.note(inflight, answered)
+    return Replace(wire.encode(request, head.correlation_id, head.client_id))
 
 
 def _group_first(self, ctx, head, inflight, request, allowed):
@@ -684,6 +708,7 @@ def _list_transactions(self, ctx, head, inflight, request, allowed):
 
 
 _HANDLERS = {
+    apis.PRODUCE: Authorization._produce,
     apis.METADATA: _metadata,
     apis.FIND_COORDINATOR: _find_coordinator,
     8: _offset_commit,

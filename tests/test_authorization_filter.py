@@ -1,0 +1,627 @@
+"""The authorization filter (``proxy/filters/authorization.py``) in a whole
+pipeline without I/O: the cluster's ACLs enforced for the client's own
+principal, refusals answered as a Kafka broker answers them.
+
+ACLs: alice may WRITE, READ and DESCRIBE the topics prefixed ``alice-`` and
+READ the groups prefixed ``alice-``; nothing else is granted to anyone."""
+import uuid
+import warnings
+
+import pytest
+
+from kthrottle.policy.acls import Operation as Op
+from kthrottle.policy.acls import PatternType, Permission, ResourceType
+from kthrottle.proxy import filters as registry
+from kthrottle.proxy.filters.authorization import AclView, Authorization
+from kthrottle.sources.acls import AclSnapshot
+from kafka_frames import frame_response
+from test_pipeline import Harness, advertise, cids, raw_request, req_cids
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from kafka.protocol.admin import (CreateTopicsRequest, CreateTopicsResponse,
+                                      DescribeAclsRequest, DescribeAclsResponse)
+    from kafka.protocol.consumer import (FetchRequest, FetchResponse, JoinGroupRequest,
+                                         JoinGroupResponse, OffsetCommitRequest,
+                                         OffsetCommitResponse)
+    from kafka.protocol.metadata import (FindCoordinatorRequest, FindCoordinatorResponse,
+                                         MetadataRequest, MetadataResponse)
+    from kafka.protocol.producer import ProduceRequest, ProduceResponse
+
+TOPIC_AUTHORIZATION_FAILED = 29
+GROUP_AUTHORIZATION_FAILED = 30
+CLUSTER_AUTHORIZATION_FAILED = 31
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+ALICE_TOPIC_ID, BOB_TOPIC_ID = uuid.UUID(int=0xA1), uuid.UUID(int=0xB0)
+TOPIC_IDS = {"alice-t": ALICE_TOPIC_ID, "bob-t": BOB_TOPIC_ID, "alice-new": uuid.UUID(int=0xA2)}
+
+
+# ACLs ------------------------------------------------------------------------
+
+def acl(resource_type, name, principal, operation, pattern=PatternType.PREFIXED,
+        permission=Permission.ALLOW, host="*"):
+    return (int(resource_type), name, int(pattern), principal, host, int(operation),
+            int(permission))
+
+
+ALICE_ACLS = (
+    acl(ResourceType.TOPIC, "alice-", "User:alice", Op.WRITE),
+    acl(ResourceType.TOPIC, "alice-", "User:alice", Op.READ),
+    acl(ResourceType.TOPIC, "alice-", "User:alice", Op.DESCRIBE),
+    acl(ResourceType.GROUP, "alice-", "User:alice", Op.READ),
+)
+
+
+def view_of(bindings=ALICE_ACLS, super_users=(), enabled=True, allow_everyone=False):
+    view = AclView()
+    view.update(AclSnapshot(enabled, tuple(bindings), frozenset(super_users), allow_everyone))
+    return view
+
+
+def harness(view, principal="alice", host="10.0.0.1"):
+    """A connection accepted from ``host`` for ``principal`` (as a TLS
+    listener names it), the authorization filter after the standard ones."""
+    f = Authorization(view)
+    h = Harness(filters=registry.standard_filters(advertise) + [f], connect=False)
+    h.conn.client_host = host
+    h.run(h.conn.client_accepted(h.now, principal=principal))
+    assert h.conn.principal == principal and h.closed is None
+    return h
+
+
+# frames ----------------------------------------------------------------------
+
+def framed(request, cid, client_id="app-1"):
+    request.with_header(correlation_id=cid, client_id=client_id)
+    return bytes(request.encode(header=True, framed=True))
+
+
+def framed_response(response, cid):
+    response.with_header(correlation_id=cid)
+    return bytes(response.encode(header=True, framed=True))
+
+
+def decoded(cls, version, frame):
+    """A framed request or response, decoded with its header."""
+    return cls[version].decode(frame[4:], header=True)
+
+
+def produce(cid, topics, version=9, acks=-1, transactional_id=None):
+    """A Produce of ``topics`` ({name: [partition, ...]})."""
+    D = ProduceRequest.TopicProduceData
+    P = D.PartitionProduceData
+    data = [D(name=name, partition_data=[P(index=i, records=b"rec-%s-%d" % (name.encode(), i))
+                                         for i in parts])
+            for name, parts in topics.items()]
+    return framed(ProduceRequest[version](transactional_id=transactional_id, acks=acks,
+                                          timeout_ms=30000, topic_data=data), cid)
+
+
+def produce_answer(cid, topics, version=9):
+    T = ProduceResponse.TopicProduceResponse
+    P = T.PartitionProduceResponse
+    return framed_response(ProduceResponse[version](throttle_time_ms=0, responses=[
+        T(name=name, partition_responses=[P(index=i, error_code=0, base_offset=100)
+                                          for i in parts])
+        for name, parts in topics.items()]), cid)
+
+
+def fetch(cid, topics, version=12):
+    F = FetchRequest
+    P = F.FetchTopic.FetchPartition
+    return framed(F[version](
+        replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=50 << 20, isolation_level=0,
+        session_id=0, session_epoch=-1,
+        topics=[F.FetchTopic(topic=name, partitions=[
+            P(partition=i, current_leader_epoch=-1, fetch_offset=5, last_fetched_epoch=-1,
+              log_start_offset=-1, partition_max_bytes=1 << 20) for i in parts])
+            for name, parts in topics.items()],
+        forgotten_topics_data=[], rack_id=""), cid)
+
+
+def metadata(cid, names=None, version=12, auto_create=False):
+    T = MetadataRequest.MetadataRequestTopic
+    topics = None if names is None else [T(name=n, topic_id=uuid.UUID(int=0)) for n in names]
+    return framed(MetadataRequest[version](
+        topics=topics, allow_auto_topic_creation=auto_create,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False), cid)
+
+
+def metadata_answer(cid, names, version=12):
+    M = MetadataResponse
+    T = M.MetadataResponseTopic
+    P = T.MetadataResponsePartition
+    return framed_response(M[version](
+        throttle_time_ms=0, cluster_id="cluster-x", controller_id=1,
+        brokers=[M.MetadataResponseBroker(node_id=1, host="kafka-1.internal", port=9092,
+                                          rack=None)],
+        topics=[T(error_code=0, name=n, topic_id=TOPIC_IDS[n], is_internal=False,
+                  partitions=[P(error_code=0, partition_index=i, leader_id=1, leader_epoch=0,
+                                replica_nodes=[1], isr_nodes=[1], offline_replicas=[])
+                              for i in range(2)])
+                for n in names]), cid)
+
+
+def find_coordinator(cid, keys, version):
+    if version < 4:
+        request = FindCoordinatorRequest[version](key=keys[0], key_type=0)
+    else:
+        request = FindCoordinatorRequest[version](key_type=0, coordinator_keys=list(keys))
+    return framed(request, cid)
+
+
+def offset_commit(cid, group, topics, version=8):
+    T = OffsetCommitRequest.OffsetCommitRequestTopic
+    P = T.OffsetCommitRequestPartition
+    return framed(OffsetCommitRequest[version](
+        group_id=group, generation_id_or_member_epoch=3, member_id="m-1",
+        group_instance_id=None,
+        topics=[T(name=name, partitions=[P(partition_index=i, committed_offset=42,
+                                           committed_leader_epoch=-1, committed_metadata="")
+                                         for i in parts])
+                for name, parts in topics.items()]), cid)
+
+
+def describe_acls(cid, version=3):
+    return framed(DescribeAclsRequest[version](
+        resource_type_filter=1, resource_name_filter=None, pattern_type_filter=1,
+        principal_filter=None, host_filter=None, operation=1, permission_type=1), cid)
+
+
+def partition_errors(response, topics_field, name_field, parts_field, index_field):
+    """{topic: {partition: error}} of a decoded response."""
+    return {getattr(t, name_field): {getattr(p, index_field): p.error_code
+                                     for p in getattr(t, parts_field)}
+            for t in getattr(response, topics_field)}
+
+
+# 1. Produce --------------------------------------------------------------------
+
+def test_a_produce_to_her_own_topic_reaches_the_broker_byte_for_byte():
+    h = harness(view_of())
+    request = produce(1, {"alice-t": [0, 1]})
+    h.client(request)
+    assert h.take_broker() == request
+    h.broker(produce_answer(1, {"alice-t": [0, 1]}))
+    answer = decoded(ProduceResponse, 9, h.take_client())
+    assert answer.header.correlation_id == 1
+    assert partition_errors(answer, "responses", "name", "partition_responses", "index") == {
+        "alice-t": {0: 0, 1: 0}}
+    assert h.closed is None
+
+
+def test_a_produce_to_bobs_topic_is_answered_refused_on_every_partition_without_the_broker():
+    h = harness(view_of())
+    h.client(produce(7, {"bob-t": [0, 1, 2]}))
+    assert h.take_broker() == b""
+    out = h.take_client()
+    assert cids(out) == [7]
+    answer = decoded(ProduceResponse, 9, out)
+    assert partition_errors(answer, "responses", "name", "partition_responses", "index") == {
+        "bob-t": {0: TOPIC_AUTHORIZATION_FAILED, 1: TOPIC_AUTHORIZATION_FAILED,
+                  2: TOPIC_AUTHORIZATION_FAILED}}
+    assert h.closed is None
+    # the connection goes on: her own topic next
+    h.client(produce(8, {"alice-t": [0]}))
+    assert req_cids(h.take_broker()) == [8]
+
+
+def test_a_produce_naming_both_topics_reaches_the_broker_with_hers_only():
+    h = harness(view_of())
+    h.client(produce(11, {"alice-t": [0, 1], "bob-t": [0]}))
+    sent = h.take_broker()
+    assert req_cids(sent) == [11]
+    got = decoded(ProduceRequest, 9, sent)
+    assert got.header.correlation_id == 11 and got.header.client_id == "app-1"
+    assert [t.name for t in got.topic_data] == ["alice-t"]
+    assert [(p.index, p.records) for p in got.topic_data[0].partition_data] == [
+        (0, b"rec-alice-t-0"), (1, b"rec-alice-t-1")]
+    assert got.acks == -1 and got.timeout_ms == 30000
+    assert h.take_client() == b""  # the broker answers it
+    h.broker(produce_answer(11, {"alice-t": [0, 1]}))
+    assert cids(h.take_client()) == [11]
+
+
+def test_a_refused_produce_with_acks_0_gets_no_answer():
+    h = harness(view_of())
+    h.client(produce(21, {"bob-t": [0]}, acks=0))
+    assert h.take_broker() == b""
+    assert h.take_client() == b""
+
+
+def test_a_transactional_produce_needs_write_on_its_transactional_id():
+    h = harness(view_of())  # no TRANSACTIONAL_ID ACL at all: alice may not write bob-tx
+    h.client(produce(22, {"alice-t": [0]}, transactional_id="bob-tx"))
+    assert h.take_broker() == b""
+    answer = decoded(ProduceResponse, 9, h.take_client())
+    assert partition_errors(answer, "responses", "name", "partition_responses", "index") == {
+        "alice-t": {0: TRANSACTIONAL_ID_AUTHORIZATION_FAILED}}
+
+
+def test_a_refused_produce_partition_has_kafkas_invalid_offset():
+    h = harness(view_of())
+    h.client(produce(23, {"bob-t": [0]}))
+    part = decoded(ProduceResponse, 9, h.take_client()).responses[0].partition_responses[0]
+    assert part.error_code == TOPIC_AUTHORIZATION_FAILED
+    assert (part.base_offset, part.log_append_time_ms, part.log_start_offset) == (-1, -1, -1)
+
+
+# 2. Fetch ----------------------------------------------------------------------
+
+def test_a_fetch_of_bobs_topic_only_is_answered_refused_without_the_broker():
+    h = harness(view_of())
+    h.client(fetch(3, {"bob-t": [0, 1]}))
+    assert h.take_broker() == b""
+    out = h.take_client()
+    assert cids(out) == [3]
+    answer = decoded(FetchResponse, 12, out)
+    assert answer.error_code == 0 and answer.session_id == 0
+    assert partition_errors(answer, "responses", "topic", "partitions", "partition_index") == {
+        "bob-t": {0: TOPIC_AUTHORIZATION_FAILED, 1: TOPIC_AUTHORIZATION_FAILED}}
+    assert all(p.records in (None, b"") for p in answer.responses[0].partitions)
+    assert h.closed is None
+
+
+def test_a_fetch_of_both_topics_reaches_the_broker_with_hers_only():
+    h = harness(view_of())
+    h.client(fetch(4, {"bob-t": [0], "alice-t": [1]}))
+    got = decoded(FetchRequest, 12, h.take_broker())
+    assert got.header.correlation_id == 4
+    assert [(t.topic, [p.partition for p in t.partitions]) for t in got.topics] == [
+        ("alice-t", [1])]
+    assert h.take_client() == b""
+
+
+def test_a_refused_fetch_partition_has_kafkas_invalid_high_watermark():
+    h = harness(view_of())
+    h.client(fetch(5, {"bob-t": [0]}))
+    part = decoded(FetchResponse, 12, h.take_client()).responses[0].partitions[0]
+    assert part.error_code == TOPIC_AUTHORIZATION_FAILED
+    assert (part.high_watermark, part.last_stable_offset, part.log_start_offset) == (-1, -1, -1)
+
+
+# 3. Metadata -------------------------------------------------------------------
+
+def test_metadata_for_every_topic_leaves_out_what_she_may_not_describe():
+    h = harness(view_of())
+    request = metadata(1)
+    h.client(request)
+    assert h.take_broker() == request  # asked of the broker as it is
+    h.broker(metadata_answer(1, ["alice-t", "bob-t"]))
+    out = h.take_client()
+    assert cids(out) == [1]
+    answer = decoded(MetadataResponse, 12, out)
+    assert [t.name for t in answer.topics] == ["alice-t"]
+    assert answer.topics[0].error_code == 0 and len(answer.topics[0].partitions) == 2
+    assert answer.topics[0].topic_id == ALICE_TOPIC_ID
+    assert [(b.node_id, b.host, b.port) for b in answer.brokers] == [(1, *advertise(1))]
+
+
+def test_metadata_naming_bobs_topic_answers_it_refused_without_partitions():
+    h = harness(view_of())
+    h.client(metadata(2, ["alice-t", "bob-t"]))
+    got = decoded(MetadataRequest, 12, h.take_broker())
+    assert [t.name for t in got.topics] == ["alice-t", "bob-t"]
+    h.broker(metadata_answer(2, ["alice-t", "bob-t"]))
+    answer = decoded(MetadataResponse, 12, h.take_client())
+    topics = {t.name: t for t in answer.topics}
+    assert set(topics) == {"alice-t", "bob-t"}
+    assert topics["bob-t"].error_code == TOPIC_AUTHORIZATION_FAILED
+    assert topics["bob-t"].partitions == []
+    assert topics["bob-t"].topic_id in (None, uuid.UUID(int=0))  # its id not given away
+    assert topics["alice-t"].error_code == 0 and len(topics["alice-t"].partitions) == 2
+
+
+def test_a_topic_she_may_describe_but_not_create_is_not_created_automatically():
+    bindings = (acl(ResourceType.TOPIC, "alice-new", "User:alice", Op.DESCRIBE,
+                    pattern=PatternType.LITERAL),)
+    h = harness(view_of(bindings))
+    h.client(metadata(3, ["alice-new"], auto_create=True))
+    sent = h.take_broker()
+    assert req_cids(sent) == [3]
+    got = decoded(MetadataRequest, 12, sent)
+    assert got.allow_auto_topic_creation is False
+    assert [t.name for t in got.topics] == ["alice-new"]
+    assert got.header.client_id == "app-1"
+
+
+def test_a_topic_she_may_create_keeps_auto_creation():
+    bindings = (acl(ResourceType.TOPIC, "alice-", "User:alice", Op.CREATE),
+                acl(ResourceType.TOPIC, "alice-", "User:alice", Op.DESCRIBE))
+    h = harness(view_of(bindings))
+    request = metadata(4, ["alice-new"], auto_create=True)
+    h.client(request)
+    assert h.take_broker() == request
+
+
+# 4. FindCoordinator -------------------------------------------------------------
+
+def test_find_coordinator_v3_of_bobs_group_is_refused_without_the_broker():
+    h = harness(view_of())
+    h.client(find_coordinator(5, ["bob-g"], 3))
+    assert h.take_broker() == b""
+    answer = decoded(FindCoordinatorResponse, 3, h.take_client())
+    assert answer.header.correlation_id == 5
+    assert answer.error_code == GROUP_AUTHORIZATION_FAILED
+    assert (answer.node_id, answer.host, answer.port) == (-1, "", -1)
+
+
+def test_find_coordinator_v4_answers_each_refused_key_in_its_coordinators():
+    h = harness(view_of())
+    h.client(find_coordinator(6, ["bob-g"], 4))
+    assert h.take_broker() == b""
+    answer = decoded(FindCoordinatorResponse, 4, h.take_client())
+    assert answer.header.correlation_id == 6
+    assert [(c.key, c.error_code, c.node_id) for c in answer.coordinators] == [
+        ("bob-g", GROUP_AUTHORIZATION_FAILED, -1)]
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_find_coordinator_of_her_group_passes(version):
+    h = harness(view_of())
+    request = find_coordinator(7, ["alice-g"], version)
+    h.client(request)
+    assert h.take_broker() == request
+    assert h.take_client() == b""
+
+
+# 5. JoinGroup -------------------------------------------------------------------
+
+def join_group(cid, group, version=7):
+    R = JoinGroupRequest
+    return framed(R[version](
+        group_id=group, session_timeout_ms=45000, rebalance_timeout_ms=300000, member_id="",
+        group_instance_id=None, protocol_type="consumer",
+        protocols=[R.JoinGroupRequestProtocol(name="range", metadata=b"\x00\x01")]), cid)
+
+
+def test_join_group_of_bobs_group_is_refused_in_its_top_level_error():
+    h = harness(view_of())
+    h.client(join_group(8, "bob-g"))
+    assert h.take_broker() == b""
+    answer = decoded(JoinGroupResponse, 7, h.take_client())
+    assert answer.header.correlation_id == 8
+    assert answer.error_code == GROUP_AUTHORIZATION_FAILED
+    assert answer.generation_id == -1 and answer.members == []
+    request = join_group(9, "alice-g")
+    h.client(request)
+    assert h.take_broker() == request
+
+
+# 6. OffsetCommit ----------------------------------------------------------------
+
+def test_offset_commit_reaches_the_broker_with_her_topic_and_the_refusal_is_merged_back():
+    h = harness(view_of())
+    h.client(offset_commit(10, "alice-g", {"alice-t": [0, 1], "bob-t": [0]}))
+    got = decoded(OffsetCommitRequest, 8, h.take_broker())
+    assert got.header.correlation_id == 10 and got.group_id == "alice-g"
+    assert [(t.name, [p.partition_index for p in t.partitions]) for t in got.topics] == [
+        ("alice-t", [0, 1])]
+    assert h.take_client() == b""
+    T = OffsetCommitResponse.OffsetCommitResponseTopic
+    P = T.OffsetCommitResponsePartition
+    h.broker(framed_response(OffsetCommitResponse[8](throttle_time_ms=0, topics=[
+        T(name="alice-t", partitions=[P(partition_index=0, error_code=0),
+                                      P(partition_index=1, error_code=0)])]), 10))
+    out = h.take_client()
+    assert cids(out) == [10]
+    answer = decoded(OffsetCommitResponse, 8, out)
+    assert partition_errors(answer, "topics", "name", "partitions", "partition_index") == {
+        "alice-t": {0: 0, 1: 0}, "bob-t": {0: TOPIC_AUTHORIZATION_FAILED}}
+
+
+def test_offset_commit_for_bobs_group_refuses_every_partition_with_the_group_error():
+    h = harness(view_of())
+    h.client(offset_commit(12, "bob-g", {"alice-t": [0], "bob-t": [1]}))
+    assert h.take_broker() == b""
+    answer = decoded(OffsetCommitResponse, 8, h.take_client())
+    assert partition_errors(answer, "topics", "name", "partitions", "partition_index") == {
+        "alice-t": {0: GROUP_AUTHORIZATION_FAILED}, "bob-t": {1: GROUP_AUTHORIZATION_FAILED}}
+
+
+# CreateTopics ------------------------------------------------------------------
+
+def test_create_topics_creates_hers_and_answers_bobs_refused_in_the_same_answer():
+    bindings = ALICE_ACLS + (acl(ResourceType.TOPIC, "alice-", "User:alice", Op.CREATE),)
+    h = harness(view_of(bindings))
+    C = CreateTopicsRequest.CreatableTopic
+    h.client(framed(CreateTopicsRequest[5](topics=[
+        C(name=n, num_partitions=3, replication_factor=1, assignments=[], configs=[])
+        for n in ("bob-x", "alice-x")], timeout_ms=10000, validate_only=False), 13))
+    got = decoded(CreateTopicsRequest, 5, h.take_broker())
+    assert [t.name for t in got.topics] == ["alice-x"]
+    R = CreateTopicsResponse.CreatableTopicResult
+    h.broker(framed_response(CreateTopicsResponse[5](throttle_time_ms=0, topics=[
+        R(name="alice-x", error_code=0, error_message=None, num_partitions=3,
+          replication_factor=1, configs=[])]), 13))
+    answer = decoded(CreateTopicsResponse, 5, h.take_client())
+    assert answer.header.correlation_id == 13
+    assert {t.name: t.error_code for t in answer.topics} == {
+        "alice-x": 0, "bob-x": TOPIC_AUTHORIZATION_FAILED}
+
+
+# 7. cluster APIs ----------------------------------------------------------------
+
+def test_describe_acls_without_describe_on_the_cluster_is_refused_in_its_top_level_error():
+    h = harness(view_of())
+    h.client(describe_acls(14))
+    assert h.take_broker() == b""
+    answer = decoded(DescribeAclsResponse, 3, h.take_client())
+    assert answer.header.correlation_id == 14
+    assert answer.error_code == CLUSTER_AUTHORIZATION_FAILED and answer.resources == []
+    assert h.closed is None
+
+
+def test_describe_acls_with_describe_on_the_cluster_passes():
+    bindings = ALICE_ACLS + (acl(ResourceType.CLUSTER, "kafka-cluster", "User:alice",
+                                 Op.DESCRIBE, pattern=PatternType.LITERAL),)
+    h = harness(view_of(bindings))
+    request = describe_acls(15)
+    h.client(request)
+    assert h.take_broker() == request
+    assert h.take_client() == b""
+
+
+# 8. delegation tokens -----------------------------------------------------------
+
+def test_create_delegation_token_closes_the_connection_and_reaches_no_broker():
+    h = harness(view_of())
+    # CreateDelegationToken v1 (not flexible): no renewers, max lifetime -1
+    h.client(raw_request(16, 38, 1, b"\x00\x00\x00\x00" + b"\xff" * 8))
+    assert h.take_broker() == b"" and h.take_client() == b""
+    assert h.closed is not None
+    assert "api key 38" in h.closed and "delegation token" in h.closed
+    assert "alice" in h.closed
+    assert h.refused == "authorization"
+
+
+# 9. before the ACLs are read, and without an authorizer --------------------------
+
+def test_before_the_acls_are_read_a_request_closes_the_connection():
+    h = harness(AclView())
+    h.client(metadata(17))
+    assert h.take_broker() == b"" and h.take_client() == b""
+    assert h.closed is not None and "ACLs have not been read" in h.closed
+    assert h.refused == "authorization"
+
+
+def test_before_the_acls_are_read_a_produce_closes_the_connection_too():
+    h = harness(AclView())
+    h.client(produce(18, {"alice-t": [0]}))
+    assert h.take_broker() == b""
+    assert h.closed is not None and "ACLs" in h.closed
+
+
+def test_a_cluster_without_an_authorizer_lets_every_request_through_untouched():
+    h = harness(view_of(enabled=False))
+    requests = [produce(19, {"bob-t": [0], "alice-t": [1]}), fetch(20, {"bob-t": [0]}),
+                metadata(21, ["bob-t"], auto_create=True), describe_acls(22),
+                join_group(23, "bob-g"), find_coordinator(24, ["bob-g"], 4)]
+    for request in requests:
+        h.client(request)
+        assert h.take_broker() == request
+    assert h.take_client() == b"" and h.closed is None
+    h.broker(produce_answer(19, {"bob-t": [0], "alice-t": [1]}))
+    answer = decoded(ProduceResponse, 9, h.take_client())
+    assert partition_errors(answer, "responses", "name", "partition_responses", "index") == {
+        "bob-t": {0: 0}, "alice-t": {1: 0}}
+
+
+# 10. super users ----------------------------------------------------------------
+
+def test_a_super_user_gets_bobs_topic_through():
+    h = harness(view_of(super_users={"User:admin"}), principal="admin")
+    request = produce(25, {"bob-t": [0]})
+    h.client(request)
+    assert h.take_broker() == request
+    request = metadata(26, ["bob-t"])
+    h.client(request)
+    assert h.take_broker() == request
+    h.broker(produce_answer(25, {"bob-t": [0]}) + metadata_answer(26, ["bob-t"]))
+    out = h.take_client()
+    assert cids(out) == [25, 26]
+
+
+def test_the_super_user_list_names_principals_not_user_names():
+    h = harness(view_of(super_users={"admin"}), principal="admin")  # not User:admin
+    h.client(produce(27, {"bob-t": [0]}))
+    assert h.take_broker() == b""
+    answer = decoded(ProduceResponse, 9, h.take_client())
+    assert answer.responses[0].partition_responses[0].error_code == TOPIC_AUTHORIZATION_FAILED
+
+
+# 11. DENY beats ALLOW -------------------------------------------------------------
+
+def test_a_deny_for_everyone_beats_her_prefixed_allow():
+    bindings = ALICE_ACLS + (acl(ResourceType.TOPIC, "alice-t", "User:*", Op.WRITE,
+                                 pattern=PatternType.LITERAL, permission=Permission.DENY),)
+    h = harness(view_of(bindings))
+    h.client(produce(28, {"alice-t": [0]}))
+    assert h.take_broker() == b""
+    answer = decoded(ProduceResponse, 9, h.take_client())
+    assert partition_errors(answer, "responses", "name", "partition_responses", "index") == {
+        "alice-t": {0: TOPIC_AUTHORIZATION_FAILED}}
+    # the DENY is of WRITE only: she still reads it, and writes her other topics
+    request = fetch(29, {"alice-t": [0]})
+    h.client(request)
+    assert h.take_broker() == request
+    request = produce(30, {"alice-other": [0]})
+    h.client(request)
+    assert h.take_broker() == request
+
+
+def test_an_acl_for_another_host_does_not_apply():
+    bindings = (acl(ResourceType.TOPIC, "alice-", "User:alice", Op.WRITE, host="10.0.0.2"),)
+    h = harness(view_of(bindings), host="10.0.0.1")
+    h.client(produce(31, {"alice-t": [0]}))
+    assert h.take_broker() == b""
+    h = harness(view_of(bindings), host="10.0.0.2")
+    request = produce(32, {"alice-t": [0]})
+    h.client(request)
+    assert h.take_broker() == request
+
+
+def test_a_pipelined_refusal_is_answered_in_request_order():
+    h = harness(view_of())
+    h.client(produce(33, {"alice-t": [0]}) + produce(34, {"bob-t": [0]})
+             + produce(35, {"alice-t": [1]}))
+    assert req_cids(h.take_broker()) == [33, 35]
+    assert h.take_client() == b""  # 34's answer waits for 33's
+    h.broker(produce_answer(33, {"alice-t": [0]}) + produce_answer(35, {"alice-t": [1]}))
+    assert cids(h.take_client()) == [33, 34, 35]
+
+
+def test_the_broker_answer_frames_are_kafka_frames():
+    # sanity of the helpers: a frame built here reads back with kafka_frames' framing
+    frame = frame_response(0, 9, ProduceResponse[9](throttle_time_ms=0, responses=[]).encode(), 5)
+    assert frame == produce_answer(5, {})
+
+
+# Metadata by topic id ------------------------------------------------------------
+
+def test_metadata_by_id_of_bobs_topic_does_not_give_away_its_name():
+    h = harness(view_of())
+    T = MetadataRequest.MetadataRequestTopic
+    h.client(framed(MetadataRequest[12](
+        topics=[T(name=None, topic_id=BOB_TOPIC_ID)], allow_auto_topic_creation=False,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False), 40))
+    assert req_cids(h.take_broker()) == [40]
+    h.broker(metadata_answer(40, ["bob-t"]))  # the broker answers the proxy's principal
+    answer = decoded(MetadataResponse, 12, h.take_client())
+    [topic] = answer.topics
+    assert topic.error_code == TOPIC_AUTHORIZATION_FAILED and topic.partitions == []
+    assert topic.name is None
+    assert topic.topic_id == BOB_TOPIC_ID
+
+
+# FindCoordinator v4 with allowed and refused keys -------------------------------
+
+def test_find_coordinator_v4_with_her_group_and_bobs_answers_bobs_refused():
+    h = harness(view_of())
+    h.client(find_coordinator(41, ["alice-g", "bob-g"], 4))
+    assert h.closed is None
+    got = decoded(FindCoordinatorRequest, 4, h.take_broker())
+    assert got.coordinator_keys == ["alice-g"]
+
+
+# KIP-848: a group API the proxy has no schema for --------------------------------
+
+def consumer_group_heartbeat(cid, group):
+    """ConsumerGroupHeartbeat v0 (flexible, header v2): only its first field,
+    the group id, is read by the filter."""
+    name = group.encode()
+    body = b"\x00" + bytes([len(name) + 1]) + name + b"\x00" * 16
+    return raw_request(cid, 68, 0, body)
+
+
+def test_a_kip_848_heartbeat_is_checked_on_its_group_id():
+    h = harness(view_of())
+    request = consumer_group_heartbeat(42, "alice-g")
+    h.client(request)
+    assert h.take_broker() == request and h.closed is None
+    h.client(consumer_group_heartbeat(43, "bob-g"))
+    assert h.take_broker() == b""
+    # no schema to answer with: the connection is closed instead
+    assert h.closed is not None and "api key 68" in h.closed
