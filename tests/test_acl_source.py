@@ -289,4 +289,4 @@ def test_an_unreachable_cluster_is_a_warning_and_the_reads_go_on(caplog):
     asyncio.run(scenario())
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings and "cannot read the ACLs from the cluster at 127.0.0.1:" in warnings[0]
-    assert "the proxy has no ACLs until the cluster answers" in warnings[0]
+    assert "requests wait until the cluster answers" in warnings[0]

@@ -58,6 +58,9 @@ def view_of(bindings=ALICE_ACLS, super_users=(), enabled=True, allow_everyone=Fa
     return view
 
 
+SNAPSHOT = AclSnapshot(True, tuple(ALICE_ACLS), frozenset(), False)
+
+
 def harness(view, principal="alice", host="10.0.0.1"):
     """A connection accepted from ``host`` for ``principal`` (as a TLS
     listener names it), the authorization filter after the standard ones."""
@@ -478,19 +481,29 @@ def test_create_delegation_token_closes_the_connection_and_reaches_no_broker():
 
 # 9. before the ACLs are read, and without an authorizer --------------------------
 
-def test_before_the_acls_are_read_a_request_closes_the_connection():
-    h = harness(AclView())
-    h.client(metadata(17))
-    assert h.take_broker() == b"" and h.take_client() == b""
-    assert h.closed is not None and "ACLs have not been read" in h.closed
-    assert h.refused == "authorization"
+def test_before_the_acls_are_read_a_request_waits_unread_then_is_decided():
+    """No decision without the ACLs: the request waits (nothing reaches the
+    broker, the connection stays), and once they are read it is decided."""
+    view = AclView()
+    h = harness(view)
+    h.client(metadata(17, ["bob-t"]))
+    h.at(1.0)
+    assert h.take_broker() == b"" and h.take_client() == b"" and h.closed is None
+    view.update(SNAPSHOT)
+    h.at(2.0)
+    assert h.closed is None
+    assert h.take_broker() == metadata(17, ["bob-t"])  # decided: its answer is then filtered
 
 
-def test_before_the_acls_are_read_a_produce_closes_the_connection_too():
-    h = harness(AclView())
+def test_before_the_acls_are_read_a_produce_waits_too():
+    view = AclView()
+    h = harness(view)
     h.client(produce(18, {"alice-t": [0]}))
-    assert h.take_broker() == b""
-    assert h.closed is not None and "ACLs" in h.closed
+    h.at(1.0)
+    assert h.take_broker() == b"" and h.closed is None
+    view.update(SNAPSHOT)
+    h.at(2.0)
+    assert h.take_broker() == produce(18, {"alice-t": [0]}) and h.closed is None
 
 
 def test_a_cluster_without_an_authorizer_lets_every_request_through_untouched():

@@ -40,8 +40,8 @@ from typing import NamedTuple
 
 from . import cancelled
 from .async_kafka import (
-    AIOKAFKA_ERRORS,
     KafkaPythonRequest,
+    PolledClient,
     aiokafka_config,
     connection_error,
     error_text,
@@ -63,6 +63,7 @@ ANY = 1  # in a filter: resource type, pattern type, operation, permission
 RESOURCE_BROKER = 4  # DescribeConfigs' resource type of a broker's settings
 CLUSTER_AUTHORIZATION_FAILED = 31
 SECURITY_DISABLED = 54
+UNREAD_RETRY = 0.5  # seconds between reads until the first answer
 SUPER_USERS = "super.users"
 ALLOW_EVERYONE = "allow.everyone.if.no.acl.found"
 AUTHORIZER = "authorizer.class.name"  # a broker setting Kafka shows
@@ -138,7 +139,7 @@ class _Settings(NamedTuple):
     authorizer: object = None
 
 
-class KafkaAclSource:
+class KafkaAclSource(PolledClient):
     """The cluster's ACLs, read with DescribeAcls at start and every
     ``refresh`` seconds (see the module's doc). ``snapshot``: the last
     AclSnapshot read, None before the first."""
@@ -327,31 +328,6 @@ class KafkaAclSource:
         authorizer = (entry.value or "").strip() if entry is not None else ""
         return _Settings(super_users, allow, tuple(problems), authorizer)
 
-    def _unreachable(self, detail):
-        cause = AIOKAFKA_ERRORS.take()
-        if cause and cause not in detail:
-            detail += " (last connection error: %s)" % cause
-        if self.secret:
-            detail = detail.replace(self.secret, "***")
-        return "cannot read the ACLs from %s: %s" % (self.describe, detail)
-
-    async def _connected(self):
-        """aiokafka's client, bootstrapped; made afresh after a failure."""
-        if self._client is None:
-            from aiokafka import AIOKafkaClient
-
-            client = AIOKafkaClient(**self.config)
-            self._client = client
-            await client.bootstrap()
-        return self._client
-
-    async def _drop_client(self):
-        client, self._client = self._client, None
-        if client is not None:
-            try:
-                await asyncio.wait_for(client.close(), 2)
-            except Exception:
-                pass
 
     # following --------------------------------------------------------------------
 
@@ -371,8 +347,8 @@ class KafkaAclSource:
         except AclReadError as exc:
             self.read_errors += 1
             self._outage.failed(str(exc))
-            log.warning("%s; the proxy has no ACLs until the cluster answers (tried again "
-                        "every %gs)", exc, self.refresh)
+            log.warning("%s; requests wait until the cluster answers (tried again every %gs)",
+                        exc, min(self.refresh, UNREAD_RETRY))
         else:
             self._apply(snapshot, first=True)
         self._task = asyncio.get_running_loop().create_task(self._follow())
@@ -390,8 +366,10 @@ class KafkaAclSource:
 
     async def _follow(self):
         while True:
+            # while never read, requests wait for them at the proxy: sooner
+            wait = self.refresh if self.snapshot is not None else min(self.refresh, UNREAD_RETRY)
             try:
-                await asyncio.wait_for(self._wake.wait(), self.refresh)
+                await asyncio.wait_for(self._wake.wait(), wait)
             except (asyncio.TimeoutError, TimeoutError):
                 pass
             try:

@@ -397,3 +397,35 @@ async def _closed(client):
         await asyncio.wait_for(close(), 2)
     except Exception:
         pass
+
+
+class PolledClient:
+    """The aiokafka client of a source that reads the cluster now and then
+    (``kafka_quotas``, ``acls``): ``config`` (aiokafka_config), ``secret``,
+    ``describe`` and ``noun`` set by the source, ``_client`` None at first."""
+
+    def _unreachable(self, detail):
+        cause = AIOKAFKA_ERRORS.take()
+        if cause and cause not in detail:
+            detail += " (last connection error: %s)" % cause
+        if self.secret:
+            detail = detail.replace(self.secret, "***")
+        return "cannot read the %s from %s: %s" % (self.noun, self.describe, detail)
+
+    async def _connected(self):
+        """aiokafka's client, bootstrapped; made afresh after a failure."""
+        if self._client is None:
+            from aiokafka import AIOKafkaClient
+
+            client = AIOKafkaClient(**self.config)
+            self._client = client
+            await client.bootstrap()
+        return self._client
+
+    async def _drop_client(self):
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                await asyncio.wait_for(client.close(), 2)
+            except Exception:
+                pass

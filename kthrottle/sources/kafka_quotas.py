@@ -35,8 +35,8 @@ from ..policy.entities import (
 )
 from . import QuotaSource, QuotaStoreError, cancelled, entity_count
 from .async_kafka import (
-    AIOKAFKA_ERRORS,
     KafkaPythonRequest,
+    PolledClient,
     aiokafka_config,
     connection_error,
     error_text,
@@ -117,7 +117,7 @@ def snapshot_from_entries(entries):
     return snapshot, skipped
 
 
-class KafkaQuotaSource(QuotaSource):
+class KafkaQuotaSource(PolledClient, QuotaSource):
     """The cluster's client quotas, read with DescribeClientQuotas at start
     and every ``refresh`` seconds (see the module's doc)."""
 
@@ -197,31 +197,6 @@ class KafkaQuotaSource(QuotaSource):
                    for entry in response.entries or ()]
         return snapshot_from_entries(entries)
 
-    def _unreachable(self, detail):
-        cause = AIOKAFKA_ERRORS.take()
-        if cause and cause not in detail:
-            detail += " (last connection error: %s)" % cause
-        if self.secret:
-            detail = detail.replace(self.secret, "***")
-        return "cannot read the quotas from %s: %s" % (self.describe, detail)
-
-    async def _connected(self):
-        """aiokafka's client, bootstrapped; made afresh after a failure."""
-        if self._client is None:
-            from aiokafka import AIOKafkaClient
-
-            client = AIOKafkaClient(**self.config)
-            self._client = client
-            await client.bootstrap()
-        return self._client
-
-    async def _drop_client(self):
-        client, self._client = self._client, None
-        if client is not None:
-            try:
-                await asyncio.wait_for(client.close(), 2)
-            except Exception:
-                pass
 
     # following --------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ a broker, and it is answered as a broker answers it:
 
 With no authorizer on the cluster (DescribeAcls answers SECURITY_DISABLED, or
 is not offered) there is nothing to enforce: every request passes with one
-attribute check. Until the ACLs have been read once, requests are refused.
+attribute check. Until the ACLs have been read once, requests wait unread.
 """
 import logging
 
@@ -51,11 +51,13 @@ from ...codecs.acl_requests import (
 )
 from ...codecs.errors import ProtocolError
 from ...options import SWITCH, ConfigError, Option, Parsed, parse_duration
-from ..filter import GATHER, GATHER_WHOLE, HEAD, NOTHING, Answer, Filter, Refuse, Replace
+from ..filter import (GATHER, GATHER_WHOLE, HEAD, NOTHING, Answer, Defer, Filter, Refuse,
+                      Replace)
 
 log = logging.getLogger("kthrottle.authorization")
 
 REFUSED_AUTHORIZATION = "authorization"  # the refusal counter's label
+UNREAD_WAIT_MS = 100  # a request before the ACLs are first read looks again this often
 ALTER, CREATE, DELETE = wire.ALTER, wire.CREATE, wire.DELETE
 DESCRIBE_CONFIGS, ALTER_CONFIGS = wire.DESCRIBE_CONFIGS, wire.ALTER_CONFIGS
 IDEMPOTENT_WRITE = wire.IDEMPOTENT_WRITE
@@ -210,11 +212,10 @@ class Authorization(Filter):
     # needs -------------------------------------------------------------------
 
     def request_need(self, api_key, api_version):
-        if api_key in UNCHECKED:
-            return NOTHING
-        if api_key == apis.PRODUCE or api_key == apis.FETCH:
-            return HEAD  # gathered only for a principal not allowed every topic
-        return GATHER
+        # the head first: a request waits there (Defer) until the ACLs are read,
+        # and is then read whole (Gather) where its body is needed; a Produce or
+        # Fetch only for a principal not allowed every topic
+        return NOTHING if api_key in UNCHECKED else HEAD
 
     def authenticating_need(self, api_key, api_version):
         return NOTHING  # the authenticator holds everything else back meanwhile
@@ -250,10 +251,8 @@ class Authorization(Filter):
         authorizer = self.view.authorizer
         if authorizer is AclView.ALLOW_ALL:
             return None
-        if authorizer is None:
-            return Refuse("the cluster's ACLs have not been read yet (--authorization acls): "
-                          "api key %d refused for %s" % (head.api_key, ctx.principal),
-                          REFUSED_AUTHORIZATION)
+        if authorizer is None:  # not read yet: the request waits, unread
+            return Defer(UNREAD_WAIT_MS, "the cluster's ACLs are not read yet")
         key, version = head.api_key, head.api_version
         principal, host = _who(ctx)
         if key == apis.PRODUCE or key == apis.FETCH:
@@ -262,13 +261,14 @@ class Authorization(Filter):
                     key == apis.FETCH
                     or authorizer.allowed_every(principal, host, TRANSACTIONAL_ID, WRITE)):
                 return None
-            # read whole first (asked again then), even when its head holds all of it:
-            # only a request gathered whole may be replaced
-            state = ctx.state
-            if state.gathering != head.correlation_id:
-                state.gathering = head.correlation_id
-                return GATHER_WHOLE
-            state.gathering = None
+
+        # read whole first (asked again then), even when its head holds all of it:
+        # only a request gathered whole may be replaced
+        state = ctx.state
+        if state.gathering != head.correlation_id:
+            state.gathering = head.correlation_id
+            return GATHER_WHOLE
+        state.gathering = None
         allowed = _Decider(authorizer, principal, host)
         frame = head.buf
         try:
