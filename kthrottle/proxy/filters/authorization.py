@@ -231,6 +231,10 @@ class Authorization(Filter):
     def quick(self, api_key, api_version):
         return api_key == apis.PRODUCE or api_key == apis.FETCH
 
+    # a Produce lease (QuotaManager.lease, 100 ms at most) may stand for readiness too:
+    # a change of ACLs then holds for a Produce of a leased head within that
+    quick_ready_follows_quotas = True
+
     def quick_ready(self, ctx):
         authorizer = self.view.authorizer
         if authorizer is AclView.ALLOW_ALL:
