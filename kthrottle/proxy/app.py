@@ -259,6 +259,19 @@ async def _start_acls(config, services, stack):
     if config.passthrough:
         return  # the brokers authorize each client's own principal
     security = config.upstream_security()
+    if config.upstream_identity == "delegation-token":
+        from ..sources.delegation_tokens import DelegationTokens
+
+        # each client's broker connections are its own: the brokers authorize it
+        client_id = "kthrottle-proxy-%s" % config.proxy_id if config.proxy_id else "kthrottle"
+        try:
+            services.tokens = DelegationTokens(config.bootstrap_servers, security,
+                                               client_id=client_id,
+                                               token=services.upstream_token)
+        except ValueError as exc:  # the upstream TLS files
+            raise SystemExit("kthrottle: error: %s" % exc) from None
+        stack.push_async_callback(services.tokens.stop)
+        return
     whom = ("User:%s" % security.sasl_username if security.sasl_username
             else "the proxy's own (its TLS certificate's, or ANONYMOUS)")
     if config.authorization == "none":

@@ -367,6 +367,12 @@ class FilterContext:
         client never sees. Sent at the next frame boundary."""
         return self._conn.send_request(frame, api_key, api_version, on_response, self)
 
+    def run_job(self, job, on_done):
+        """Run ``job`` outside the pipeline (a coroutine: a question to the
+        cluster), then ``on_done(ctx, result, error)``, which may call the
+        verbs here (send_request, upstream_ready). For on_upstream's work."""
+        self._conn.run_filter_job(job, on_done, self)
+
     def upstream_ready(self, ok=True, reason=None):
         """The filter's exchange with the broker (on_upstream) is over; a
         failure closes the connection with ``reason``."""
@@ -429,6 +435,8 @@ class Services:
         # (sources.jwks.JwksKeys), and the proxy's own token towards the brokers
         self.jwks = None
         self.upstream_token = None
+        # --upstream-identity delegation-token: sources.delegation_tokens.DelegationTokens
+        self.tokens = None
         # the cluster's ACLs enforced per client principal (filters.authorization.
         # AclView), or None: not asked for (--authorization none, sasl passthrough)
         self.acls = None

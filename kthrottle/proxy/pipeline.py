@@ -1246,6 +1246,16 @@ class Connection:
         if entry is None or self.phase is Phase.CLOSED:
             return actions
         inflight, on_done, ctx = entry
+        if inflight is None:  # a filter's own job (FilterContext.run_job), no request's
+            try:
+                on_done(ctx, result, error)
+            except _Refused as exc:
+                return self._close(str(exc), exc.refused)
+            if self.phase is not Phase.CLOSED and self._internal:
+                requests = []
+                self._flush_internal(requests)
+                actions.append(SendToBroker(requests))
+            return actions
         self._in_job = True
         try:
             answer = on_done(ctx, result, error)
@@ -1561,6 +1571,13 @@ class Connection:
         self._actions.append(RunJob(pending.job, self._next_job))
         self._wait_due = True
         self.requests_in.stop_after_frame = True
+
+    def run_filter_job(self, job, on_done, ctx):
+        """FilterContext.run_job: ``job`` run outside the pipeline, then
+        ``on_done(ctx, result, error)``, which may send requests of its own."""
+        self._next_job += 1
+        self._jobs[self._next_job] = (None, on_done, ctx)
+        self._actions.append(RunJob(job, self._next_job))
 
     def send_request(self, frame, api_key, api_version, on_response, ctx):
         """A request of a filter's own to the broker (FilterContext.send_request):

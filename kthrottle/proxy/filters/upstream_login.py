@@ -23,6 +23,8 @@ log = logging.getLogger("kthrottle.auth")
 
 
 _HASHES = {"SCRAM-SHA-256": hashlib.sha256, "SCRAM-SHA-512": hashlib.sha512}
+UPSTREAM_IDENTITIES = ("proxy", "delegation-token")
+TOKEN_MECHANISM = "SCRAM-SHA-512"  # a token login's, when the proxy's own is not SCRAM
 
 
 class UpstreamSaslLogin(Filter):
@@ -51,11 +53,25 @@ class UpstreamSaslLogin(Filter):
                "KTHROTTLE_UPSTREAM_CLIENT_SECRET; never a flag)"),
         Option("upstream-sasl-oauthbearer-scope", metavar="SCOPE",
                help="the scope asked for (default: none)"),
+        Option("upstream-identity", default="proxy", choices=UPSTREAM_IDENTITIES,
+               help="as whom a client's broker connections log in (terminate mode towards "
+               "SASL brokers): proxy (default), the proxy's own principal; or "
+               "delegation-token, the client's own principal, with a delegation token the "
+               "proxy creates for it (KIP-48, KIP-373: Kafka 3.3 and later, "
+               "delegation.token.secret.key set, the proxy's principal allowed CreateTokens "
+               "on the users) and makes anew before it expires: the brokers' ACLs, quotas "
+               "and logs then see each client"),
     )
 
     @classmethod
     def check(cls, config):
         protocol = config.upstream_security_protocol or "PLAINTEXT"
+        if config.upstream_identity == "delegation-token" and (
+                not protocol.startswith("SASL_") or config.sasl_mode == "passthrough"):
+            raise ConfigError("upstream-identity delegation-token needs a SASL upstream "
+                              "(--upstream-security-protocol SASL_PLAINTEXT or SASL_SSL) in "
+                              "sasl-mode terminate: the proxy logs each broker connection in "
+                              "with the client's token")
         if (not protocol.startswith("SASL_") or config.sasl_mode == "passthrough"
                 or config.upstream_sasl_mechanism != OAUTHBEARER):
             return
@@ -70,7 +86,7 @@ class UpstreamSaslLogin(Filter):
             raise ConfigError("upstream-sasl-mechanism OAUTHBEARER needs "
                               "--upstream-sasl-oauthbearer-client-id")
 
-    def __init__(self, mechanism, username, password, token=None):
+    def __init__(self, mechanism, username, password, token=None, tokens=None):
         if mechanism == OAUTHBEARER:
             if token is None:
                 raise ValueError("an upstream OAUTHBEARER login needs its token source")
@@ -81,7 +97,10 @@ class UpstreamSaslLogin(Filter):
         self.username = username
         self._password = password
         self.token = token  # OAUTHBEARER: sources.oauth_token's, ``current``
-        self._keys = {}  # (salt, iterations) -> (client key, server key)
+        # --upstream-identity delegation-token: sources.delegation_tokens.DelegationTokens
+        self.tokens = tokens
+        self.token_mechanism = mechanism if mechanism in _HASHES else TOKEN_MECHANISM
+        self._keys = {}  # (password, salt, iterations) -> (client key, server key)
 
     reads = ("upstream_security_protocol", "sasl_mode", "upstream_sasl_mechanism",
              "upstream_sasl_username", "upstream_sasl_password")
@@ -93,11 +112,12 @@ class UpstreamSaslLogin(Filter):
         protocol = config.upstream_security_protocol or "PLAINTEXT"
         if not protocol.startswith("SASL_") or config.sasl_mode == "passthrough":
             return None
+        tokens = services.tokens if config.upstream_identity == "delegation-token" else None
         if config.upstream_sasl_mechanism == OAUTHBEARER:
             return cls(OAUTHBEARER, config.upstream_sasl_oauthbearer_client_id, None,
-                       services.upstream_token)
+                       services.upstream_token, tokens)
         return cls(config.upstream_sasl_mechanism, config.upstream_sasl_username,
-                   config.upstream_sasl_password())
+                   config.upstream_sasl_password(), tokens=tokens)
 
     def __repr__(self):  # never the password
         return "UpstreamSaslLogin(%s, %r)" % (self.mechanism, self.username)
@@ -106,11 +126,48 @@ class UpstreamSaslLogin(Filter):
         return []  # the SCRAM exchange while it runs: [client, server signature expected]
 
     def on_upstream(self, ctx):
-        request = SaslHandshakeRequest[1](mechanism=self.mechanism)
+        if self.tokens is not None:  # as the client: with its delegation token
+            token = self.tokens.current(ctx.principal)
+            if token is not None:
+                self._handshake(ctx, self.token_mechanism, self._token_ready)
+                ctx.state[:] = [None, None, token]
+            else:
+                ctx.run_job(lambda: self.tokens.get(ctx.principal), self._token_made)
+            return True
+        self._handshake(ctx, self.mechanism, self._handshake_answered)
+        return True
+
+    def _handshake(self, ctx, mechanism, answered):
+        request = SaslHandshakeRequest[1](mechanism=mechanism)
         request.with_header(correlation_id=0, client_id="kthrottle")
         ctx.send_request(bytes(request.encode(header=True, framed=True)), SASL_HANDSHAKE, 1,
-                         self._handshake_answered)
-        return True
+                         answered)
+
+    def _token_made(self, ctx, token, error):
+        if error is not None:
+            ctx.upstream_ready(False, str(error))
+            return
+        ctx.state[:] = [None, None, token]
+        self._handshake(ctx, self.token_mechanism, self._token_ready)
+
+    def _token_ready(self, ctx, frame):
+        """SaslHandshake answered for a token login: SCRAM with the token's
+        id and HMAC and the tokenauth extension (KIP-48)."""
+        from scramp import ScramClient
+
+        answer = decode(SaslHandshakeResponse[1], frame[8:])
+        if answer.error_code:
+            ctx.upstream_ready(False, "the broker refused SASL mechanism %s for delegation "
+                               "tokens (error %d; it offers %s)" % (
+                                   self.token_mechanism, answer.error_code,
+                                   ", ".join(answer.mechanisms or ())))
+            return
+        token = ctx.state[2]
+        client = ScramClient([self.token_mechanism], token.token_id, token.password)
+        first = client.get_client_first() + ",tokenauth=true"
+        ctx.state[:] = [client, None, token, client.client_first_bare + ",tokenauth=true"]
+        self._send_token(ctx, first.encode("utf-8"))
+
 
     def _send_token(self, ctx, token):
         request = SaslAuthenticateRequest[1](auth_bytes=token)
@@ -144,26 +201,27 @@ class UpstreamSaslLogin(Filter):
         ctx.state[:] = [client, None]  # then the server signature expected
         self._send_token(ctx, client.get_client_first().encode("utf-8"))
 
-    def _client_final(self, client):
+    def _client_final(self, client, mechanism=None, password=None, first_bare=None):
         """The client-final message and the server signature expected, with
-        the salted password derived once per (salt, iterations)."""
+        the salted password derived once per (password, salt, iterations)."""
         from scramp.utils import saslprep
 
-        digest = _HASHES[self.mechanism]
+        digest = _HASHES[mechanism or self.mechanism]
+        password = self._password if password is None else password
         salt, iterations = bytes(client.salt), int(client.iterations)
-        keys = self._keys.get((salt, iterations))
+        keys = self._keys.get((password, salt, iterations))
         if keys is None:
-            salted = hashlib.pbkdf2_hmac(digest().name, saslprep(self._password).encode("utf-8"),
+            salted = hashlib.pbkdf2_hmac(digest().name, saslprep(password).encode("utf-8"),
                                          salt, iterations)
             keys = (hmac.digest(salted, b"Client Key", digest),
                     hmac.digest(salted, b"Server Key", digest))
             if len(self._keys) >= self.KEYS_KEPT:
                 self._keys.clear()
-            self._keys[salt, iterations] = keys
+            self._keys[password, salt, iterations] = keys
         client_key, server_key = keys
         without_proof = "c=biws,r=%s" % client.nonce  # biws: "n,,", no channel binding
-        auth_message = ("%s,%s,%s" % (client.client_first_bare, client.server_first,
-                                      without_proof)).encode("utf-8")
+        auth_message = ("%s,%s,%s" % (first_bare or client.client_first_bare,
+                                      client.server_first, without_proof)).encode("utf-8")
         stored_key = digest(client_key).digest()
         signature = hmac.digest(stored_key, auth_message, digest)
         proof = bytes(a ^ b for a, b in zip(client_key, signature))
@@ -175,6 +233,12 @@ class UpstreamSaslLogin(Filter):
 
         answer = decode(SaslAuthenticateResponse[1], frame[8:])
         if answer.error_code:
+            if len(ctx.state) > 2:
+                token = ctx.state[2]
+                self.tokens.forget(token)  # expired or deleted: the next connection makes one
+                ctx.upstream_ready(False, "the broker refused the delegation token %s of User:%s: "
+                                   "%s" % (token.token_id, token.owner, answer.error_message))
+                return
             ctx.upstream_ready(False, "the broker refused the proxy's %s login as %r: %s"
                                % (self.mechanism, self.username, answer.error_message))
             return
@@ -183,14 +247,20 @@ class UpstreamSaslLogin(Filter):
             ctx.upstream_ready(False, "the broker refused the proxy's OAUTHBEARER token: %s"
                                % bytes(answer.auth_bytes).decode("utf-8", "replace")[:200])
             return
-        state = ctx.state  # empty for PLAIN (one round), else [client, signature]
+        # empty for PLAIN (one round), else [client, signature expected], and for a
+        # delegation token's login [client, signature, token, client-first bare]
+        state = ctx.state
         if state:
-            client, expected = state
+            client, expected = state[0], state[1]
             try:
                 message = bytes(answer.auth_bytes).decode("utf-8")
                 if expected is None:
                     client.set_server_first(message)
-                    final, state[1] = self._client_final(client)
+                    if len(state) > 2:
+                        final, state[1] = self._client_final(
+                            client, self.token_mechanism, state[2].password, state[3])
+                    else:
+                        final, state[1] = self._client_final(client)
                     self._send_token(ctx, final.encode("utf-8"))
                     return
                 if not message.startswith("v="):
@@ -202,6 +272,10 @@ class UpstreamSaslLogin(Filter):
                 ctx.upstream_ready(False, "the broker's %s answer did not verify: %s"
                                    % (self.mechanism, exc))
                 return
+        if len(state) > 2:
+            log.debug("logged in to the broker as User:%s with delegation token %s",
+                      state[2].owner, state[2].token_id)
+        else:
+            log.debug("logged in to the broker as %r with %s", self.username, self.mechanism)
         state.clear()
-        log.debug("logged in to the broker as %r with %s", self.username, self.mechanism)
         ctx.upstream_ready()
