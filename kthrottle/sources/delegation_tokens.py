@@ -31,6 +31,11 @@ log = logging.getLogger("kthrottle.auth")
 CREATE_DELEGATION_TOKEN = 38
 VERSION = 3  # owner principal (KIP-373)
 RENEW_AT = 0.8  # of a token's life: a new one is made after that
+# a new token reaches the brokers through the cluster's metadata a moment after
+# CreateDelegationToken is answered: the first login with it waits this long, and
+# a refused login forgets a token only once it is older than YOUNG
+SETTLE = 1.0
+YOUNG = 30.0
 TIMEOUT = 10.0
 KEPT = 10_000  # principals' tokens kept; past that the oldest are made again when needed
 
@@ -45,6 +50,7 @@ class Token(NamedTuple):
     password: str  # the HMAC, base64: SCRAM's password
     renew_after: float  # time.time() past which a new one is made
     expires: float
+    created: float
 
 
 # CreateDelegationToken v3, by hand: kafka-python has no codec for it --------------
@@ -207,8 +213,9 @@ class DelegationTokens(PolledClient):
         return token
 
     def forget(self, token):
-        """A token the broker no longer takes (expired, deleted): made anew when next needed."""
-        if self.tokens.get(token.owner) == token:
+        """A token the broker refused: made anew when next needed, unless it is
+        young (not yet known to every broker, rather than expired or deleted)."""
+        if self.tokens.get(token.owner) == token and self.clock() - token.created > YOUNG:
             del self.tokens[token.owner]
 
     async def get(self, principal):
@@ -257,13 +264,14 @@ class DelegationTokens(PolledClient):
         life = max((answer.expiry_ms - answer.issue_ms) / 1000.0, 1.0)
         token = Token(principal, answer.token_id,
                       base64.b64encode(answer.hmac).decode("ascii"),
-                      now + RENEW_AT * life, answer.expiry_ms / 1000.0)
-        if len(self.tokens) >= KEPT:
-            self.tokens.clear()
-        self.tokens[principal] = token
+                      now + RENEW_AT * life, answer.expiry_ms / 1000.0, now)
         self.created += 1
         log.info("delegation token %s created for User:%s (expires in %.0f s)",
                  token.token_id, principal, life)
+        await asyncio.sleep(SETTLE)  # given out once the brokers are likely to know it
+        if len(self.tokens) >= KEPT:
+            self.tokens.clear()
+        self.tokens[principal] = token
         return token
 
     async def stop(self):
