@@ -118,3 +118,20 @@ def test_delegation_tokens_without_a_sasl_upstream_is_a_clear_start_error():
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "upstream-identity delegation-token needs a SASL upstream" in done.stderr
+
+
+def test_the_create_token_codec_reads_kafkas_layout():
+    """CreateDelegationToken v3 as CreateDelegationTokenRequest/Response.json lay it out."""
+    import io
+    import struct
+
+    from kthrottle.sources.delegation_tokens import create_token_body, parse_create_token
+
+    body = create_token_body("User", "alice")
+    assert body == b"\x05User" + b"\x06alice" + b"\x01" + struct.pack(">q", -1) + b"\x00"
+    answer = (struct.pack(">h", 0) + b"\x05User" + b"\x06alice" + b"\x05User" + b"\x07tokens"
+              + struct.pack(">qqq", 1000, 87_401_000, 604_801_000) + b"\x04abc"
+              + b"\x04\x01\x02\x03" + struct.pack(">i", 0) + b"\x00")
+    token = parse_create_token(io.BytesIO(answer))
+    assert (token.principal_name, token.token_id, token.hmac) == ("alice", "abc", b"\x01\x02\x03")
+    assert (token.issue_ms, token.expiry_ms) == (1000, 87_401_000)
