@@ -638,3 +638,17 @@ def test_a_kip_848_heartbeat_is_checked_on_its_group_id():
     assert h.take_broker() == b""
     # no schema to answer with: the connection is closed instead
     assert h.closed is not None and "api key 68" in h.closed
+
+
+def test_authorized_operations_in_metadata_are_the_principals_not_the_proxys():
+    """KIP-430: a client that asks what it may do on a topic is told what
+    alice may (READ, WRITE, DESCRIBE), not what the proxy's principal may."""
+    h = harness(view_of())
+    h.client(metadata(40, ["alice-t"]))
+    assert h.take_broker()
+    answer = decoded(MetadataResponse, 12, metadata_answer(40, ["alice-t"]))
+    answer.topics[0].authorized_operations = set(range(2, 13))  # the proxy's: everything
+    answer.with_header(correlation_id=40)
+    h.broker(bytes(answer.encode(header=True, framed=True)))
+    seen = decoded(MetadataResponse, 12, h.take_client())
+    assert seen.topics[0].authorized_operations == {Op.READ, Op.WRITE, Op.DESCRIBE}

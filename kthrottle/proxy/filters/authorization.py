@@ -65,6 +65,7 @@ IDEMPOTENT_WRITE = wire.IDEMPOTENT_WRITE
 # APIs authorized by one operation on the cluster (Kafka's table); a refusal
 # is their top-level error
 CLUSTER_APIS = {
+    27: wire.CLUSTER_ACTION,  # WriteTxnMarkers: kafka-transactions abort (KIP-664)
     29: DESCRIBE, 30: ALTER, 31: ALTER, 34: ALTER, 35: DESCRIBE, 43: ALTER, 45: ALTER,
     46: DESCRIBE, 48: DESCRIBE_CONFIGS, 49: ALTER_CONFIGS, 50: DESCRIBE, 51: ALTER,
     55: DESCRIBE, 57: ALTER, 60: DESCRIBE, 64: ALTER, 74: DESCRIBE_CONFIGS, 80: ALTER,
@@ -460,12 +461,33 @@ class _MetadataAsk:
         self.named, self.allowed, self.by_id = named, allowed, by_id
 
 
+# what Kafka lists in authorized_operations (KIP-430) for a topic and the cluster
+TOPIC_OPERATIONS = (READ, WRITE, CREATE, DESCRIBE, DELETE, ALTER, DESCRIBE_CONFIGS,
+                    ALTER_CONFIGS)
+CLUSTER_OPERATIONS = (CREATE, wire.CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS,
+                      IDEMPOTENT_WRITE, ALTER, DESCRIBE)
+NOT_ASKED = None  # authorized_operations not asked for (kafka-python's reading of INT32_MIN)
+
+
+def _operations(allowed, kind, name, operations):
+    """KIP-430's bitfield of what the principal may do, as kafka-python keeps
+    it: the set of the operation codes whose bits are set."""
+    return {op for op in operations if allowed(kind, name, op)}
+
+
 def _metadata_response(self, ctx, inflight, frame):
     ask = ctx.noted(inflight)
+    if ask is None:  # not looked at (no authorizer, or the proxy's own question)
+        return frame
     response = wire.decode_response(apis.METADATA, inflight.api_version, frame)
     names = self.topic_names
     kept = []
     changed = False
+    cluster_ops = getattr(response, "authorized_operations", NOT_ASKED)
+    if cluster_ops is not NOT_ASKED:  # v8-10: what the broker says is the proxy's
+        response.authorized_operations = _operations(ask.allowed, CLUSTER, CLUSTER_NAME,
+                                                     CLUSTER_OPERATIONS)
+        changed = True
     for topic in response.topics or []:
         name = topic.name
         topic_id = getattr(topic, "topic_id", None)
@@ -473,7 +495,12 @@ def _metadata_response(self, ctx, inflight, frame):
             if len(names) > TOPIC_IDS_KEPT:
                 names.clear()
             names[topic_id] = name
-        if ask is None or not name or ask.allowed(TOPIC, name, DESCRIBE):
+        if not name or ask.allowed(TOPIC, name, DESCRIBE):
+            ops = getattr(topic, "authorized_operations", NOT_ASKED)
+            if name and ops is not NOT_ASKED:
+                topic.authorized_operations = _operations(ask.allowed, TOPIC, name,
+                                                          TOPIC_OPERATIONS)
+                changed = True
             kept.append(topic)
             continue
         changed = True
