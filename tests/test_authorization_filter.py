@@ -652,3 +652,15 @@ def test_authorized_operations_in_metadata_are_the_principals_not_the_proxys():
     h.broker(bytes(answer.encode(header=True, framed=True)))
     seen = decoded(MetadataResponse, 12, h.take_client())
     assert seen.topics[0].authorized_operations == {Op.READ, Op.WRITE, Op.DESCRIBE}
+
+
+def test_a_malformed_produce_closes_its_connection_with_a_clear_reason():
+    h = harness(view_of())
+    good = bytearray(produce(50, {"alice-t": [0]}))
+    client_id_len = int.from_bytes(good[12:14], "big")
+    at = 14 + client_id_len + 1 + 1 + 2 + 4  # header tags, null txn id, acks, timeout
+    assert good[at] == 2  # one topic (compact array: count + 1)
+    good[at] = 0x7f  # 126 topics in a frame that holds one
+    h.client(bytes(good))
+    assert h.take_broker() == b""
+    assert h.closed is not None and "Traceback" not in h.closed
