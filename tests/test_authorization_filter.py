@@ -664,3 +664,30 @@ def test_a_malformed_produce_closes_its_connection_with_a_clear_reason():
     h.client(bytes(good))
     assert h.take_broker() == b""
     assert h.closed is not None and "Traceback" not in h.closed
+
+
+@pytest.mark.parametrize("version", range(4, 18))
+def test_the_fetch_topic_reader_agrees_with_kafkas_schema(version):
+    """codecs.acl_requests.fetch_request_topics, which spares a decode, reads the
+    topics kafka-python's schema (Kafka's FetchRequest.json) puts in."""
+    from kthrottle.codecs.acl_requests import fetch_request_topics
+    from kthrottle.codecs.request import RequestHead
+
+    F = FetchRequest
+    P = F.FetchTopic.FetchPartition
+    ids = [uuid.uuid4(), uuid.uuid4()]
+    topics = [F.FetchTopic(topic="t-%d" % i, topic_id=ids[i], partitions=[
+        P(partition=p, current_leader_epoch=-1, fetch_offset=5, last_fetched_epoch=-1,
+          log_start_offset=-1, partition_max_bytes=1 << 20) for p in range(3)])
+        for i in range(2)]
+    frame = framed(F[version](replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20,
+                              isolation_level=0, session_id=0, session_epoch=-1, topics=topics,
+                              forgotten_topics_data=[], rack_id=""), 7)
+    head = RequestHead(frame, len(frame))
+    got = fetch_request_topics(frame, head.body_offset, version)
+    assert got == (ids if version >= 13 else ["t-0", "t-1"])
+    from kthrottle.codecs import ProtocolError
+
+    for cut in (head.body_offset + 20, head.body_offset + 40, len(frame) - 30):
+        with pytest.raises(ProtocolError):
+            fetch_request_topics(frame[:cut], head.body_offset, version)

@@ -13,11 +13,13 @@ connection, and the allowed part of a request still served.
 
 Codes are Kafka's (``ResourceType``, ``Operation`` in ``policy/acls.py``).
 """
+import struct
 import uuid
 import warnings
 from typing import NamedTuple
 
 from .errors import ProtocolError
+from .wire import read_array_length, read_string, skip_tagged_fields
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -216,3 +218,40 @@ def encode_response(response, correlation_id):
 def has_field(api_key, version, name):
     cls = response_class(api_key)
     return cls is not None and name in cls[version].fields
+
+
+def fetch_request_topics(frame, body, version):
+    """The topics a whole framed Fetch request names (FetchRequest.json, v4-17),
+    read straight from the frame from ``body`` (the body's offset): names, or
+    uuid.UUID topic ids from v13. ProtocolError when it is malformed."""
+    if version < 4:
+        raise ProtocolError("Fetch v%d is not read here" % version)
+    pos = body + (12 if version >= 15 else 16)  # [replica_id,] max_wait, min_bytes, max_bytes
+    pos += 1  # isolation_level
+    if version >= 7:
+        pos += 8  # session_id, session_epoch
+    compact = version >= 12
+    topics = []
+    try:
+        count, pos = read_array_length(frame, pos, compact)
+        for _ in range(max(count, 0)):
+            if version >= 13:
+                topics.append(uuid.UUID(bytes=bytes(frame[pos:pos + 16])))
+                pos += 16
+            else:
+                name, pos = read_string(frame, pos, compact)
+                topics.append(name)
+            partitions, pos = read_array_length(frame, pos, compact)
+            each = (4 + (4 if version >= 9 else 0) + 8 + (4 if version >= 12 else 0)
+                    + (8 if version >= 5 else 0) + 4)
+            for _ in range(max(partitions, 0)):
+                pos += each
+                if compact:
+                    pos = skip_tagged_fields(frame, pos)
+            if compact:
+                pos = skip_tagged_fields(frame, pos)
+    except (IndexError, ValueError, struct.error):
+        raise ProtocolError("truncated Fetch request") from None
+    if pos > len(frame):
+        raise ProtocolError("truncated Fetch request")
+    return topics

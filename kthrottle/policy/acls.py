@@ -370,6 +370,8 @@ class Authorizer:
 
         if not allows(index.literal.get(WILDCARD, ())):
             return False
+        if resource_type == ResourceType.TOPIC:
+            return True  # a topic's name is [a-zA-Z0-9._-]+: none starts with "*"
         # Names starting with "*" (but "*" itself) are left to other ACLs.
         if allows(index.prefixed.get(WILDCARD, ())):
             return True

@@ -50,6 +50,8 @@ from ...codecs.acl_requests import (
     WRITE,
 )
 from ...codecs.errors import ProtocolError
+from ...codecs.produce import produce_partitions
+from ...codecs.wire import read_uvarint
 from ...options import SWITCH, ConfigError, Option, Parsed, parse_duration
 from ..filter import (GATHER, GATHER_WHOLE, HEAD, NOTHING, Answer, Defer, Filter, Refuse,
                       Replace)
@@ -113,8 +115,6 @@ class AclView:
 
 def _first_compact_string(frame, head):
     """The first field of a flexible request body: a compact string."""
-    from ...codecs.wire import read_uvarint
-
     pos = head.body_offset
     size, pos = read_uvarint(frame, pos)
     if size == 0:
@@ -152,8 +152,6 @@ AUTHORIZATION_MODES = ("acls", "none")
 
 def _first_compact_strings(frame, head):
     """The first field of a flexible request body: a compact array of compact strings."""
-    from ...codecs.wire import read_uvarint
-
     count, pos = read_uvarint(frame, head.body_offset)
     out = []
     for _ in range(max(count - 1, 0)):
@@ -279,6 +277,10 @@ class Authorization(Filter):
         try:
             if key == apis.PRODUCE and _produce_allowed(frame, head, allowed):
                 return None  # read with the proxy's own walker: nothing to decode
+            if key == apis.FETCH and version >= 4 and all(
+                    isinstance(t, str) and allowed(TOPIC, t, READ)
+                    for t in wire.fetch_request_topics(frame, head.body_offset, version)):
+                return None  # likewise
             if key in CLUSTER_APIS:
                 if allowed(CLUSTER, CLUSTER_NAME, CLUSTER_APIS[key]):
                     return None
@@ -397,9 +399,6 @@ def _produce_allowed(frame, head, allowed):
     id (if any) and on every topic it names, read with the proxy's own walker
     (codecs/produce.py) rather than decoded; False also when it names a topic
     by id (v13), which the slower path sorts out."""
-    from ...codecs.produce import produce_partitions
-    from ...codecs.wire import read_uvarint
-
     version = head.api_version
     pos = head.body_offset
     if version >= 9:  # compact nullable string
@@ -417,21 +416,23 @@ def _produce_allowed(frame, head, allowed):
 
 
 class _State:
-    __slots__ = ("gathering", "host")
+    __slots__ = ("gathering", "who")
 
     def __init__(self):
-        self.gathering = None  # the correlation id of a Produce or Fetch asked to be whole
-        self.host = None  # the client's address as Kafka writes it
+        self.gathering = None  # the correlation id of a request asked to be whole
+        self.who = None  # (Kafka's principal string, host, the principal it was made for)
 
 
 def _who(ctx):
+    """("User:<principal>", the client's address as Kafka writes it), kept per connection."""
     state = ctx.state
-    host = state.host
-    if host is None:
+    who = state.who
+    if who is None or who[2] is not ctx.principal:
         from ...policy.acls import java_host_address
 
-        host = state.host = java_host_address(ctx.client_host) if ctx.client_host else ""
-    return "User:%s" % ctx.principal, host
+        host = java_host_address(ctx.client_host) if ctx.client_host else ""
+        who = state.who = ("User:%s" % ctx.principal, host, ctx.principal)
+    return who[0], who[1]
 
 
 class _Decider:
