@@ -691,3 +691,27 @@ def test_the_fetch_topic_reader_agrees_with_kafkas_schema(version):
     for cut in (head.body_offset + 20, head.body_offset + 40, len(frame) - 30):
         with pytest.raises(ProtocolError):
             fetch_request_topics(frame[:cut], head.body_offset, version)
+
+
+def share_fetch(cid, group):
+    """A ShareFetch v1 head: the group id first (the rest is not read when refused)."""
+    name = group.encode()
+    body = b"\x00" + bytes([len(name) + 1]) + name + b"\x01" + b"\x00" * 24 + b"\x01\x00\x00"
+    return raw_request(cid, 78, 1, body)
+
+
+def test_a_share_fetch_needs_read_on_every_topic_while_its_topics_are_not_read():
+    """KIP-932: a share request names its topics by id in a layout the proxy
+    does not read yet: a tenant limited to its own topics is turned away (it
+    could otherwise fetch bob's records through its share group), one allowed
+    to read every topic goes on."""
+    h = harness(view_of())  # alice: her own topics only
+    h.client(share_fetch(44, "alice-g"))
+    assert h.take_broker() == b""
+    assert h.closed is not None and "share groups" in h.closed
+    everything = ALICE_ACLS + (acl(ResourceType.TOPIC, "*", "User:alice", Op.READ,
+                                   pattern=PatternType.LITERAL),)
+    h = harness(view_of(everything))
+    request = share_fetch(45, "alice-g")
+    h.client(request)
+    assert h.take_broker() == request and h.closed is None
