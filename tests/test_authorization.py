@@ -214,3 +214,26 @@ def test_authorization_none_is_said_at_start_with_the_principal_every_client_act
         assert produce(kafka_acl, p, "alice", BOB_TOPIC, b"as the proxy") is None
     finally:
         p.stop()
+
+
+def test_the_java_consumer_gets_kafkas_own_errors_on_bobs_group_and_topic(
+        kafka_acl, proxy, tmp_path):
+    """kafka-console-consumer as alice: her topic with bob's group, and bob's topic
+    with her group, end in GroupAuthorizationException and TopicAuthorizationException;
+    her topic with her group reads her record."""
+    kafka = kafka_acl
+    consumer = "org.apache.kafka.tools.consumer.ConsoleConsumer"
+
+    def consume_as_alice(topic, group, *extra):
+        return java_tool(kafka, proxy, tmp_path, "alice", consumer, "--topic", topic,
+                         "--group", group, "--from-beginning", "--max-messages", "1",
+                         "--timeout-ms", "20000", "--consumer.config", "{config}", *extra)
+
+    code, out = consume_as_alice(ALICE_TOPIC, BOB_GROUP)
+    assert "GroupAuthorizationException" in out or "Not authorized to access group" in out, out
+    code, out = consume_as_alice(BOB_TOPIC, ALICE_GROUP + "-java")
+    assert "TopicAuthorizationException" in out or "Not authorized to access topics" in out, out
+    assert produce(kafka, proxy, "alice", ALICE_TOPIC, b"for java") is None
+    code, out = consume_as_alice(ALICE_TOPIC, ALICE_GROUP + "-java2")
+    assert code == 0 and "Exception" not in out, out
+    assert "from alice" in out or "for java" in out, out
