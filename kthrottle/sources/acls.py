@@ -38,7 +38,6 @@ import asyncio
 import logging
 from typing import NamedTuple
 
-from . import cancelled
 from .async_kafka import (
     KafkaPythonRequest,
     PolledClient,
@@ -418,9 +417,6 @@ class KafkaAclSource(PolledClient):
         elif changed:
             log.info("ACLs reloaded from %s: %s", self.describe, summary)
 
-    async def stop(self):
-        self._task = await cancelled(self._task)
-        await self._drop_client()
 
 
 def _summary(snapshot):

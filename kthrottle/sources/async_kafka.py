@@ -422,6 +422,13 @@ class PolledClient:
             await client.bootstrap()
         return self._client
 
+    async def stop(self):
+        """Stop following (the source's ``_task``) and close the client."""
+        from . import cancelled
+
+        self._task = await cancelled(getattr(self, "_task", None))
+        await self._drop_client()
+
     async def _drop_client(self):
         client, self._client = self._client, None
         if client is not None:

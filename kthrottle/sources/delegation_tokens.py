@@ -23,6 +23,7 @@ import struct
 import time
 from typing import NamedTuple
 
+from ..codecs.wire import encode_string, write_uvarint
 from .async_kafka import PolledClient, aiokafka_config, connection_error, watch_aiokafka_errors
 from .kafka_publisher import describe_connection
 
@@ -55,29 +56,14 @@ class Token(NamedTuple):
 
 # CreateDelegationToken v3, by hand: kafka-python has no codec for it --------------
 
-def _uvarint(n):
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def _compact_string(text):
-    if text is None:
-        return b"\x00"
-    data = text.encode("utf-8")
-    return _uvarint(len(data) + 1) + data
+    return b"\x00" if text is None else encode_string(text, True)
 
 
 def create_token_body(owner_type, owner_name, max_lifetime_ms=-1):
     """CreateDelegationTokenRequest v3's body (CreateDelegationTokenRequest.json):
     the owner, no other renewers, the lifetime (-1: the cluster's default)."""
-    return (_compact_string(owner_type) + _compact_string(owner_name) + _uvarint(1)
+    return (_compact_string(owner_type) + _compact_string(owner_name) + write_uvarint(1)
             + struct.pack(">q", max_lifetime_ms) + b"\x00")
 
 
@@ -273,6 +259,3 @@ class DelegationTokens(PolledClient):
             self.tokens.clear()
         self.tokens[principal] = token
         return token
-
-    async def stop(self):
-        await self._drop_client()

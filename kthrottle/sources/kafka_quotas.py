@@ -33,7 +33,7 @@ from ..policy.entities import (
     path_of_entity,
     validate_quota_config,
 )
-from . import QuotaSource, QuotaStoreError, cancelled, entity_count
+from . import QuotaSource, QuotaStoreError, entity_count
 from .async_kafka import (
     KafkaPythonRequest,
     PolledClient,
@@ -289,9 +289,6 @@ class KafkaQuotaSource(PolledClient, QuotaSource):
         elif changed:
             log.info("quotas reloaded from %s: %s", self.describe, summary)
 
-    async def stop(self):
-        self._task = await cancelled(self._task)
-        await self._drop_client()
 
 
 # kafka-configs --bootstrap-server: the admin API of a cluster or a proxy ------------
