@@ -330,6 +330,12 @@ class FilterContext:
         return self._conn._principal
 
     @property
+    def request_whole(self):
+        """In on_request: the request is read whole (GATHER, or after Gather), so
+        its body may be read and it may be replaced (Replace)."""
+        return self._conn._admitting_whole
+
+    @property
     def client_host(self):
         """The client's IP address as text (from a PROXY protocol header where
         one came), None before the connection is accepted."""

@@ -269,11 +269,8 @@ class Authorization(Filter):
 
         # read whole first (asked again then), even when its head holds all of it:
         # only a request gathered whole may be replaced
-        state = ctx.state
-        if state.gathering != head.correlation_id:
-            state.gathering = head.correlation_id
+        if not ctx.request_whole:
             return GATHER_WHOLE
-        state.gathering = None
         allowed = _Decider(authorizer, principal, host)
         frame = head.buf
         try:
@@ -423,10 +420,9 @@ def _produce_allowed(frame, head, allowed):
 
 
 class _State:
-    __slots__ = ("gathering", "who")
+    __slots__ = ("who",)
 
     def __init__(self):
-        self.gathering = None  # the correlation id of a request asked to be whole
         self.who = None  # (Kafka's principal string, host, the principal it was made for)
 
 
