@@ -715,3 +715,32 @@ def test_a_share_fetch_needs_read_on_every_topic_while_its_topics_are_not_read()
     request = share_fetch(45, "alice-g")
     h.client(request)
     assert h.take_broker() == request and h.closed is None
+
+
+def test_a_head_patched_after_a_request_was_replaced_patches_the_new_request():
+    """A later filter's Forward (a patched head, as the quota's Fetch cap gives)
+    applies to the request the authorization filter replaced, not to the one
+    the client sent."""
+    from kthrottle.proxy.filter import HEAD, NOTHING, Filter, Forward
+    from kthrottle.codecs.wire import INT32
+
+    class PatchMaxWait(Filter):
+        name = "patch-max-wait"
+
+        def request_need(self, api_key, api_version):
+            return HEAD if api_key == 1 else NOTHING
+
+        def on_request(self, ctx, head, inflight):
+            patched = bytearray(head.buf[:head.body_offset + 8])
+            INT32.pack_into(patched, head.body_offset + 4, 1234)  # max_wait_ms (v12)
+            return Forward(bytes(patched))
+
+    h = Harness(filters=registry.standard_filters(advertise) + [Authorization(view_of()),
+                                                                PatchMaxWait()],
+                connect=False)
+    h.conn.client_host = "10.0.0.1"
+    h.run(h.conn.client_accepted(h.now, principal="alice"))
+    h.client(fetch(60, {"alice-t": [0], "bob-t": [0]}))
+    got = decoded(FetchRequest, 12, h.take_broker())
+    assert [t.topic for t in got.topics] == ["alice-t"] and got.max_wait_ms == 1234
+    assert h.closed is None

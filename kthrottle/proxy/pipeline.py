@@ -1507,8 +1507,12 @@ class Connection:
                     inflight.throttle_ms = delay
                     inflight.throttle_reason = verdict.reason
             elif cls is Forward:
-                result = verdict.head
-                request.buf = result
+                if result.__class__ is Replace:  # a patched head on a request replaced
+                    result = Replace(verdict.head + result.frame[len(verdict.head):])
+                    request.buf = result.frame
+                else:
+                    result = verdict.head
+                    request.buf = result
             elif cls is Replace:
                 if not self._admitting_whole:
                     raise TypeError("filter %s replaced a request it does not have whole"
