@@ -223,7 +223,19 @@ def test_a_produce_naming_both_topics_reaches_the_broker_with_hers_only():
     assert got.acks == -1 and got.timeout_ms == 30000
     assert h.take_client() == b""  # the broker answers it
     h.broker(produce_answer(11, {"alice-t": [0, 1]}))
-    assert cids(h.take_client()) == [11]
+    answer = decoded(ProduceResponse, 9, h.take_client())
+    # her partitions as the broker answered them, bob's refused as Kafka refuses them
+    assert answer.header.correlation_id == 11
+    assert sorted((t.name, p.index, p.error_code) for t in answer.responses
+                  for p in t.partition_responses) == [
+        ("alice-t", 0, 0), ("alice-t", 1, 0), ("bob-t", 0, 29)]
+    # the next answers, with nothing to put in, take the short way again
+    request = produce(12, {"alice-t": [0]})
+    h.client(request)
+    assert h.take_broker() == request
+    h.log.clear()
+    h.broker(produce_answer(12, {"alice-t": [0]}))
+    assert cids(h.take_client()) == [12] and "pass_response" in h.log
 
 
 def test_a_refused_produce_with_acks_0_gets_no_answer():

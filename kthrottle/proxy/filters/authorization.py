@@ -51,7 +51,7 @@ from ...codecs.acl_requests import (
 )
 from ...codecs.errors import ProtocolError
 from ...codecs.produce import produce_partitions
-from ...codecs.wire import read_uvarint
+from ...codecs.wire import INT32, read_uvarint
 from ...options import SWITCH, ConfigError, Option, Parsed, parse_duration
 from ..filter import (GATHER, GATHER_WHOLE, HEAD, NOTHING, Answer, Defer, Filter, Refuse,
                       Replace)
@@ -89,6 +89,7 @@ LIST_GROUPS = 16
 # topic-list APIs whose answers take the refused topics' errors back in
 MERGED = frozenset(TOPIC_LISTS) - {apis.PRODUCE, apis.FETCH}
 TOPIC_IDS_KEPT = 100_000  # topic ids remembered with their names (then forgotten, all)
+MERGING_KEPT = 10_000  # Produce answers awaited with refused topics' errors, at most
 # delegation tokens: one created through a terminating proxy would be the
 # proxy's own principal's, a way around every check here
 DELEGATION_TOKEN_APIS = {38, 39, 40, 41}
@@ -206,6 +207,10 @@ class Authorization(Filter):
     def __init__(self, view):
         self.view = view
         self.topic_names = {}  # topic id -> name, from the Metadata answers clients get
+        # correlation ids of Produce requests sent on without refused topics, whose
+        # answers take those topics' errors (any connection's: one that shares an id
+        # only takes the long way)
+        self.merging = set()
 
     def new_state(self):
         return _State()
@@ -222,12 +227,22 @@ class Authorization(Filter):
         return NOTHING  # the authenticator holds everything else back meanwhile
 
     def response_need(self, api_key, api_version):
-        # Produce and Fetch answers are never gathered (a Fetch's is the bulk of
-        # the traffic): a refused topic of a request that has allowed ones too
-        # is left out of it, and its answer then says nothing of it
-        if api_key in MERGED or api_key in (apis.METADATA, LIST_GROUPS, apis.FIND_COORDINATOR):
+        # a Fetch's answer is never gathered (the bulk of the traffic): a refused
+        # topic of a Fetch that has allowed ones too is left out of it, and its
+        # answer says nothing of it. A Produce's is, on the long way only while
+        # one of its kind awaits the refused topics' errors (quick_response_check)
+        if api_key in MERGED or api_key in (apis.METADATA, LIST_GROUPS, apis.FIND_COORDINATOR,
+                                            apis.PRODUCE):
             return GATHER
         return NOTHING
+
+    def quick_response_check(self, api_key, api_version):
+        return self._produce_check if api_key == apis.PRODUCE else None
+
+    def _produce_check(self, frame):
+        """True: a Produce answer with no refused topics to put in (the short way)."""
+        merging = self.merging
+        return not merging or INT32.unpack_from(frame, 4)[0] not in merging
 
     def quick(self, api_key, api_version):
         return api_key == apis.PRODUCE or api_key == apis.FETCH
@@ -372,7 +387,12 @@ class Authorization(Filter):
                 fields.update(error_code=0, session_id=0)
             return Answer(wire.response_for(key, version, head.correlation_id, **fields))
         setattr(request, spec.req_topics, kept)
-        if key in MERGED:
+        if key == apis.PRODUCE:
+            if len(self.merging) >= MERGING_KEPT:
+                self.merging.clear()  # those of closed connections: only the short way lost
+            self.merging.add(head.correlation_id)
+            ctx.note(inflight, answered)
+        elif key in MERGED:
             ctx.note(inflight, answered)
         return Replace(wire.encode(request, head.correlation_id, head.client_id))
 
@@ -387,6 +407,8 @@ class Authorization(Filter):
         answered = ctx.noted(inflight)
         if answered is None:
             return frame
+        if key == apis.PRODUCE:
+            self.merging.discard(inflight.correlation_id)
         if key == apis.FIND_COORDINATOR:
             response = wire.decode_response(key, inflight.api_version, frame)
             response.coordinators = list(response.coordinators or []) + answered
