@@ -11,7 +11,7 @@ import pytest
 from conftest import ProxyProcess, _started_kafka
 from kafka_cluster import Listener
 from quota_clients import scram_credentials_file
-from test_authorization import acl
+from test_authorization import acl, produce  # as alice or bob, through a proxy
 
 pytestmark = pytest.mark.kafka
 
@@ -63,19 +63,6 @@ def proxy(kafka_tokens, tmp_path_factory):
         "--upstream-identity", "delegation-token"], node_id=kafka_tokens.node_id).start()
     yield p
     p.stop()
-
-
-def produce(kafka, proxy, user, topic, value=b"v"):
-    import confluent_kafka
-
-    results = []
-    producer = confluent_kafka.Producer(kafka.client_config(
-        SASL, "SCRAM-SHA-512", user, bootstrap=proxy.bootstrap,
-        **{"message.timeout.ms": 10000, "enable.idempotence": False}))
-    producer.produce(topic, value, on_delivery=lambda err, msg: results.append(err))
-    producer.flush(20)
-    assert results, "no delivery report"
-    return None if results[0] is None else results[0].name()
 
 
 def test_the_broker_sees_alice_and_refuses_her_bobs_topic_itself(kafka_tokens, proxy):
