@@ -2,6 +2,7 @@
 import asyncio
 import socket
 import struct
+import time
 import uuid
 
 import psutil
@@ -159,7 +160,14 @@ def test_admin_creates_topic_through_proxy(proxy, broker):
         await admin.start()
         try:
             await admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])
-            topics = await admin.list_topics()
+            # CreateTopics is answered once the controller has the topic; the broker's
+            # Metadata may name it a moment later
+            deadline = time.monotonic() + 15
+            while True:
+                topics = await admin.list_topics()
+                if topic in topics or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
             described = await admin.describe_topics([topic])
         finally:
             await admin.close()
