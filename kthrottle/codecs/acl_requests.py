@@ -74,15 +74,6 @@ def response_class(api_key):
     return _CLASSES.get((api_key, False))
 
 
-class Need(NamedTuple):
-    """One check: ``operation`` on the resource (``resource_type``, ``name``).
-    ``topic``: the topic entry it stands for (a topic-list API's), else None."""
-
-    resource_type: int
-    name: str
-    operation: int
-
-
 class TopicList(NamedTuple):
     """Where a topic-list API keeps its topics, in the request and in the
     response: the array field, the topic's name (and id) field, the
