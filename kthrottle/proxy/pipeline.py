@@ -1438,7 +1438,7 @@ class Connection:
                 request.fields_for_policy()
         except HeadTooShort as exc:
             return NeedHead(exc.needed)
-        if request_need == GATHER:  # through _whole_request even when the head holds it all
+        if request_need == GATHER and len(head) < frame_len:
             self._request_gathered = entry
             return WHOLE
         return self._admit(correlation_id, api_key, api_version, request, entry, acks_0)
@@ -1538,6 +1538,13 @@ class Connection:
             elif cls is Observe:
                 observed = _Observed(verdict.stream, verdict.on_done, contexts[i], self, inflight,
                                      observed)
+            elif cls is Defer and self._admitting_whole:
+                # read whole already (a filter asked for it): it cannot wait unread, so
+                # it goes on and the client is not read for that long instead
+                if verdict.delay_ms > delay:
+                    delay = verdict.delay_ms
+                    inflight.throttle_ms = delay
+                    inflight.throttle_reason = verdict.reason
             elif cls is Defer:
                 self.requests -= 1  # counted when it is read for good
                 if verdict.delay_ms > self._mute_due:
