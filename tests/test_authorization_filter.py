@@ -278,14 +278,88 @@ def test_a_fetch_of_bobs_topic_only_is_answered_refused_without_the_broker():
     assert h.closed is None
 
 
-def test_a_fetch_of_both_topics_reaches_the_broker_with_hers_only():
+def fetch_answer(cid, topics, version=12, records=b""):
+    """A Fetch answer of ``topics`` ({name: [partition, ...]}), each partition with ``records``."""
+    R = FetchResponse
+    T = R.fields["responses"].data_class
+    P = T.fields["partitions"].data_class
+    return framed_response(R[version](throttle_time_ms=0, error_code=0, session_id=77, responses=[
+        T(topic=name, partitions=[P(partition_index=i, error_code=0, high_watermark=50,
+                                    last_stable_offset=50, log_start_offset=0,
+                                    aborted_transactions=[], preferred_read_replica=-1,
+                                    records=records) for i in parts])
+        for name, parts in topics.items()]), cid)
+
+
+@pytest.mark.parametrize("version", [4, 7, 11, 12])
+def test_a_fetch_of_both_topics_reaches_the_broker_with_hers_only(version):
     h = harness(view_of())
-    h.client(fetch(4, {"bob-t": [0], "alice-t": [1]}))
-    got = decoded(FetchRequest, 12, h.take_broker())
+    h.client(fetch(4, {"bob-t": [0, 2], "alice-t": [1]}, version=version))
+    got = decoded(FetchRequest, version, h.take_broker())
     assert got.header.correlation_id == 4
     assert [(t.topic, [p.partition for p in t.partitions]) for t in got.topics] == [
         ("alice-t", [1])]
     assert h.take_client() == b""
+    # the broker's answer, records and all, with bob's partitions refused in it as Kafka does
+    records = bytes(range(256)) * 40
+    h.broker(fetch_answer(4, {"alice-t": [1]}, version, records))
+    answer = decoded(FetchResponse, version, h.take_client())
+    assert answer.header.correlation_id == 4
+    assert partition_errors(answer, "responses", "topic", "partitions", "partition_index") == {
+        "alice-t": {1: 0}, "bob-t": {0: TOPIC_AUTHORIZATION_FAILED, 2: TOPIC_AUTHORIZATION_FAILED}}
+    if version >= 7:
+        assert answer.session_id == 77
+    hers = next(t for t in answer.responses if t.topic == "alice-t").partitions[0]
+    assert bytes(hers.records) == records and hers.high_watermark == 50
+    # the next answer, with nothing to put in, takes the short way again
+    request = fetch(5, {"alice-t": [1]}, version=version)
+    h.client(request)
+    assert h.take_broker() == request
+    h.log.clear()
+    plain = fetch_answer(5, {"alice-t": [1]}, version, records)
+    h.broker(plain)
+    assert h.take_client() == plain and "pass_response" in h.log
+
+
+def test_a_fetch_v17_by_topic_id_gets_bobs_refusal_and_her_records_with_addresses_rewritten():
+    h = harness(view_of())
+    h.client(metadata(60, ["alice-t", "bob-t"]))  # the ids are learnt from the answers she gets
+    h.take_broker()
+    h.broker(metadata_answer(60, ["alice-t", "bob-t"]))
+    h.take_client()
+    Q = FetchRequest
+    T = Q.fields["topics"].data_class
+    P = T.fields["partitions"].data_class
+    h.client(framed(Q[17](
+        replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=50 << 20, isolation_level=0,
+        session_id=0, session_epoch=-1, topics=[
+            T(topic_id=tid, partitions=[P(partition=0, current_leader_epoch=-1, fetch_offset=5,
+                                          last_fetched_epoch=-1, log_start_offset=-1,
+                                          partition_max_bytes=1 << 20)])
+            for tid in (BOB_TOPIC_ID, ALICE_TOPIC_ID)],
+        forgotten_topics_data=[], rack_id=""), 61))
+    got = decoded(FetchRequest, 17, h.take_broker())
+    assert [t.topic_id for t in got.topics] == [ALICE_TOPIC_ID]
+    R = FetchResponse
+    RT = R.fields["responses"].data_class
+    RP = RT.fields["partitions"].data_class
+    NE = R.fields["node_endpoints"].data_class
+    records = b"r" * 5000
+    h.broker(framed_response(R[17](
+        throttle_time_ms=0, error_code=0, session_id=9, responses=[RT(
+            topic_id=ALICE_TOPIC_ID, partitions=[RP(
+                partition_index=0, error_code=0, high_watermark=50, last_stable_offset=50,
+                log_start_offset=0, aborted_transactions=[], preferred_read_replica=-1,
+                records=records)])],
+        node_endpoints=[NE(node_id=1, host="kafka-1.internal", port=9092, rack=None)]), 61))
+    answer = decoded(FetchResponse, 17, h.take_client())
+    assert {(t.topic_id, p.partition_index, p.error_code) for t in answer.responses
+            for p in t.partitions} == {(ALICE_TOPIC_ID, 0, 0),
+                                       (BOB_TOPIC_ID, 0, TOPIC_AUTHORIZATION_FAILED)}
+    hers = next(t for t in answer.responses if t.topic_id == ALICE_TOPIC_ID).partitions[0]
+    assert bytes(hers.records) == records
+    assert [(e.host, e.port) for e in answer.node_endpoints] == [advertise(1)]  # the proxy's
+    assert h.closed is None
 
 
 def test_a_refused_fetch_partition_has_kafkas_invalid_high_watermark():

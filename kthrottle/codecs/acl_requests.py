@@ -19,7 +19,7 @@ import warnings
 from typing import NamedTuple
 
 from .errors import ProtocolError
-from .wire import read_array_length, read_string, skip_tagged_fields
+from .wire import INT32, read_array_length, read_string, skip_tagged_fields, write_uvarint
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -246,3 +246,47 @@ def fetch_request_topics(frame, body, version):
     if pos > len(frame):
         raise ProtocolError("truncated Fetch request")
     return topics
+
+
+def _fetch_topics_at(frame, version):
+    """Where a framed Fetch response's topic array starts (FetchResponse.json):
+    after the header, throttle_time_ms (v1+), error_code and session_id (v7+)."""
+    pos = 8
+    if version >= 12:
+        pos = skip_tagged_fields(frame, pos)  # the response header's
+    if version >= 1:
+        pos += 4
+    if version >= 7:
+        pos += 6
+    return pos
+
+
+def fetch_topic_entries(version, entries):
+    """(count, bytes) of Fetch response topic entries (from
+    refused_topic_entries) as they are written in a response's array, for
+    ``add_fetch_topics``."""
+    frame = response_for(1, version, 0, responses=entries, error_code=0, session_id=0)
+    compact = version >= 12
+    count, pos = read_array_length(frame, _fetch_topics_at(frame, version), compact)
+    end = len(frame) - 1 if compact else len(frame)  # the body's (empty) tagged fields
+    return count, bytes(frame[pos:end])
+
+
+def add_fetch_topics(frame, version, added):
+    """The framed Fetch response with the topic entries ``added``
+    (fetch_topic_entries) put first in its array; the broker's bytes, records
+    and all, are copied once and not decoded."""
+    count_added, entries = added
+    compact = version >= 12
+    try:
+        at = _fetch_topics_at(frame, version)
+        count, pos = read_array_length(frame, at, compact)
+    except (IndexError, ValueError, struct.error):
+        raise ProtocolError("truncated Fetch response") from None
+    if pos > len(frame):
+        raise ProtocolError("truncated Fetch response")
+    total = max(count, 0) + count_added
+    head = write_uvarint(total + 1) if compact else INT32.pack(total)
+    view = memoryview(frame)
+    body = b"".join((view[4:at], head, entries, view[pos:]))
+    return INT32.pack(len(body)) + body

@@ -373,6 +373,14 @@ class FilterContext:
         client never sees. Sent at the next frame boundary."""
         return self._conn.send_request(frame, api_key, api_version, on_response, self)
 
+    def gather_response(self, inflight):
+        """From on_request: the broker's response to this request is read
+        whole and given to this filter's ``on_response``, whatever its
+        ``response_need`` says of the API (a Fetch answer the filter must
+        add to, say). That response, and those after it on the connection,
+        take the long way."""
+        self._conn.gather_response(inflight, self._filter)
+
     def run_job(self, job, on_done):
         """Run ``job`` outside the pipeline (a coroutine: a question to the
         cluster), then ``on_done(ctx, result, error)``, which may call the

@@ -479,6 +479,9 @@ class Connection:
         self._partial = None  # a response not yet whole (see WHOLE_RESPONSE_MAX)
         self.whole_response_max = whole_response_max
         self._internal = []  # the proxy's own requests waiting for a frame boundary
+        # requests whose responses a filter asked for whole (FilterContext.gather_response):
+        # no response takes the short way while one is awaited
+        self._gathered_for = set()
         self._next_internal_id = INTERNAL_CORRELATION_BASE
         self._gathering = None  # the InFlight whose response is being gathered whole
         self._streaming = None  # the rewriter of the response being streamed
@@ -910,7 +913,7 @@ class Connection:
         filters only count its size (FilterTable.quick_heads) is left to
         broker_data, which has the time, to count and pass the short way."""
         if (self._held is not None or self._hold_from is not None or self._raw_in_flight
-                or self._internal or self.phase is _CLOSED):
+                or self._internal or self._gathered_for or self.phase is _CLOSED):
             return False
         cutter = self.responses_in
         if cutter._head:
@@ -1523,6 +1526,7 @@ class Connection:
             elif cls is Answer:
                 inflight.answer = verdict.frame
                 inflight.throttle_ms = 0  # the proxy's own answer says its own
+                self._gathered_for.discard(inflight)  # no broker response comes
                 self.pending.append(inflight)
                 # a throttle earned (a request quota, or the answer's own for
                 # a quota it refuses) still mutes the client
@@ -1533,6 +1537,7 @@ class Connection:
             elif cls is Refuse:
                 raise _Refused(verdict.reason, verdict.refused)
             elif cls is Pending:
+                self._gathered_for.discard(inflight)  # answered by the job
                 self._pending_job(inflight, verdict, contexts[i])
                 return DROP
             elif cls is Observe:
@@ -1582,6 +1587,18 @@ class Connection:
         self._actions.append(RunJob(pending.job, self._next_job))
         self._wait_due = True
         self.requests_in.stop_after_frame = True
+
+    def gather_response(self, inflight, filter_):
+        """FilterContext.gather_response: the response to ``inflight`` is read
+        whole and given to ``filter_``'s on_response, whatever the filter
+        table says of its API."""
+        entry = next(e for e in enumerate(self.table.filters) if e[1] is filter_)[::-1]
+        if entry not in inflight.response_filters:
+            inflight.response_filters = tuple(sorted(inflight.response_filters + (entry,),
+                                                     key=lambda e: e[1]))
+        if inflight.response_need < GATHER:
+            inflight.response_need = GATHER
+        self._gathered_for.add(inflight)
 
     def run_filter_job(self, job, on_done, ctx):
         """FilterContext.run_job: ``job`` run outside the pipeline, then
@@ -1746,6 +1763,8 @@ class Connection:
             )
         inflight = pending.popleft()
         need = inflight.response_need
+        if self._gathered_for:
+            self._gathered_for.discard(inflight)
         if inflight.on_response is not None:
             self._gathering = inflight
             return WHOLE

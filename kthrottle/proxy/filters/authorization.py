@@ -227,10 +227,10 @@ class Authorization(Filter):
         return NOTHING  # the authenticator holds everything else back meanwhile
 
     def response_need(self, api_key, api_version):
-        # a Fetch's answer is never gathered (the bulk of the traffic): a refused
-        # topic of a Fetch that has allowed ones too is left out of it, and its
-        # answer says nothing of it. A Produce's is, on the long way only while
-        # one of its kind awaits the refused topics' errors (quick_response_check)
+        # a Fetch's answer is gathered only where the request had refused
+        # topics besides allowed ones (ctx.gather_response); a Produce's on the
+        # long way only while one of its kind awaits the refused topics' errors
+        # (quick_response_check)
         if api_key in MERGED or api_key in (apis.METADATA, LIST_GROUPS, apis.FIND_COORDINATOR,
                                             apis.PRODUCE):
             return GATHER
@@ -394,6 +394,11 @@ class Authorization(Filter):
             ctx.note(inflight, answered)
         elif key in MERGED:
             ctx.note(inflight, answered)
+        elif key == apis.FETCH:
+            # the answer is read whole for this one only, and the refused
+            # topics' entries put in as they are, the records left alone
+            ctx.note(inflight, wire.fetch_topic_entries(version, answered))
+            ctx.gather_response(inflight)
         return Replace(wire.encode(request, head.correlation_id, head.client_id))
 
     # responses -----------------------------------------------------------------
@@ -409,6 +414,8 @@ class Authorization(Filter):
             return frame
         if key == apis.PRODUCE:
             self.merging.discard(inflight.correlation_id)
+        if key == apis.FETCH:
+            return wire.add_fetch_topics(frame, inflight.api_version, answered)
         if key == apis.FIND_COORDINATOR:
             response = wire.decode_response(key, inflight.api_version, frame)
             response.coordinators = list(response.coordinators or []) + answered
