@@ -7,6 +7,7 @@ node of this module's own with StandardAuthorizer and a SASL_PLAINTEXT
 listener (PLAIN), whose ACLs are created and deleted with confluent-kafka's
 AdminClient as the super user "admin"."""
 import asyncio
+import base64
 import logging
 import time
 
@@ -219,6 +220,48 @@ def test_refresh_soon_reads_at_once(kafka_acl):
         finally:
             await f.source.stop()
             delete_acls(kafka_acl, bob)
+
+    asyncio.run(scenario())
+
+
+def test_a_topic_id_asked_for_is_read_with_every_topics_id(kafka_acl):
+    """A request named a topic id this process has not seen: the source reads
+    every topic's id once, and again only after TOPIC_IDS_INTERVAL."""
+    from confluent_kafka.admin import NewTopic
+
+    admin = admin_client(kafka_acl)
+    for future in admin.create_topics([NewTopic("ids-a", 2, 1), NewTopic("ids-b", 1, 1)],
+                                      request_timeout=20).values():
+        future.result()
+    described = admin.describe_topics(
+        __import__("confluent_kafka").TopicCollection(["ids-a", "ids-b"]), request_timeout=20)
+    expected = {name: str(f.result().topic_id) for name, f in described.items()}
+
+    async def scenario():
+        f = await Follower(bootstrap_servers=[kafka_acl.listener(SASL)],
+                           security=security_as("admin"), refresh=60).start()
+        got = []
+        f.source.on_topic_ids = got.append
+        try:
+            f.source.topic_ids_soon()
+            f.source.topic_ids_soon()  # asked twice at once: read once
+            began = time.monotonic()
+            while not got:
+                assert time.monotonic() - began < 10, "no topic ids read"
+                await asyncio.sleep(0.05)
+            # confluent-kafka writes a topic id in base64 without padding
+            names = {name: base64.b64encode(tid.bytes).rstrip(b"=").decode()
+                     for tid, name in got[0].items()}
+            assert {n: names.get(n) for n in expected} == expected
+            await asyncio.sleep(0.3)
+            assert f.source.topic_id_reads == 1
+            f.source.topic_ids_soon()  # within the interval: read once it is over
+            while len(got) < 2:
+                assert time.monotonic() - began < 10, "not read again"
+                await asyncio.sleep(0.05)
+            assert time.monotonic() - began >= 1.0
+        finally:
+            await f.source.stop()
 
     asyncio.run(scenario())
 

@@ -29,6 +29,7 @@ with warnings.catch_warnings():
     from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 TOPIC_AUTHORIZATION_FAILED = 29
+UNKNOWN_TOPIC_ID = 100
 GROUP_AUTHORIZATION_FAILED = 30
 CLUSTER_AUTHORIZATION_FAILED = 31
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
@@ -360,6 +361,37 @@ def test_a_fetch_v17_by_topic_id_gets_bobs_refusal_and_her_records_with_addresse
     assert bytes(hers.records) == records
     assert [(e.host, e.port) for e in answer.node_endpoints] == [advertise(1)]  # the proxy's
     assert h.closed is None
+
+
+def test_a_topic_id_never_seen_is_asked_of_the_cluster_and_answered_unknown_until_read():
+    """Her Metadata went through another worker process: this one has not seen
+    the id. Kafka's retriable UNKNOWN_TOPIC_ID, and the ids read for her retry."""
+    view = view_of()
+    asked = []
+    view.want_topic_ids = lambda: asked.append(1)
+    h = harness(view)
+    Q = FetchRequest
+    T = Q.fields["topics"].data_class
+    P = T.fields["partitions"].data_class
+
+    def fetch_by_id(cid):
+        return framed(Q[17](
+            replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=50 << 20, isolation_level=0,
+            session_id=0, session_epoch=-1, topics=[T(topic_id=ALICE_TOPIC_ID, partitions=[
+                P(partition=0, current_leader_epoch=-1, fetch_offset=5, last_fetched_epoch=-1,
+                  log_start_offset=-1, partition_max_bytes=1 << 20)])],
+            forgotten_topics_data=[], rack_id=""), cid)
+
+    h.client(fetch_by_id(70))
+    assert h.take_broker() == b""
+    answer = decoded(FetchResponse, 17, h.take_client())
+    assert [(t.topic_id, p.error_code) for t in answer.responses for p in t.partitions] == [
+        (ALICE_TOPIC_ID, UNKNOWN_TOPIC_ID)]
+    assert asked == [1] and h.closed is None
+    view.set_topic_ids({ALICE_TOPIC_ID: "alice-t", BOB_TOPIC_ID: "bob-t"})
+    request = fetch_by_id(71)
+    h.client(request)
+    assert h.take_broker() == request
 
 
 def test_a_refused_fetch_partition_has_kafkas_invalid_high_watermark():

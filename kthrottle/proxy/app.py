@@ -291,6 +291,8 @@ async def _start_acls(config, services, stack):
     except ValueError as exc:  # the upstream TLS files
         raise SystemExit("kthrottle: error: %s" % exc) from None
     view = AclView()
+    view.want_topic_ids = source.topic_ids_soon
+    source.on_topic_ids = view.set_topic_ids
     try:
         await _started(stack, source, source.start, view.update)
     except AclsRefused as exc:

@@ -27,6 +27,14 @@ answers SECURITY_DISABLED) or without DescribeAcls at all gives a snapshot
 that is not ``enabled``: nothing to enforce. After the proxy forwarded
 CreateAcls or DeleteAcls, ``refresh_soon`` reads them again at once.
 
+Requests name topics by id from Fetch v13 and Produce v13 on (KIP-516); the
+proxy learns ids with their names from the Metadata answers its clients get,
+but a client's connections may be spread over several worker processes, each
+learning from what it serves. A worker asked for an id it has not seen
+(``topic_ids_soon``) reads every topic's id with Metadata as the proxy's
+principal, at most once every ``TOPIC_IDS_INTERVAL`` seconds, and hands the map
+to ``on_topic_ids``.
+
 While the cluster cannot be read, the last snapshot stays, ``healthy`` is
 false and a WARNING says why (once per reason, and once when it can be read
 again). At start with no answer, the snapshot stays None until the cluster
@@ -66,6 +74,7 @@ UNREAD_RETRY = 0.5  # seconds between reads until the first answer
 SUPER_USERS = "super.users"
 ALLOW_EVERYONE = "allow.everyone.if.no.acl.found"
 AUTHORIZER = "authorizer.class.name"  # a broker setting Kafka shows
+TOPIC_IDS_INTERVAL = 1.0  # seconds at least between two reads of every topic's id
 
 
 class AclSnapshot(NamedTuple):
@@ -172,6 +181,10 @@ class KafkaAclSource(PolledClient):
         self._wake = None  # asyncio.Event: refresh_soon
         self._on_update = None
         self._outage = Outage()
+        self.on_topic_ids = None  # called with {topic id: name} after each read of them
+        self.topic_id_reads = 0
+        self._ids_wake = None  # asyncio.Event: topic_ids_soon
+        self._ids_task = None
 
     # one read -------------------------------------------------------------------
 
@@ -233,6 +246,67 @@ class KafkaAclSource(PolledClient):
         allow = (settings.allow_everyone if self.given_allow_everyone is None
                  else self.given_allow_everyone)
         return AclSnapshot(True, bindings, settings.super_users, allow)
+
+    async def read_topic_ids(self):
+        """{topic id (uuid.UUID): name} of every topic in the cluster, read
+        with Metadata (v10 and later give ids); AclReadError when it cannot."""
+        request_class, response_class = kafka_python_messages(
+            "metadata", "MetadataRequest", "MetadataResponse")
+        watch_aiokafka_errors()
+        try:
+            async with asyncio.timeout(self.timeout):
+                client = await self._connected()
+                response = await client.send(client.get_random_node(), KafkaPythonRequest(
+                    request_class, response_class, topics=None,
+                    allow_auto_topic_creation=False,
+                    include_cluster_authorized_operations=False,
+                    include_topic_authorized_operations=False))
+        except (asyncio.TimeoutError, TimeoutError):
+            await self._drop_client()
+            raise AclReadError(self._unreachable("no answer within %gs" % self.timeout)) from None
+        except asyncio.CancelledError:
+            await self._drop_client()
+            raise
+        except Exception as exc:  # noqa: BLE001 (aiokafka raises a variety)
+            await self._drop_client()
+            raise AclReadError(self._unreachable(connection_error(exc, self.secret))) from None
+        return {t.topic_id: t.name for t in response.topics or ()
+                if t.name and getattr(t, "topic_id", None) is not None
+                and t.topic_id.int != 0}
+
+    def topic_ids_soon(self):
+        """A request named a topic id this process has not seen: read every
+        topic's id (not more often than TOPIC_IDS_INTERVAL). On the event loop."""
+        if self._ids_wake is None:
+            return
+        self._ids_wake.set()
+        if self._ids_task is None:
+            self._ids_task = asyncio.get_running_loop().create_task(self._follow_ids())
+
+    async def _follow_ids(self):
+        warned = False
+        while True:
+            await self._ids_wake.wait()
+            self._ids_wake.clear()
+            try:
+                names = await self.read_topic_ids()
+            except AclReadError as exc:
+                if not warned:
+                    log.warning("%s (the topic ids a request named); tried again when one "
+                                "is asked for", exc)
+                    warned = True
+            else:
+                warned = False
+                self.topic_id_reads += 1
+                if self.on_topic_ids is not None:
+                    self.on_topic_ids(names)
+            await asyncio.sleep(TOPIC_IDS_INTERVAL)
+
+    async def stop(self):
+        from . import cancelled
+
+        self._ids_task = await cancelled(self._ids_task)
+        await super().stop()
 
     async def _current_settings(self):
         """The brokers' super.users and allow.everyone.if.no.acl.found:
@@ -338,6 +412,7 @@ class KafkaAclSource(PolledClient):
                                <= logging.DEBUG)
         self._on_update = on_update
         self._wake = asyncio.Event()
+        self._ids_wake = asyncio.Event()
         try:
             snapshot = await self.read()
         except AclsRefused:

@@ -104,6 +104,15 @@ class AclView:
     def __init__(self):
         self.authorizer = None
         self.generation = 0
+        # topic id -> name: from the Metadata answers clients get, and read
+        # whole (want_topic_ids) when a request names an id not in it
+        self.topic_names = {}
+        self.want_topic_ids = _nothing
+
+    def set_topic_ids(self, names):
+        """Every topic's id, as just read from the cluster."""
+        self.topic_names.clear()
+        self.topic_names.update(names)
 
     def update(self, snapshot):
         from ...policy.acls import Authorizer
@@ -114,6 +123,10 @@ class AclView:
             self.authorizer = Authorizer(
                 snapshot.bindings, snapshot.super_users, snapshot.allow_everyone_if_no_acl_found)
         self.generation += 1
+
+
+def _nothing():
+    pass
 
 
 def _first_compact_string(frame, head):
@@ -206,7 +219,7 @@ class Authorization(Filter):
 
     def __init__(self, view):
         self.view = view
-        self.topic_names = {}  # topic id -> name, from the Metadata answers clients get
+        self.topic_names = view.topic_names  # topic id -> name (AclView)
         # correlation ids of Produce requests sent on without refused topics, whose
         # answers take those topics' errors (any connection's: one that shares an id
         # only takes the long way)
@@ -367,6 +380,10 @@ class Authorization(Filter):
         for entry in entries:
             name = wire.topic_key(entry, spec, self.topic_names)
             if name is None:
+                # an id this process has not seen: Kafka's answer for an unknown
+                # one, which clients retry after a Metadata refresh, by when it is
+                # read (the topic may be new, or named on another worker)
+                self.view.want_topic_ids()
                 refused.append(entry)
                 errors.append(wire.UNKNOWN_TOPIC_ID)
             elif allowed(TOPIC, name, spec.operation) and (
