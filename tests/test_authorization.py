@@ -237,3 +237,26 @@ def test_the_java_consumer_gets_kafkas_own_errors_on_bobs_group_and_topic(
     code, out = consume_as_alice(ALICE_TOPIC, ALICE_GROUP + "-java2")
     assert code == 0 and "Exception" not in out, out
     assert "from alice" in out or "for java" in out, out
+
+
+def test_the_kip_848_java_consumer_gets_kafkas_own_errors_on_bobs_group_and_topic(
+        kafka_acl, proxy, tmp_path):
+    """The same with the consumer group protocol of KIP-848 (ConsumerGroupHeartbeat, whose
+    schema kafka-python lacks): the proxy answers in Kafka's layout rather than closing."""
+    kafka = kafka_acl
+    consumer = "org.apache.kafka.tools.consumer.ConsoleConsumer"
+
+    def consume_as_alice(topic, group):
+        return java_tool(kafka, proxy, tmp_path, "alice", consumer, "--topic", topic,
+                         "--group", group, "--from-beginning", "--max-messages", "1",
+                         "--timeout-ms", "20000", "--consumer.config", "{config}",
+                         "--consumer-property", "group.protocol=consumer")
+
+    code, out = consume_as_alice(ALICE_TOPIC, BOB_GROUP + "-848")
+    assert "GroupAuthorizationException" in out or "Not authorized to access group" in out, out
+    code, out = consume_as_alice(BOB_TOPIC, ALICE_GROUP + "-848")
+    assert "TopicAuthorizationException" in out or "Not authorized to access topics" in out, out
+    assert produce(kafka, proxy, "alice", ALICE_TOPIC, b"for kip-848") is None
+    code, out = consume_as_alice(ALICE_TOPIC, ALICE_GROUP + "-848b")
+    assert code == 0 and "Exception" not in out, out
+    assert "from alice" in out or "for java" in out or "for kip-848" in out, out

@@ -4,6 +4,7 @@ principal, refusals answered as a Kafka broker answers them.
 
 ACLs: alice may WRITE, READ and DESCRIBE the topics prefixed ``alice-`` and
 READ the groups prefixed ``alice-``; nothing else is granted to anyone."""
+import struct
 import uuid
 import warnings
 
@@ -15,7 +16,7 @@ from kthrottle.proxy import filters as registry
 from kthrottle.proxy.filters.authorization import AclView, Authorization
 from kthrottle.sources.acls import AclSnapshot
 from kafka_frames import frame_response
-from test_pipeline import Harness, advertise, cids, raw_request, req_cids
+from test_pipeline import Harness, advertise, cids, frames_of, raw_request, req_cids
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -747,6 +748,39 @@ def consumer_group_heartbeat(cid, group):
     return raw_request(cid, 68, 0, body)
 
 
+def _cstr(text):
+    if text is None:
+        return b"\x00"
+    data = text.encode()
+    return bytes([len(data) + 1]) + data
+
+
+def cg_heartbeat(cid, group, names=None, regex=None, version=1):
+    """ConsumerGroupHeartbeat (ConsumerGroupHeartbeatRequest.json) with its subscription."""
+    subscribed = b"\x00" if names is None else bytes([len(names) + 1]) + b"".join(
+        _cstr(n) for n in names)
+    body = (b"\x00" + _cstr(group) + _cstr("m1") + struct.pack(">i", 0) + b"\x00\x00"
+            + struct.pack(">i", -1) + subscribed + (_cstr(regex) if version >= 1 else b"")
+            + b"\x00\x00\x00")
+    return raw_request(cid, 68, version, body)
+
+
+def cg_heartbeat_answer(cid, assignment):
+    """Its answer, assigning ``assignment`` ([(topic id, [partition, ...])])."""
+    entries = b"".join(tid.bytes + bytes([len(parts) + 1])
+                       + b"".join(struct.pack(">i", p) for p in parts) + b"\x00"
+                       for tid, parts in assignment)
+    payload = (struct.pack(">i", cid) + b"\x00" + struct.pack(">ih", 0, 0) + b"\x00"
+               + _cstr("m1") + struct.pack(">ii", 5, 3000) + b"\x01"
+               + bytes([len(assignment) + 1]) + entries + b"\x00\x00")
+    return struct.pack(">i", len(payload)) + payload
+
+
+def heartbeat_error(frame):
+    """The ErrorCode of a framed ConsumerGroupHeartbeat answer."""
+    return struct.unpack_from(">h", frame, 13)[0]  # size, id, header tags, throttle
+
+
 def test_a_kip_848_heartbeat_is_checked_on_its_group_id():
     h = harness(view_of())
     request = consumer_group_heartbeat(42, "alice-g")
@@ -754,8 +788,74 @@ def test_a_kip_848_heartbeat_is_checked_on_its_group_id():
     assert h.take_broker() == request and h.closed is None
     h.client(consumer_group_heartbeat(43, "bob-g"))
     assert h.take_broker() == b""
-    # no schema to answer with: the connection is closed instead
-    assert h.closed is not None and "api key 68" in h.closed
+    h.broker(cg_heartbeat_answer(42, []))
+    # Kafka's answer, in the layout the proxy writes for APIs kafka-python has no schema of,
+    # in its turn
+    out = h.take_client()
+    assert cids(out) == [42, 43] and heartbeat_error(frames_of(out)[1]) == \
+        GROUP_AUTHORIZATION_FAILED
+    assert h.closed is None
+
+
+def test_a_kip_848_heartbeat_subscribing_to_bobs_topic_is_refused_as_kafka_refuses_it():
+    h = harness(view_of())
+    h.client(cg_heartbeat(44, "alice-g", names=["alice-t", "bob-t"]))
+    assert h.take_broker() == b""
+    out = h.take_client()
+    assert cids(out) == [44] and heartbeat_error(out) == TOPIC_AUTHORIZATION_FAILED
+    request = cg_heartbeat(45, "alice-g", names=["alice-t"])
+    h.client(request)
+    assert h.take_broker() == request
+
+
+def test_a_kip_848_assignment_leaves_out_the_topics_she_may_not_describe():
+    """A regex is resolved by the coordinator as the proxy's principal: her
+    answer keeps what she may describe (an id not seen yet stays: its Fetch is
+    checked on its own)."""
+    h = harness(view_of())
+    h.client(metadata(46, ["alice-t", "bob-t"]))
+    h.take_broker()
+    h.broker(metadata_answer(46, ["alice-t", "bob-t"]))
+    h.take_client()
+    request = cg_heartbeat(47, "alice-g", regex="alice-.*|bob-.*")
+    h.client(request)
+    assert h.take_broker() == request
+    unseen = uuid.UUID(int=0xC0)
+    h.broker(cg_heartbeat_answer(47, [(ALICE_TOPIC_ID, [0, 1]), (BOB_TOPIC_ID, [0]),
+                                      (unseen, [3])]))
+    assert h.take_client() == cg_heartbeat_answer(47, [(ALICE_TOPIC_ID, [0, 1]), (unseen, [3])])
+    # one with nothing of bob's goes on as it came
+    h.client(cg_heartbeat(48, "alice-g"))
+    h.take_broker()
+    answer = cg_heartbeat_answer(48, [(ALICE_TOPIC_ID, [0, 1])])
+    h.broker(answer)
+    assert h.take_client() == answer
+
+
+def consumer_group_describe(cid, groups, version=1):
+    body = b"\x00" + bytes([len(groups) + 1]) + b"".join(_cstr(g) for g in groups) + b"\x00\x00"
+    return raw_request(cid, 69, version, body)
+
+
+def test_a_kip_848_describe_of_her_group_and_bobs_gets_bobs_refused_in_the_brokers_answer():
+    from kthrottle.codecs.group_answers import describe_groups_error_response
+
+    h = harness(view_of())
+    h.client(consumer_group_describe(49, ["bob-g", "alice-g", "bob-2"]))
+    assert h.take_broker() == consumer_group_describe(49, ["alice-g"])
+    # the broker describes alice-g (an error answer is as good a layout as any)
+    h.broker(describe_groups_error_response(69, 1, 49, ["alice-g"], 0))
+    refused = describe_groups_error_response(69, 1, 49, ["bob-g", "bob-2"],
+                                             GROUP_AUTHORIZATION_FAILED)
+    hers = describe_groups_error_response(69, 1, 49, ["alice-g"], 0)
+    # size, id, header tags, throttle; then the array: bob's two first, then the broker's
+    payload = hers[4:13] + bytes([3 + 1]) + refused[14:-1] + hers[14:]
+    assert h.take_client() == struct.pack(">i", len(payload)) + payload
+    # every group refused: answered without the broker
+    h.client(consumer_group_describe(50, ["bob-g"]))
+    assert h.take_broker() == b""
+    assert h.take_client() == describe_groups_error_response(69, 1, 50, ["bob-g"],
+                                                             GROUP_AUTHORIZATION_FAILED)
 
 
 def test_authorized_operations_in_metadata_are_the_principals_not_the_proxys():
@@ -861,4 +961,200 @@ def test_a_head_patched_after_a_request_was_replaced_patches_the_new_request():
     h.client(fetch(60, {"alice-t": [0], "bob-t": [0]}))
     got = decoded(FetchRequest, 12, h.take_broker())
     assert [t.topic for t in got.topics] == ["alice-t"] and got.max_wait_ms == 1234
+    assert h.closed is None
+
+
+# requests naming several groups, transactional ids or resources, some refused -------
+# (Kafka answers each refused one with its error and serves the rest)
+
+from kthrottle.codecs import acl_requests as wire  # noqa: E402
+
+
+def req(key, version, cid, **fields):
+    return framed(wire.request_class(key)[version](**fields), cid)
+
+
+def resp(key, version, cid, **fields):
+    return wire.response_for(key, version, cid, **fields)
+
+
+def sub(cls, field):
+    return cls.fields[field].data_class
+
+
+def got(key, version, frame):
+    return decoded(wire.response_class(key), version, frame)
+
+
+def sent(key, version, frame):
+    return decoded(wire.request_class(key), version, frame)
+
+
+def test_describe_groups_of_hers_and_bobs_gets_bobs_refused_in_the_brokers_answer():
+    h = harness(view_of())
+    h.client(req(15, 5, 80, groups=["alice-g", "bob-g"], include_authorized_operations=False))
+    assert sent(15, 5, h.take_broker()).groups == ["alice-g"]
+    G = sub(wire.response_class(15)[5], "groups")
+    h.broker(resp(15, 5, 80, groups=[G(error_code=0, group_id="alice-g", group_state="Stable",
+                                       protocol_type="consumer", protocol_data="range",
+                                       members=[], authorized_operations=None)]))
+    answer = got(15, 5, h.take_client())
+    assert [(g.group_id, g.error_code, g.group_state) for g in answer.groups] == [
+        ("alice-g", 0, "Stable"), ("bob-g", GROUP_AUTHORIZATION_FAILED, "")]
+
+
+def test_delete_groups_of_hers_and_bobs_deletes_hers_only():
+    view = view_of(ALICE_ACLS + (acl(ResourceType.GROUP, "alice-", "User:alice", Op.DELETE),))
+    h = harness(view)
+    h.client(req(42, 2, 81, groups_names=["bob-g", "alice-g"]))
+    assert sent(42, 2, h.take_broker()).groups_names == ["alice-g"]
+    R = sub(wire.response_class(42)[2], "results")
+    h.broker(resp(42, 2, 81, results=[R(group_id="alice-g", error_code=0)]))
+    assert sorted((r.group_id, r.error_code) for r in got(42, 2, h.take_client()).results) == [
+        ("alice-g", 0), ("bob-g", GROUP_AUTHORIZATION_FAILED)]
+
+
+def test_offset_fetch_v8_of_two_groups_refuses_bobs_group_and_bobs_topic_in_hers():
+    h = harness(view_of())
+    Q = wire.request_class(9)[8]
+    QG = sub(Q, "groups")
+    QT = sub(QG, "topics")
+    h.client(framed(Q(groups=[
+        QG(group_id="alice-g", topics=[QT(name="alice-t", partition_indexes=[0]),
+                                       QT(name="bob-t", partition_indexes=[0, 1])]),
+        QG(group_id="bob-g", topics=None)], require_stable=False), 82))
+    asked = sent(9, 8, h.take_broker())
+    assert [(g.group_id, [t.name for t in g.topics]) for g in asked.groups] == [
+        ("alice-g", ["alice-t"])]
+    R = wire.response_class(9)[8]
+    RG = sub(R, "groups")
+    RT = sub(RG, "topics")
+    RP = sub(RT, "partitions")
+    h.broker(resp(9, 8, 82, groups=[RG(group_id="alice-g", error_code=0, topics=[
+        RT(name="alice-t", partitions=[RP(partition_index=0, committed_offset=42,
+                                          committed_leader_epoch=-1, metadata="",
+                                          error_code=0)])])]))
+    answer = got(9, 8, h.take_client())
+    assert {g.group_id: (g.error_code, {(t.name, p.partition_index, p.committed_offset,
+                                         p.error_code) for t in g.topics for p in t.partitions})
+            for g in answer.groups} == {
+        "alice-g": (0, {("alice-t", 0, 42, 0), ("bob-t", 0, -1, TOPIC_AUTHORIZATION_FAILED),
+                        ("bob-t", 1, -1, TOPIC_AUTHORIZATION_FAILED)}),
+        "bob-g": (GROUP_AUTHORIZATION_FAILED, set())}
+
+
+def test_offset_fetch_v5_of_every_topic_keeps_only_what_she_may_describe():
+    h = harness(view_of())
+    h.client(req(9, 5, 83, group_id="alice-g", topics=None))
+    h.take_broker()
+    R = wire.response_class(9)[5]
+    RT = sub(R, "topics")
+    RP = sub(RT, "partitions")
+
+    def topic(name):
+        return RT(name=name, partitions=[RP(partition_index=0, committed_offset=7,
+                                            committed_leader_epoch=-1, metadata="",
+                                            error_code=0)])
+
+    h.broker(resp(9, 5, 83, topics=[topic("alice-t"), topic("bob-t")], error_code=0))
+    assert [t.name for t in got(9, 5, h.take_client()).topics] == ["alice-t"]
+
+
+def test_describe_configs_of_her_topic_and_bobs_and_the_brokers():
+    view = view_of(ALICE_ACLS + (acl(ResourceType.TOPIC, "alice-", "User:alice",
+                                     Op.DESCRIBE_CONFIGS),))
+    h = harness(view)
+    Q = wire.request_class(32)[4]
+    QR = sub(Q, "resources")
+    h.client(framed(Q(resources=[QR(resource_type=2, resource_name="alice-t",
+                                    configuration_keys=None),
+                                 QR(resource_type=2, resource_name="bob-t",
+                                    configuration_keys=None),
+                                 QR(resource_type=4, resource_name="1",
+                                    configuration_keys=None)],
+                      include_synonyms=False, include_documentation=False), 84))
+    assert [r.resource_name for r in sent(32, 4, h.take_broker()).resources] == ["alice-t"]
+    RR = sub(wire.response_class(32)[4], "results")
+    h.broker(resp(32, 4, 84, results=[RR(error_code=0, error_message=None, resource_type=2,
+                                         resource_name="alice-t", configs=[])]))
+    assert [(r.resource_name, r.error_code) for r in got(32, 4, h.take_client()).results] == [
+        ("alice-t", 0), ("bob-t", TOPIC_AUTHORIZATION_FAILED),
+        ("1", CLUSTER_AUTHORIZATION_FAILED)]
+
+
+def test_describe_transactions_refuses_the_ids_she_may_not_describe():
+    view = view_of(ALICE_ACLS + (acl(ResourceType.TRANSACTIONAL_ID, "alice-", "User:alice",
+                                     Op.DESCRIBE),))
+    h = harness(view)
+    h.client(req(65, 0, 85, transactional_ids=["alice-tx", "bob-tx"]))
+    assert sent(65, 0, h.take_broker()).transactional_ids == ["alice-tx"]
+    S = sub(wire.response_class(65)[0], "transaction_states")
+    h.broker(resp(65, 0, 85, transaction_states=[S(
+        error_code=0, transactional_id="alice-tx", transaction_state="Ongoing",
+        transaction_timeout_ms=60000, transaction_start_time_ms=1, producer_id=5,
+        producer_epoch=0, topics=[])]))
+    assert [(t.transactional_id, t.error_code) for t in
+            got(65, 0, h.take_client()).transaction_states] == [
+        ("alice-tx", 0), ("bob-tx", TRANSACTIONAL_ID_AUTHORIZATION_FAILED)]
+
+
+def test_list_transactions_lists_only_the_ids_she_may_describe():
+    view = view_of(ALICE_ACLS + (acl(ResourceType.TRANSACTIONAL_ID, "alice-", "User:alice",
+                                     Op.DESCRIBE),))
+    h = harness(view)
+    h.client(req(66, 1, 86, state_filters=[], producer_id_filters=[], duration_filter=-1))
+    assert req_cids(h.take_broker()) == [86]
+    S = sub(wire.response_class(66)[1], "transaction_states")
+    h.broker(resp(66, 1, 86, error_code=0, unknown_state_filters=[], transaction_states=[
+        S(transactional_id=t, producer_id=1, transaction_state="Ongoing")
+        for t in ("alice-tx", "bob-tx")]))
+    assert [t.transactional_id for t in got(66, 1, h.take_client()).transaction_states] == [
+        "alice-tx"]
+
+
+def test_describe_topic_partitions_of_every_topic_leaves_out_bobs():
+    h = harness(view_of())
+    h.client(req(75, 0, 87, topics=[], response_partition_limit=2000, cursor=None))
+    assert req_cids(h.take_broker()) == [87]
+    T = sub(wire.response_class(75)[0], "topics")
+
+    def topic(name):
+        return T(error_code=0, name=name, topic_id=TOPIC_IDS[name], is_internal=False,
+                 partitions=[], topic_authorized_operations=NOT_ASKED_OPS)
+
+    mine = topic("alice-t")
+    mine.topic_authorized_operations = 0xFF8  # what the proxy's principal may: everything
+    h.broker(resp(75, 0, 87, topics=[mine, topic("bob-t")], next_cursor=None))
+    answer = got(75, 0, h.take_client())
+    assert [t.name for t in answer.topics] == ["alice-t"]
+    # KIP-430: what she may do (READ, WRITE, DESCRIBE), not the proxy's principal
+    assert answer.topics[0].topic_authorized_operations == (1 << 3) | (1 << 4) | (1 << 8)
+    # named: bob's refused in the broker's answer
+    h.client(req(75, 0, 88, topics=[sub(wire.request_class(75)[0], "topics")(name=n)
+                                    for n in ("alice-t", "bob-t")],
+                 response_partition_limit=2000, cursor=None))
+    assert [t.name for t in sent(75, 0, h.take_broker()).topics] == ["alice-t"]
+    h.broker(resp(75, 0, 88, topics=[topic("alice-t")], next_cursor=None))
+    assert [(t.name, t.error_code) for t in got(75, 0, h.take_client()).topics] == [
+        ("alice-t", 0), ("bob-t", TOPIC_AUTHORIZATION_FAILED)]
+
+
+NOT_ASKED_OPS = -2 ** 31  # Kafka's "not asked for"
+
+
+def test_add_partitions_to_txn_v3_with_bobs_topic_fails_whole_as_kafka_fails_it():
+    view = view_of(ALICE_ACLS + (acl(ResourceType.TRANSACTIONAL_ID, "alice-", "User:alice",
+                                     Op.WRITE),))
+    h = harness(view)
+    T = sub(wire.request_class(24)[3], "v3_and_below_topics")
+    h.client(req(24, 3, 89, v3_and_below_transactional_id="alice-tx",
+                 v3_and_below_producer_id=5, v3_and_below_producer_epoch=0,
+                 v3_and_below_topics=[T(name="alice-t", partitions=[0]),
+                                      T(name="bob-t", partitions=[1, 2])]))
+    assert h.take_broker() == b""
+    answer = got(24, 3, h.take_client())
+    assert {(t.name, p.partition_index, p.partition_error_code)
+            for t in answer.results_by_topic_v3_and_below for p in t.results_by_partition} == {
+        ("alice-t", 0, 55), ("bob-t", 1, TOPIC_AUTHORIZATION_FAILED),
+        ("bob-t", 2, TOPIC_AUTHORIZATION_FAILED)}
     assert h.closed is None

@@ -37,7 +37,7 @@ attribute check. Until the ACLs have been read once, requests wait unread.
 import logging
 
 from ...codecs import acl_requests as wire
-from ...codecs import apis
+from ...codecs import apis, group_answers
 from ...codecs.acl_requests import (
     CLUSTER,
     CLUSTER_NAME,
@@ -82,7 +82,12 @@ FIRST_FIELD_GROUP = {68: READ, 76: READ, 78: READ, 79: READ, 88: READ, 91: ALTER
 # share-group APIs that name topics (KIP-932): subscriptions, fetches, acknowledgements
 SHARE_APIS = frozenset({76, 78, 79, 91})
 # describe APIs without a schema whose first field is an array of groups
-GROUP_ARRAY_FIRST = {69: READ, 77: DESCRIBE, 89: DESCRIBE}
+GROUP_ARRAY_FIRST = {69: DESCRIBE, 77: DESCRIBE, 89: DESCRIBE}
+# heartbeats naming the topics subscribed to: DESCRIBE on each (Kafka answers
+# TOPIC_AUTHORIZATION_FAILED otherwise), and their assignments read
+HEARTBEATS = frozenset({68, 76})
+# APIs without a schema whose top-level error answer the proxy writes itself
+GROUP_ANSWERED = frozenset({68, 76, 78, 79, 88, 91, 92})
 # no check in Kafka: the handshake and the client's telemetry (KIP-714)
 UNCHECKED = {apis.API_VERSIONS, 17, 36, 71, 72}
 LIST_GROUPS = 16
@@ -93,6 +98,7 @@ MERGING_KEPT = 10_000  # Produce answers awaited with refused topics' errors, at
 # delegation tokens: one created through a terminating proxy would be the
 # proxy's own principal's, a way around every check here
 DELEGATION_TOKEN_APIS = {38, 39, 40, 41}
+OPERATION_NOT_ATTEMPTED = 55
 
 
 class AclView:
@@ -319,6 +325,17 @@ class Authorization(Filter):
                 group = _first_compact_string(frame, head)
                 if not allowed(GROUP, group or "", FIRST_FIELD_GROUP[key]):
                     return self._refuse_top_level(ctx, head, wire.GROUP_AUTHORIZATION_FAILED)
+                if key in HEARTBEATS:
+                    names, _ = group_answers.subscribed_topics(key, version, frame,
+                                                               head.body_offset)
+                    if names and not all(allowed(TOPIC, n, DESCRIBE) for n in names):
+                        return self._refuse_top_level(ctx, head,
+                                                      wire.TOPIC_AUTHORIZATION_FAILED)
+                    if not allowed.every(TOPIC, DESCRIBE):
+                        # the coordinator assigns as the proxy's principal (a regex
+                        # may match topics she may not see): her answer is read
+                        ctx.note(inflight, allowed)
+                        ctx.gather_response(inflight)
                 if key in SHARE_APIS and not allowed.every(TOPIC, READ):
                     # the topics a share request names (by id, in a layout without a schema
                     # here) are not read yet: only a principal that may read every topic
@@ -326,10 +343,20 @@ class Authorization(Filter):
                                        "ACLs need READ on every topic for now")
                 return None
             if key in GROUP_ARRAY_FIRST:
+                op = GROUP_ARRAY_FIRST[key]
                 groups = _first_compact_strings(frame, head)
-                if all(allowed(GROUP, g or "", GROUP_ARRAY_FIRST[key]) for g in groups):
+                refused = [g for g in groups if not allowed(GROUP, g or "", op)]
+                if not refused:
                     return None
-                return self._close(ctx, head, "a group it names is refused")
+                answer = group_answers.describe_groups_error_response(
+                    key, version, head.correlation_id, refused, wire.GROUP_AUTHORIZATION_FAILED)
+                if len(refused) == len(groups):
+                    return Answer(answer)
+                # the allowed groups asked of the broker, the refused ones put into its answer
+                ctx.note(inflight, answer)
+                ctx.gather_response(inflight)
+                return Replace(group_answers.groups_request_without(
+                    frame, head.body_offset, lambda g: allowed(GROUP, g, op)))
             if wire.request_class(key) is None:
                 return self._close(ctx, head, "no decoder to check it with")
             request = wire.decode(key, version, frame)
@@ -346,6 +373,12 @@ class Authorization(Filter):
 
     def _refuse_top_level(self, ctx, head, error):
         key, version = head.api_key, head.api_version
+        if key in GROUP_ANSWERED:
+            try:
+                return Answer(group_answers.error_response(key, version, head.correlation_id,
+                                                           error))
+            except ValueError:  # a version the proxy has no layout of
+                return self._close(ctx, head, "refused, in a version the proxy cannot answer")
         if wire.has_field(key, version, "error_code"):
             fields = {"error_code": error}
             if wire.has_field(key, version, "error_message"):
@@ -433,6 +466,14 @@ class Authorization(Filter):
             self.merging.discard(inflight.correlation_id)
         if key == apis.FETCH:
             return wire.add_fetch_topics(frame, inflight.api_version, answered)
+        if key in HEARTBEATS:
+            return self._assignment(inflight, frame, answered)
+        if key in GROUP_ARRAY_FIRST:
+            return group_answers.add_described_groups(frame, answered)
+        if answered.__class__ is _Merge:
+            response = wire.decode_response(key, inflight.api_version, frame)
+            answered.into(response)
+            return wire.encode_response(response, inflight.correlation_id)
         if key == apis.FIND_COORDINATOR:
             response = wire.decode_response(key, inflight.api_version, frame)
             response.coordinators = list(response.coordinators or []) + answered
@@ -442,6 +483,46 @@ class Authorization(Filter):
         setattr(response, spec.resp_topics,
                 list(getattr(response, spec.resp_topics) or []) + answered)
         return wire.encode_response(response, inflight.correlation_id)
+
+
+    def _assignment(self, inflight, frame, allowed):
+        """A heartbeat's answer without the assigned topics the principal may
+        not describe; an id not seen yet is left in (and read: the Fetch of
+        it is checked on its own)."""
+        names = self.topic_names
+
+        def keep(topic_id):
+            name = names.get(topic_id)
+            if name is None:
+                self.view.want_topic_ids()
+                return True
+            return allowed(TOPIC, name, DESCRIBE)
+
+        return group_answers.assignment_without(inflight.api_key, inflight.api_version, frame,
+                                                keep) or frame
+
+
+class _Merge:
+    """What the proxy answered itself of a request sent on in part: put
+    into the broker's answer by ``into(response)`` (a decoded response)."""
+
+    __slots__ = ("into",)
+
+    def __init__(self, into):
+        self.into = into
+
+
+def _later(ctx, inflight, merge):
+    """The broker's answer to this request is read whole and ``merge`` put into it."""
+    ctx.note(inflight, merge)
+    ctx.gather_response(inflight)
+
+
+def _append(field, entries):
+    """A _Merge adding ``entries`` to the response's array ``field``."""
+    def into(response):
+        setattr(response, field, list(getattr(response, field) or []) + entries)
+    return _Merge(into)
 
 
 def _produce_allowed(frame, head, allowed):
@@ -543,6 +624,7 @@ TOPIC_OPERATIONS = (READ, WRITE, CREATE, DESCRIBE, DELETE, ALTER, DESCRIBE_CONFI
 CLUSTER_OPERATIONS = (CREATE, wire.CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS,
                       IDEMPOTENT_WRITE, ALTER, DESCRIBE)
 NOT_ASKED = None  # authorized_operations not asked for (kafka-python's reading of INT32_MIN)
+OPERATIONS_NOT_ASKED = -2 ** 31  # the same where kafka-python reads the field as an int32
 
 
 def _operations(allowed, kind, name, operations):
@@ -667,53 +749,153 @@ def _all_topics_refused(self, head, request, error):
 
 
 def _offset_fetch(self, ctx, head, inflight, request, allowed):
-    """OffsetFetch: DESCRIBE on the group, then on each topic; v8+ names
-    several groups (all must be allowed here, else the connection closes)."""
+    """OffsetFetch: DESCRIBE on each group (v8+ names several), then on each
+    topic it names (a null list: the broker leaves out what the principal
+    may not see... as the proxy's principal, so the answer is read). Refused
+    groups are answered GROUP_AUTHORIZATION_FAILED and refused topics
+    TOPIC_AUTHORIZATION_FAILED on each partition, in the broker's answer."""
     version = head.api_version
-    groups = ([request.group_id] if version < 8
-              else [g.group_id for g in request.groups or []])
-    if all(allowed(GROUP, g or "", DESCRIBE) for g in groups):
-        topic_lists = ([request.topics] if version < 8
-                       else [g.topics for g in request.groups or []])
-        names = [t.name for topics in topic_lists for t in topics or [] if t.name]
-        if all(allowed(TOPIC, n, DESCRIBE) for n in names):
-            return None  # a null topic list: the broker leaves out what it may not
-        return self._close(ctx, head, "a topic it names is refused")
-    if version < 8 and version >= 2:
-        return Answer(wire.response_for(9, version, head.correlation_id, topics=[],
-                                        error_code=wire.GROUP_AUTHORIZATION_FAILED))
-    if version >= 8 and len(groups) == 1:
-        group_cls = wire.response_class(9)[version].fields["groups"].data_class
-        return Answer(wire.response_for(9, version, head.correlation_id, groups=[
-            group_cls(group_id=groups[0], topics=[],
-                      error_code=wire.GROUP_AUTHORIZATION_FAILED)]))
-    return self._close(ctx, head, "its group is refused")
+    names = self.topic_names
+    if version < 8:
+        if not allowed(GROUP, request.group_id or "", DESCRIBE):
+            if version >= 2:
+                return Answer(wire.response_for(9, version, head.correlation_id, topics=[],
+                                                error_code=wire.GROUP_AUTHORIZATION_FAILED))
+            topic_cls = wire.response_class(9)[version].fields["topics"].data_class
+            return Answer(wire.response_for(9, version, head.correlation_id, topics=[
+                _refused_offsets(topic_cls, t, names, wire.GROUP_AUTHORIZATION_FAILED)
+                for t in request.topics or []]))
+        if request.topics is None:  # every topic the group has offsets for
+            if allowed.every(TOPIC, DESCRIBE):
+                return None
+            _later(ctx, inflight, _Merge(lambda r: _offsets_seen(r, allowed)))
+            return None
+        kept, refused = _split_topics(request.topics, allowed, names)
+        if not refused:
+            return None
+        topic_cls = wire.response_class(9)[version].fields["topics"].data_class
+        answered = [_refused_offsets(topic_cls, t, names) for t in refused]
+        if not kept:
+            fields = {"topics": answered}
+            if version >= 2:
+                fields["error_code"] = 0
+            return Answer(wire.response_for(9, version, head.correlation_id, **fields))
+        request.topics = kept
+        _later(ctx, inflight, _append("topics", answered))
+        return Replace(wire.encode(request, head.correlation_id, head.client_id))
+    group_cls = wire.response_class(9)[version].fields["groups"].data_class
+    topic_cls = group_cls.fields["topics"].data_class
+    kept_groups, refused_groups, per_group, every_topic = [], [], {}, []
+    for group in request.groups or []:
+        if not allowed(GROUP, group.group_id or "", DESCRIBE):
+            refused_groups.append(group_cls(group_id=group.group_id, topics=[],
+                                            error_code=wire.GROUP_AUTHORIZATION_FAILED))
+            continue
+        kept_groups.append(group)
+        if group.topics is None:
+            every_topic.append(group.group_id)
+            continue
+        kept, refused = _split_topics(group.topics, allowed, names)
+        if refused:
+            group.topics = kept
+            per_group[group.group_id] = [_refused_offsets(topic_cls, t, names)
+                                         for t in refused]
+    if every_topic and allowed.every(TOPIC, DESCRIBE):
+        every_topic = []
+    if not refused_groups and not per_group and not every_topic:
+        return None
+    if not kept_groups:
+        return Answer(wire.response_for(9, version, head.correlation_id, groups=refused_groups))
+
+    def into(response):
+        for group in response.groups or []:
+            if group.group_id in every_topic:
+                group.topics = [t for t in group.topics or []
+                                if _described(allowed, t, names)]
+            group.topics = list(group.topics or []) + per_group.get(group.group_id, [])
+        response.groups = list(response.groups or []) + refused_groups
+
+    _later(ctx, inflight, _Merge(into))
+    if refused_groups or per_group:
+        request.groups = kept_groups
+        return Replace(wire.encode(request, head.correlation_id, head.client_id))
+    return None
+
+
+def _split_topics(topics, allowed, names):
+    kept, refused = [], []
+    for topic in topics:
+        (kept if _described(allowed, topic, names) else refused).append(topic)
+    return kept, refused
+
+
+def _described(allowed, topic, names):
+    """Whether the principal may describe an OffsetFetch topic (by name, or by id from v10)."""
+    name = topic.name
+    if not name:
+        topic_id = getattr(topic, "topic_id", None)
+        name = names.get(topic_id) if topic_id is not None else None
+        if name is None:
+            return False
+    return allowed(TOPIC, name, DESCRIBE)
+
+
+def _refused_offsets(topic_cls, topic, names, error=wire.TOPIC_AUTHORIZATION_FAILED):
+    """Kafka's answer for an OffsetFetch topic it refuses: each partition asked
+    with ``error``, no offset (-1)."""
+    part_cls = topic_cls.fields["partitions"].data_class
+    fields = {"name": topic.name or ""}
+    if "topic_id" in topic_cls.fields:
+        fields["topic_id"] = getattr(topic, "topic_id", None) or wire.NO_TOPIC_ID
+    fields["partitions"] = [
+        part_cls(partition_index=i, committed_offset=-1, committed_leader_epoch=-1,
+                 metadata="", error_code=error)
+        for i in topic.partition_indexes or []]
+    return topic_cls(**fields)
+
+
+def _offsets_seen(response, allowed):
+    response.topics = [t for t in response.topics or [] if allowed(TOPIC, t.name or "",
+                                                                   DESCRIBE)]
 
 
 def _describe_groups(self, ctx, head, inflight, request, allowed):
+    """DescribeGroups: DESCRIBE on each group; a refused one is answered
+    GROUP_AUTHORIZATION_FAILED in the broker's answer."""
     groups = list(request.groups or [])
     refused = [g for g in groups if not allowed(GROUP, g or "", DESCRIBE)]
     if not refused:
         return None
-    if len(refused) < len(groups):
-        return self._close(ctx, head, "some of the groups it names are refused")
     version = head.api_version
     group_cls = wire.response_class(15)[version].fields["groups"].data_class
-    return Answer(wire.response_for(15, version, head.correlation_id, groups=[
-        group_cls(error_code=wire.GROUP_AUTHORIZATION_FAILED, group_id=g, group_state="",
-                  protocol_type="", protocol_data="", members=[]) for g in groups]))
+    extra = ({"authorized_operations": None}
+             if "authorized_operations" in group_cls.fields else {})
+    answered = [group_cls(error_code=wire.GROUP_AUTHORIZATION_FAILED, group_id=g,
+                          group_state="", protocol_type="", protocol_data="", members=[],
+                          **extra) for g in refused]
+    if len(refused) == len(groups):
+        return Answer(wire.response_for(15, version, head.correlation_id, groups=answered))
+    request.groups = [g for g in groups if g not in refused]
+    _later(ctx, inflight, _append("groups", answered))
+    return Replace(wire.encode(request, head.correlation_id, head.client_id))
 
 
 def _delete_groups(self, ctx, head, inflight, request, allowed):
+    """DeleteGroups: DELETE on each group; a refused one is answered
+    GROUP_AUTHORIZATION_FAILED in the broker's answer."""
     groups = list(request.groups_names or [])
-    if all(allowed(GROUP, g or "", DELETE) for g in groups):
+    refused = [g for g in groups if not allowed(GROUP, g or "", DELETE)]
+    if not refused:
         return None
-    if any(allowed(GROUP, g or "", DELETE) for g in groups):
-        return self._close(ctx, head, "some of the groups it names are refused")
     version = head.api_version
     result_cls = wire.response_class(42)[version].fields["results"].data_class
-    return Answer(wire.response_for(42, version, head.correlation_id, results=[
-        result_cls(group_id=g, error_code=wire.GROUP_AUTHORIZATION_FAILED) for g in groups]))
+    answered = [result_cls(group_id=g, error_code=wire.GROUP_AUTHORIZATION_FAILED)
+                for g in refused]
+    if len(refused) == len(groups):
+        return Answer(wire.response_for(42, version, head.correlation_id, results=answered))
+    request.groups_names = [g for g in groups if g not in refused]
+    _later(ctx, inflight, _append("results", answered))
+    return Replace(wire.encode(request, head.correlation_id, head.client_id))
 
 
 def _list_groups(self, ctx, head, inflight, request, allowed):
@@ -757,17 +939,33 @@ def _txn_first(op_group=None):
 
 def _add_partitions_to_txn(self, ctx, head, inflight, request, allowed):
     """AddPartitionsToTxn: WRITE on the transactional id, then on each topic.
-    v4+ (batched, sent by brokers to verify) is checked whole."""
-    if head.api_version <= 3:
+    Up to v3 (clients), a refused topic fails the whole request as Kafka
+    fails it: TOPIC_AUTHORIZATION_FAILED on its partitions, OPERATION_NOT_ATTEMPTED
+    on the others. v4+ (batched, sent by brokers to verify) is checked whole."""
+    version = head.api_version
+    if version <= 3:
         txns = [(request.v3_and_below_transactional_id, request.v3_and_below_topics)]
     else:
         txns = [(t.transactional_id, t.topics) for t in request.transactions or []]
     for txn, topics in txns:
         if not allowed(TRANSACTIONAL_ID, txn or "", WRITE):
             return self._refuse_top_level(ctx, head, wire.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
-        for topic in topics or []:
-            if not allowed(TOPIC, topic.name or "", WRITE):
-                return self._close(ctx, head, "topic %s is refused" % topic.name)
+        refused = {t.name for t in topics or [] if not allowed(TOPIC, t.name or "", WRITE)}
+        if not refused:
+            continue
+        if version > 3:
+            return self._close(ctx, head, "a topic it names is refused")
+        topic_cls = wire.response_class(24)[version].fields[
+            "results_by_topic_v3_and_below"].data_class
+        part_cls = topic_cls.fields["results_by_partition"].data_class
+        return Answer(wire.response_for(24, version, head.correlation_id,
+                                        results_by_topic_v3_and_below=[
+            topic_cls(name=t.name, results_by_partition=[
+                part_cls(partition_index=p, partition_error_code=(
+                    wire.TOPIC_AUTHORIZATION_FAILED if t.name in refused
+                    else OPERATION_NOT_ATTEMPTED))
+                for p in t.partitions or []])
+            for t in topics or []]))
     return None
 
 
@@ -775,15 +973,32 @@ _CONFIG_RESOURCES = {2: TOPIC, 4: CLUSTER, 8: CLUSTER, 16: CLUSTER}  # broker lo
 
 
 def _configs(op):
+    """DescribeConfigs, AlterConfigs, IncrementalAlterConfigs: ``op`` on each
+    topic named, or on the cluster for a broker's (and its loggers'); a
+    refused resource is answered TOPIC_ or CLUSTER_AUTHORIZATION_FAILED in
+    the broker's answer."""
     def handler(self, ctx, head, inflight, request, allowed):
-        for resource in request.resources or []:
+        key, version = head.api_key, head.api_version
+        resources = list(request.resources or [])
+        kept, refused = [], []
+        for resource in resources:
             kind = _CONFIG_RESOURCES.get(resource.resource_type, CLUSTER)
             name = resource.resource_name if kind == TOPIC else CLUSTER_NAME
-            if not allowed(kind, name or "", op):
-                return self._close(ctx, head, "%s %s is refused" % (
-                    "topic" if kind == TOPIC else "the cluster's config",
-                    resource.resource_name))
-        return None
+            (kept if allowed(kind, name or "", op) else refused).append((resource, kind))
+        if not refused:
+            return None
+        field = "results" if key == 32 else "responses"
+        result_cls = wire.response_class(key)[version].fields[field].data_class
+        extra = {"configs": []} if "configs" in result_cls.fields else {}
+        answered = [result_cls(error_code=wire.ERROR_FOR[kind], error_message=None,
+                               resource_type=r.resource_type, resource_name=r.resource_name,
+                               **extra) for r, kind in refused]
+        if not kept:
+            return Answer(wire.response_for(key, version, head.correlation_id,
+                                            **{field: answered}))
+        request.resources = [r for r, _ in kept]
+        _later(ctx, inflight, _append(field, answered))
+        return Replace(wire.encode(request, head.correlation_id, head.client_id))
     return handler
 
 
@@ -793,25 +1008,76 @@ def _create_topics(self, ctx, head, inflight, request, allowed):
     return self._topic_list(ctx, head, inflight, request, allowed)
 
 
-def _by_names(kind, field, op):
-    def handler(self, ctx, head, inflight, request, allowed):
-        names = getattr(request, field, None) or []
-        if all(allowed(kind, n or "", op) for n in names):
-            return None
-        return self._close(ctx, head, "a resource it names is refused")
-    return handler
+def _describe_transactions(self, ctx, head, inflight, request, allowed):
+    """DescribeTransactions: DESCRIBE on each transactional id; a refused one
+    is answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED in the broker's answer."""
+    ids = list(request.transactional_ids or [])
+    refused = [t for t in ids if not allowed(TRANSACTIONAL_ID, t or "", DESCRIBE)]
+    if not refused:
+        return None
+    version = head.api_version
+    state_cls = wire.response_class(65)[version].fields["transaction_states"].data_class
+    answered = [state_cls(error_code=wire.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                          transactional_id=t, transaction_state="", transaction_timeout_ms=0,
+                          transaction_start_time_ms=-1, producer_id=-1, producer_epoch=-1,
+                          topics=[]) for t in refused]
+    if len(refused) == len(ids):
+        return Answer(wire.response_for(65, version, head.correlation_id,
+                                        transaction_states=answered))
+    request.transactional_ids = [t for t in ids if t not in refused]
+    _later(ctx, inflight, _append("transaction_states", answered))
+    return Replace(wire.encode(request, head.correlation_id, head.client_id))
 
 
 def _describe_topic_partitions(self, ctx, head, inflight, request, allowed):
-    if all(allowed(TOPIC, t.name or "", DESCRIBE) for t in request.topics or []):
-        return None
-    return self._close(ctx, head, "a topic it names is refused")
+    """DescribeTopicPartitions: DESCRIBE on each topic named (a refused one
+    answered TOPIC_AUTHORIZATION_FAILED in the broker's answer); with none
+    named the broker lists every topic, and the answer keeps those the
+    principal may describe. The operations it says are the principal's."""
+    topics = list(request.topics or [])
+    refused = [t for t in topics if not allowed(TOPIC, t.name or "", DESCRIBE)]
+    version = head.api_version
+    topic_cls = wire.response_class(75)[version].fields["topics"].data_class
+    answered = [topic_cls(error_code=wire.TOPIC_AUTHORIZATION_FAILED, name=t.name,
+                          topic_id=wire.NO_TOPIC_ID, is_internal=False, partitions=[],
+                          topic_authorized_operations=OPERATIONS_NOT_ASKED) for t in refused]
+    if topics and len(refused) == len(topics):
+        return Answer(wire.response_for(75, version, head.correlation_id, topics=answered,
+                                        next_cursor=None))
+
+    def into(response):
+        kept = []
+        for topic in response.topics or []:
+            name = topic.name or ""
+            if topic.error_code == 0 and not allowed(TOPIC, name, DESCRIBE):
+                continue  # listed because the proxy's principal may see it
+            if topic.topic_authorized_operations != OPERATIONS_NOT_ASKED:
+                # a plain int32 bitfield here (KIP-430's, one bit per operation code)
+                topic.topic_authorized_operations = sum(
+                    1 << op for op in _operations(allowed, TOPIC, name, TOPIC_OPERATIONS))
+            kept.append(topic)
+        response.topics = kept + answered
+
+    _later(ctx, inflight, _Merge(into))
+    if refused:
+        request.topics = [t for t in topics if t not in refused]
+        return Replace(wire.encode(request, head.correlation_id, head.client_id))
+    return None
 
 
 def _list_transactions(self, ctx, head, inflight, request, allowed):
+    """ListTransactions: the answer lists the transactional ids the principal
+    may describe, as Kafka's does."""
     if allowed.every(TRANSACTIONAL_ID, DESCRIBE):
         return None
-    return self._close(ctx, head, "it may not describe every transactional id")
+
+    def into(response):
+        response.transaction_states = [
+            t for t in response.transaction_states or []
+            if allowed(TRANSACTIONAL_ID, t.transactional_id or "", DESCRIBE)]
+
+    _later(ctx, inflight, _Merge(into))
+    return None
 
 
 _HANDLERS = {
@@ -834,7 +1100,7 @@ _HANDLERS = {
     42: _delete_groups,
     44: _configs(ALTER_CONFIGS),
     47: _offset_delete,
-    65: _by_names(TRANSACTIONAL_ID, "transactional_ids", DESCRIBE),
+    65: _describe_transactions,
     66: _list_transactions,
     75: _describe_topic_partitions,
 }
