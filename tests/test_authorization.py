@@ -236,7 +236,7 @@ def test_the_java_consumer_gets_kafkas_own_errors_on_bobs_group_and_topic(
     assert produce(kafka, proxy, "alice", ALICE_TOPIC, b"for java") is None
     code, out = consume_as_alice(ALICE_TOPIC, ALICE_GROUP + "-java2")
     assert code == 0 and "Exception" not in out, out
-    assert "from alice" in out or "for java" in out, out
+    assert "Processed a total of 1 messages" in out, out  # one of the records on her topic
 
 
 def test_the_kip_848_java_consumer_gets_kafkas_own_errors_on_bobs_group_and_topic(
@@ -259,4 +259,4 @@ def test_the_kip_848_java_consumer_gets_kafkas_own_errors_on_bobs_group_and_topi
     assert produce(kafka, proxy, "alice", ALICE_TOPIC, b"for kip-848") is None
     code, out = consume_as_alice(ALICE_TOPIC, ALICE_GROUP + "-848b")
     assert code == 0 and "Exception" not in out, out
-    assert "from alice" in out or "for java" in out or "for kip-848" in out, out
+    assert "Processed a total of 1 messages" in out, out  # one of the records on her topic

@@ -4,12 +4,13 @@ gives a request it refuses.
 Kafka's broker checks every request against its authorizer before it acts:
 which operation on which resource each API needs is Kafka's table
 ("Operations and Resources on Protocols", in its security documentation).
-``needs`` reads a decoded request (kafka-python's schema-built classes) into
-that table's terms: the resources it names, each with the operation it needs
-and where the answer says so. ``refused_answer`` and ``without_topics`` /
-``merge_refused`` then answer the way the broker does: an error per topic,
-partition, group or transactional id inside the response, never a closed
-connection, and the allowed part of a request still served.
+``TOPIC_LISTS`` says where each topic-list API keeps its topics, in the
+request and in the answer; ``decode``/``encode`` read and write a request
+with kafka-python's schema-built classes; ``refused_topic_entries`` builds
+the entries a broker answers for topics it refuses, and
+``fetch_topic_entries``/``add_fetch_topics`` put them into a Fetch answer
+without decoding its records; ``fetch_request_topics`` reads a Fetch
+request's topics straight from the frame.
 
 Codes are Kafka's (``ResourceType``, ``Operation`` in ``policy/acls.py``).
 """

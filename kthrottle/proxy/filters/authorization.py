@@ -18,16 +18,24 @@ a broker, and it is answered as a broker answers it:
   DeleteTopics, CreatePartitions: TOPIC_AUTHORIZATION_FAILED on each refused
   topic, the allowed topics of the same request still served (the request
   goes on without the refused ones, and their errors are put into the
-  broker's answer);
-- Metadata leaves out the topics the principal may not describe when it asks
-  for every topic, and answers TOPIC_AUTHORIZATION_FAILED for each one named;
-  a topic it may describe but not create is not created automatically;
+  broker's answer; a Fetch's spliced in, its records left alone); a topic id
+  this process has not seen is answered UNKNOWN_TOPIC_ID, which clients
+  retry, and every topic's id read for the retry;
+- Metadata and DescribeTopicPartitions leave out the topics the principal
+  may not describe when asked for every topic, and answer
+  TOPIC_AUTHORIZATION_FAILED for each one named; a topic it may describe but
+  not create is not created automatically;
 - group and transactional APIs answer GROUP_AUTHORIZATION_FAILED or
-  TRANSACTIONAL_ID_AUTHORIZATION_FAILED; ListGroups lists only the groups the
-  principal may describe;
-- APIs on the cluster answer CLUSTER_AUTHORIZATION_FAILED in their top-level
-  error; an API with no such field (and one the proxy cannot decode) closes
-  the connection instead, with a WARNING, counted as
+  TRANSACTIONAL_ID_AUTHORIZATION_FAILED, per group or id where a request
+  names several (OffsetFetch, DescribeGroups, DeleteGroups,
+  DescribeTransactions, the KIP-848/932/1071 describe calls); ListGroups and
+  ListTransactions list only what the principal may describe; a KIP-848 or
+  KIP-932 heartbeat needs DESCRIBE on the topics it subscribes to, and its
+  assignment keeps only those (the coordinator assigns as the proxy);
+- config APIs answer per resource; APIs on the cluster answer
+  CLUSTER_AUTHORIZATION_FAILED in their top-level error; a refusal with no
+  field to say it in (and a request the proxy cannot decode) closes the
+  connection instead, with a WARNING, counted as
   kthrottle_connections_refused_total{reason="authorization"}.
 
 With no authorizer on the cluster (DescribeAcls answers SECURITY_DISABLED, or
