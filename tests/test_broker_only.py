@@ -51,9 +51,12 @@ def test_it_is_always_on_and_looks_at_nothing_else():
     for api_key in (apis.PRODUCE, apis.METADATA, 24, 27, 55, 64, 80, 81):
         assert h.conn.table.lookup(api_key, 0)[1] == ()
     assert h.conn.table.lookup(4, 7)[1] == ((f, 0),)
-    # a Fetch's head, up to v14 (replica_id), on the short way
-    assert h.conn.table.lookup(apis.FETCH, 15)[1] == ()
-    assert (apis.FETCH, 11) in h.conn.table.quick and (apis.FETCH, 11) not in h.conn.table.plain
+    # a Fetch's head (replica_id up to v14, the ReplicaState tag at its end from v15),
+    # on the short way
+    assert h.conn.table.lookup(apis.FETCH, 15)[1] == ((f, 0),)
+    for version in (11, 15, 17):
+        assert (apis.FETCH, version) in h.conn.table.quick
+        assert (apis.FETCH, version) not in h.conn.table.plain
 
 
 @pytest.mark.parametrize("version", [0, 4, 11, 12, 14])
@@ -67,6 +70,64 @@ def test_a_follower_fetch_is_refused_and_a_consumers_goes_on_the_short_way(versi
     h.client(fetch_req(3, version=version, replica_id=0, client_id="broker-0"))
     assert h.take_broker() == b"" and h.refused == "broker_only_api"
     assert "a follower's Fetch (v%d, replica_id 0) is sent by brokers only" % version in h.closed
+
+
+def fetch_v15(cid, version=17, replica_id=None, partitions=3, client_id="app-1"):
+    """A Fetch v15+ as kafka-python writes it; ``replica_id``: a ReplicaState tag
+    (KIP-903), which only a follower sets."""
+    import uuid
+
+    from kthrottle.codecs import acl_requests as wire
+
+    Q = wire.request_class(apis.FETCH)
+    T = Q.fields["topics"].data_class
+    P = T.fields["partitions"].data_class
+    F = Q.fields["forgotten_topics_data"].data_class
+    fields = dict(
+        max_wait_ms=500, min_bytes=1, max_bytes=1 << 20, isolation_level=0, session_id=0,
+        session_epoch=-1, topics=[T(topic_id=uuid.UUID(int=7), partitions=[
+            P(partition=i, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
+              log_start_offset=-1, partition_max_bytes=1 << 20) for i in range(partitions)])],
+        forgotten_topics_data=[F(topic_id=uuid.UUID(int=8), partitions=[4])], rack_id="r")
+    if replica_id is not None:
+        fields["replica_state"] = Q.fields["replica_state"].data_class(replica_id=replica_id,
+                                                                      replica_epoch=5)
+    request = Q[version](**fields)
+    request.with_header(correlation_id=cid, client_id=client_id)
+    return bytes(request.encode(header=True, framed=True))
+
+
+@pytest.mark.parametrize("version", [15, 16, 17])
+@pytest.mark.parametrize("how", ["first", "after-a-consumers", "pipelined", "in-pieces"])
+def test_a_follower_fetch_v15_naming_itself_in_its_tag_is_refused(version, how):
+    """From v15 a follower names itself in a tag at the request's end, which the
+    head does not show: each Fetch's end is read, on the short way too."""
+    h = Harness(filters=standard_filters(advertise))
+    hostile = fetch_v15(3, version, replica_id=1, partitions=40)
+    if how == "first":
+        h.client(hostile)
+    elif how == "after-a-consumers":
+        h.client(fetch_v15(1, version) + fetch_v15(2, version))
+        assert req_cids(h.take_broker()) == [1, 2]
+        assert h.long_heads["request"] <= 1  # its head read once: the short way
+        h.client(hostile)
+    elif how == "pipelined":
+        h.client(fetch_v15(1, version) + fetch_v15(2, version))
+        h.take_broker()
+        h.client(fetch_v15(4, version) + hostile)
+    else:
+        h.client(hostile, chunk=97)
+    assert 3 not in req_cids(h.take_broker())  # (the connection closes: 4 may not go either)
+    assert h.refused == "broker_only_api"
+    assert "a follower's Fetch (v%d, replica_id 1) is sent by brokers only" % version in h.closed
+
+
+def test_a_consumers_fetch_v15_with_tags_of_its_own_goes_on():
+    """A ReplicaState naming no replica (-1), as a consumer may send it, is no follower's."""
+    h = Harness(filters=standard_filters(advertise))
+    request = fetch_v15(1, 17, replica_id=-1)
+    h.client(request + fetch_v15(2, 17, replica_id=-1))
+    assert req_cids(h.take_broker()) == [1, 2] and h.closed is None
 
 
 def _raw(port, frame):
@@ -99,6 +160,9 @@ def test_through_the_proxy_leader_and_isr_is_refused_and_clients_carry_on(broker
         # a Fetch claiming to be follower 0's: refused before it reaches the broker
         assert _raw(proxy.port, fetch_req(8, version=11, replica_id=0, client_id="fake")) == b""
         proxy.wait_for_log("a follower's Fetch (v11, replica_id 0) is sent by brokers only")
+        # and one naming its replica in the tag of Fetch v15+ (KIP-903)
+        assert _raw(proxy.port, fetch_v15(9, 17, replica_id=0, client_id="fake")) == b""
+        proxy.wait_for_log("a follower's Fetch (v17, replica_id 0) is sent by brokers only")
 
         async def produce():
             producer = AIOKafkaProducer(bootstrap_servers=proxy.bootstrap)

@@ -11,7 +11,7 @@ the end of the frame is a ProtocolError.
 """
 from . import apis
 from .errors import ProtocolError
-from .wire import INT16, INT16_INT16_INT32, INT32, read_uvarint
+from .wire import INT16, INT16_INT16_INT32, INT32, read_uvarint, skip_tagged_fields
 
 # Longest request head the proxy gathers to read the fields it needs. Kafka
 # strings (client-id, transactional.id) are at most 32767 bytes, so 64 KiB
@@ -371,3 +371,57 @@ def capped_fetch_partitions(frame, max_bytes):
     if pos > n:
         raise ProtocolError("truncated Fetch request")
     return None if patched is None else bytes(patched)
+
+
+def fetch_replica_state(buf, body, version):
+    """The replica id a whole framed Fetch request v15 or later names in its
+    ReplicaState tag (KIP-903: only a follower, a broker, sets it), or -1
+    without one; ``body`` is where its body starts. ProtocolError when it is
+    malformed. Read on every such Fetch, so written for speed: the fields up
+    to the topics are fixed, and so is each partition but for its tags."""
+    n = len(buf)
+    # max_wait_ms, min_bytes, max_bytes, isolation_level, session_id, session_epoch
+    pos = body + 21
+    try:
+        for array in (0, 1):  # Topics, then ForgottenTopicsData
+            count = buf[pos]
+            if count < 0x80:
+                pos += 1
+            else:
+                count, pos = read_uvarint(buf, pos)
+            for _ in range(count - 1):
+                pos += 16  # topic id (v13+)
+                parts = buf[pos]
+                if parts < 0x80:
+                    pos += 1
+                else:
+                    parts, pos = read_uvarint(buf, pos)
+                if array:  # forgotten: partition indexes
+                    pos += 4 * (parts - 1)
+                else:
+                    for _ in range(parts - 1):
+                        # partition, current_leader_epoch, fetch_offset,
+                        # last_fetched_epoch, log_start_offset, partition_max_bytes
+                        pos += 32
+                        if buf[pos]:
+                            pos = skip_tagged_fields(buf, pos)
+                        else:
+                            pos += 1
+                if buf[pos]:  # the topic's tags
+                    pos = skip_tagged_fields(buf, pos)
+                else:
+                    pos += 1
+        size, pos = read_uvarint(buf, pos)  # rack_id, a compact string
+        pos += size - 1 if size else 0
+        tags, pos = read_uvarint(buf, pos)
+        for _ in range(tags):
+            tag, pos = read_uvarint(buf, pos)
+            size, pos = read_uvarint(buf, pos)
+            if tag == 1 and pos + 4 <= n:  # ReplicaState: ReplicaId, ReplicaEpoch
+                return INT32.unpack_from(buf, pos)[0]
+            pos += size
+    except IndexError:
+        raise ProtocolError("truncated Fetch v%d request" % version) from None
+    if pos > n:
+        raise ProtocolError("truncated Fetch v%d request" % version)
+    return -1

@@ -242,10 +242,11 @@ class Filter:
         return None
 
     def quick_check(self, ctx, head):
-        """None, or a callable ``check()`` asked before each Fetch with this
-        ``head`` (a QuickHead) is judged: False sends it the long way (a
-        Produce whose filters have a quick_check goes the long way). Must
-        change nothing. Kept with the head as ``quick_judge``'s judge."""
+        """None, or a callable ``check(frame)`` asked before each Fetch with
+        this ``head`` (a QuickHead) is judged, given that whole framed
+        request: False sends it the long way (a Produce whose filters have a
+        quick_check goes the long way). Must change nothing, nor keep
+        ``frame``. Kept with the head as ``quick_judge``'s judge."""
         return None
 
     def quick_judge(self, ctx, head):

@@ -677,7 +677,7 @@ class Connection:
                                     return False
                             self.now = now  # (a check may read it)
                             for check in known[5]:
-                                if not check():
+                                if not check(data):
                                     return False
                             delay = self._judged(known, inflight, n, now)
                             if delay < 0:
@@ -760,9 +760,12 @@ class Connection:
                     return False
             self.now = now  # (a check may read it)
             for mark in marks:  # Filter.quick_check (a Fetch's), before any is judged
-                for check in mark[1][5]:
-                    if not check():
-                        return False
+                checks = mark[1][5]
+                if checks:
+                    frame = memoryview(data)[mark[3] - mark[2]:mark[3]]
+                    for check in checks:
+                        if not check(frame):
+                            return False
             # each judged request in order; one that earns a delay is the
             # last taken now (as the long way stops after it). A Produce of
             # the head kept last takes from its lease as on the short way

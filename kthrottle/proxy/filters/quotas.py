@@ -258,7 +258,7 @@ class FetchCap(Filter):
         least = quotas.fetch_grant_least
         max_bytes = head.max_bytes
 
-        def check():
+        def check(frame):
             given = grant(ctx.now)
             if given is None:  # window mode: Kafka's cap
                 cap = fetch_max_bytes()
