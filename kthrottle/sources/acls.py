@@ -198,26 +198,15 @@ class KafkaAclSource(PolledClient):
         request_class, response_class = kafka_python_messages(
             "admin", "DescribeAclsRequest", "DescribeAclsResponse")
         try:
-            async with asyncio.timeout(self.timeout):
-                client = await self._connected()
-                # kafka-python leaves the pattern filter out of v0, which knows LITERAL only
-                response = await client.send(client.get_random_node(), KafkaPythonRequest(
-                    request_class, response_class, resource_type_filter=ANY,
-                    resource_name_filter=None, pattern_type_filter=ANY, principal_filter=None,
-                    host_filter=None, operation=ANY, permission_type=ANY))
+            # kafka-python leaves the pattern filter out of v0, which knows LITERAL only
+            response = await self._ask(KafkaPythonRequest(
+                request_class, response_class, resource_type_filter=ANY,
+                resource_name_filter=None, pattern_type_filter=ANY, principal_filter=None,
+                host_filter=None, operation=ANY, permission_type=ANY))
         except IncompatibleBrokerVersion as exc:
             # no DescribeAcls (a stand-in broker): nothing to enforce
             log.debug("%s: %s", self.describe, error_text(exc, self.secret))
             return DISABLED
-        except (asyncio.TimeoutError, TimeoutError):
-            await self._drop_client()
-            raise AclReadError(self._unreachable("no answer within %gs" % self.timeout)) from None
-        except asyncio.CancelledError:
-            await self._drop_client()
-            raise
-        except Exception as exc:  # aiokafka raises a variety, OSError included
-            await self._drop_client()
-            raise AclReadError(self._unreachable(connection_error(exc, self.secret))) from None
         if response.error_code == SECURITY_DISABLED:
             return DISABLED
         if response.error_code == CLUSTER_AUTHORIZATION_FAILED:
@@ -253,26 +242,34 @@ class KafkaAclSource(PolledClient):
         request_class, response_class = kafka_python_messages(
             "metadata", "MetadataRequest", "MetadataResponse")
         watch_aiokafka_errors()
+        response = await self._ask(KafkaPythonRequest(
+            request_class, response_class, topics=None, allow_auto_topic_creation=False,
+            include_cluster_authorized_operations=False,
+            include_topic_authorized_operations=False))
+        return {t.topic_id: t.name for t in response.topics or ()
+                if t.name and getattr(t, "topic_id", None) is not None
+                and t.topic_id.int != 0}
+
+    async def _ask(self, request):
+        """``request`` (a KafkaPythonRequest) sent to some broker, its answer;
+        AclReadError when none comes (IncompatibleBrokerVersion passes)."""
+        from aiokafka.errors import IncompatibleBrokerVersion
+
         try:
             async with asyncio.timeout(self.timeout):
                 client = await self._connected()
-                response = await client.send(client.get_random_node(), KafkaPythonRequest(
-                    request_class, response_class, topics=None,
-                    allow_auto_topic_creation=False,
-                    include_cluster_authorized_operations=False,
-                    include_topic_authorized_operations=False))
+                return await client.send(client.get_random_node(), request)
+        except IncompatibleBrokerVersion:
+            raise
         except (asyncio.TimeoutError, TimeoutError):
             await self._drop_client()
             raise AclReadError(self._unreachable("no answer within %gs" % self.timeout)) from None
         except asyncio.CancelledError:
             await self._drop_client()
             raise
-        except Exception as exc:  # noqa: BLE001 (aiokafka raises a variety)
+        except Exception as exc:  # aiokafka raises a variety, OSError included
             await self._drop_client()
             raise AclReadError(self._unreachable(connection_error(exc, self.secret))) from None
-        return {t.topic_id: t.name for t in response.topics or ()
-                if t.name and getattr(t, "topic_id", None) is not None
-                and t.topic_id.int != 0}
 
     def topic_ids_soon(self):
         """A request named a topic id this process has not seen: read every

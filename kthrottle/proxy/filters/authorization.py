@@ -526,6 +526,19 @@ def _later(ctx, inflight, merge):
     ctx.gather_response(inflight)
 
 
+def _in_part(ctx, head, inflight, request, field, kept, answer_field, answered):
+    """A request naming several entries, some refused: none kept, ``answered``
+    (the refused ones' answer entries) is the answer; else the request goes on
+    with ``kept`` in its ``field``, and ``answered`` is put into the broker's
+    answer's ``answer_field``."""
+    if not kept:
+        return Answer(wire.response_for(head.api_key, head.api_version, head.correlation_id,
+                                        **{answer_field: answered}))
+    setattr(request, field, kept)
+    _later(ctx, inflight, _append(answer_field, answered))
+    return Replace(wire.encode(request, head.correlation_id, head.client_id))
+
+
 def _append(field, entries):
     """A _Merge adding ``entries`` to the response's array ``field``."""
     def into(response):
@@ -881,11 +894,8 @@ def _describe_groups(self, ctx, head, inflight, request, allowed):
     answered = [group_cls(error_code=wire.GROUP_AUTHORIZATION_FAILED, group_id=g,
                           group_state="", protocol_type="", protocol_data="", members=[],
                           **extra) for g in refused]
-    if len(refused) == len(groups):
-        return Answer(wire.response_for(15, version, head.correlation_id, groups=answered))
-    request.groups = [g for g in groups if g not in refused]
-    _later(ctx, inflight, _append("groups", answered))
-    return Replace(wire.encode(request, head.correlation_id, head.client_id))
+    return _in_part(ctx, head, inflight, request, "groups",
+                    [g for g in groups if g not in refused], "groups", answered)
 
 
 def _delete_groups(self, ctx, head, inflight, request, allowed):
@@ -899,11 +909,8 @@ def _delete_groups(self, ctx, head, inflight, request, allowed):
     result_cls = wire.response_class(42)[version].fields["results"].data_class
     answered = [result_cls(group_id=g, error_code=wire.GROUP_AUTHORIZATION_FAILED)
                 for g in refused]
-    if len(refused) == len(groups):
-        return Answer(wire.response_for(42, version, head.correlation_id, results=answered))
-    request.groups_names = [g for g in groups if g not in refused]
-    _later(ctx, inflight, _append("results", answered))
-    return Replace(wire.encode(request, head.correlation_id, head.client_id))
+    return _in_part(ctx, head, inflight, request, "groups_names",
+                    [g for g in groups if g not in refused], "results", answered)
 
 
 def _list_groups(self, ctx, head, inflight, request, allowed):
@@ -1001,12 +1008,8 @@ def _configs(op):
         answered = [result_cls(error_code=wire.ERROR_FOR[kind], error_message=None,
                                resource_type=r.resource_type, resource_name=r.resource_name,
                                **extra) for r, kind in refused]
-        if not kept:
-            return Answer(wire.response_for(key, version, head.correlation_id,
-                                            **{field: answered}))
-        request.resources = [r for r, _ in kept]
-        _later(ctx, inflight, _append(field, answered))
-        return Replace(wire.encode(request, head.correlation_id, head.client_id))
+        return _in_part(ctx, head, inflight, request, "resources", [r for r, _ in kept], field,
+                        answered)
     return handler
 
 
@@ -1029,12 +1032,8 @@ def _describe_transactions(self, ctx, head, inflight, request, allowed):
                           transactional_id=t, transaction_state="", transaction_timeout_ms=0,
                           transaction_start_time_ms=-1, producer_id=-1, producer_epoch=-1,
                           topics=[]) for t in refused]
-    if len(refused) == len(ids):
-        return Answer(wire.response_for(65, version, head.correlation_id,
-                                        transaction_states=answered))
-    request.transactional_ids = [t for t in ids if t not in refused]
-    _later(ctx, inflight, _append("transaction_states", answered))
-    return Replace(wire.encode(request, head.correlation_id, head.client_id))
+    return _in_part(ctx, head, inflight, request, "transactional_ids",
+                    [t for t in ids if t not in refused], "transaction_states", answered)
 
 
 def _describe_topic_partitions(self, ctx, head, inflight, request, allowed):
