@@ -242,3 +242,60 @@ def test_the_java_consumer_gets_kafkas_own_errors_on_bobs_group_and_topic(
     code, out = consume_as_alice(ALICE_TOPIC, ALICE_GROUP + "-java2")
     assert code == 0 and "Exception" not in out, out
     assert "Processed a total of 1 messages" in out, out  # one of the records on her topic
+
+
+def test_a_read_revoked_ends_a_fetch_session_that_already_held_the_topic(kafka_acl, proxy):
+    """kafka-python fetches in incremental fetch sessions (KIP-227), whose later
+    requests name only what changed: once bob's topic is no longer hers, her
+    session is opened again (FETCH_SESSION_ID_NOT_FOUND) and its full request
+    refused, rather than the broker serving the old session on."""
+    import confluent_kafka
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import TopicAuthorizationFailedError
+
+    kafka = kafka_acl
+    topic = "revoked-%s" % RUN
+    kafka.create_topic(topic)
+    grant = [acl("TOPIC", topic, "User:alice", op, pattern="LITERAL")
+             for op in ("READ", "DESCRIBE")]
+    for future in kafka.acl_admin.create_acls(grant).values():
+        future.result(30)
+    producer = confluent_kafka.Producer(kafka.client_config(SASL, "PLAIN", "admin"))
+
+    def produce_as_admin(value):
+        producer.produce(topic, value)
+        assert producer.flush(20) == 0
+
+    produce_as_admin(b"before")
+    consumer = KafkaConsumer(
+        bootstrap_servers=proxy.bootstrap, security_protocol=SASL,
+        sasl_mechanism="SCRAM-SHA-512", sasl_plain_username="alice",
+        sasl_plain_password=USERS["alice"], enable_auto_commit=False,
+        auto_offset_reset="earliest", fetch_max_wait_ms=200)
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        seen = []
+        deadline = time.monotonic() + 30
+        while b"before" not in seen and time.monotonic() < deadline:
+            for records in consumer.poll(500).values():
+                seen += [r.value for r in records]
+        assert seen == [b"before"], seen
+        for _ in range(3):  # a few incremental fetches of the session
+            consumer.poll(300)
+        from confluent_kafka.admin import AclBindingFilter
+
+        b = acl("TOPIC", topic, "User:alice", "READ", pattern="LITERAL")
+        revoke = AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal,
+                                  b.host, b.operation, b.permission_type)
+        for future in kafka.acl_admin.delete_acls([revoke]).values():
+            future.result(30)
+        time.sleep(2)  # read again at the proxy (--acl-refresh 500ms); the consumer idle
+        produce_as_admin(b"after")  # in her session, which names it no more: unchanged
+        with pytest.raises(TopicAuthorizationFailedError):
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                for records in consumer.poll(500).values():
+                    seen += [r.value for r in records]
+        assert seen == [b"before"], seen
+    finally:
+        consumer.close()

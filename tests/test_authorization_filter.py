@@ -911,26 +911,52 @@ def test_the_fetch_topic_reader_agrees_with_kafkas_schema(version):
             fetch_request_topics(frame[:cut], head.body_offset, version)
 
 
-def share_fetch(cid, group):
-    """A ShareFetch v1 head: the group id first (the rest is not read when refused)."""
-    name = group.encode()
-    body = b"\x00" + bytes([len(name) + 1]) + name + b"\x01" + b"\x00" * 24 + b"\x01\x00\x00"
+def share_fetch(cid, group, topics=(), acknowledging=False):
+    """ShareFetch v1 (ShareFetchRequest.json) of ``topics`` ([(topic id, [partition, ...])]),
+    each partition acknowledging one batch when ``acknowledging``."""
+    batch = (struct.pack(">qq", 0, 9) + b"\x02\x01\x00") if acknowledging else b""
+    entries = b"".join(
+        tid.bytes + bytes([len(parts) + 1]) + b"".join(
+            struct.pack(">i", p) + bytes([2 if acknowledging else 1]) + batch + b"\x00"
+            for p in parts) + b"\x00"
+        for tid, parts in topics)
+    body = (b"\x00" + _cstr(group) + _cstr("member-1")
+            + struct.pack(">iiiiii", 1, 500, 1, 1 << 20, 500, 500)
+            + bytes([len(topics) + 1]) + entries + b"\x01" + b"\x00")
     return raw_request(cid, 78, 1, body)
 
 
-def test_a_share_fetch_needs_read_on_every_topic_while_its_topics_are_not_read():
-    """KIP-932: a share request names its topics by id in a layout the proxy
-    does not read yet: a tenant limited to its own topics is turned away (it
-    could otherwise fetch bob's records through its share group), one allowed
-    to read every topic goes on."""
+def test_a_share_fetch_of_her_topic_and_bobs_goes_on_with_hers_and_bobs_refused_in_the_answer():
+    """KIP-932: ShareFetch names its topics by id; each needs READ, as Kafka
+    checks it, and a refused one is answered in the broker's answer."""
+    from kthrottle.codecs import share_topics
+
     h = harness(view_of())  # alice: her own topics only
-    h.client(share_fetch(44, "alice-g"))
-    assert h.take_broker() == b""
-    assert h.closed is not None and "share groups" in h.closed
+    h.client(metadata(43, ["alice-t", "bob-t"]))  # (the ids, from the answers she gets)
+    h.take_broker()
+    h.broker(metadata_answer(43, ["alice-t", "bob-t"]))
+    h.take_client()
+    for cid, acknowledging in ((44, False), (46, True)):
+        h.client(share_fetch(cid, "alice-g", [(BOB_TOPIC_ID, [0, 1]), (ALICE_TOPIC_ID, [0])],
+                             acknowledging))
+        assert h.take_broker() == share_fetch(cid, "alice-g", [(ALICE_TOPIC_ID, [0])],
+                                              acknowledging)
+        # the broker's answer for hers (its layout as Kafka writes it, error 0 on each partition)
+        broker = share_topics.refused_response(78, 1, cid, [(ALICE_TOPIC_ID, [0])], 0)
+        h.broker(broker)
+        refused = share_topics.refused_response(78, 1, cid, [(BOB_TOPIC_ID, [0, 1])],
+                                                TOPIC_AUTHORIZATION_FAILED,
+                                                acknowledgements=acknowledging)
+        assert h.take_client() == share_topics.add_topics(78, 1, broker, refused)
+    # only bob's: the request still goes on (the broker keeps the share session's epoch)
+    h.client(share_fetch(47, "alice-g", [(BOB_TOPIC_ID, [0])]))
+    assert h.take_broker() == share_fetch(47, "alice-g", [])
+    assert h.closed is None
+    # a tenant allowed to read every topic: as it came
     everything = ALICE_ACLS + (acl(ResourceType.TOPIC, "*", "User:alice", Op.READ,
                                    pattern=PatternType.LITERAL),)
     h = harness(view_of(everything))
-    request = share_fetch(45, "alice-g")
+    request = share_fetch(45, "alice-g", [(BOB_TOPIC_ID, [0])])
     h.client(request)
     assert h.take_broker() == request and h.closed is None
 
@@ -1157,4 +1183,53 @@ def test_add_partitions_to_txn_v3_with_bobs_topic_fails_whole_as_kafka_fails_it(
             for t in answer.results_by_topic_v3_and_below for p in t.results_by_partition} == {
         ("alice-t", 0, 55), ("bob-t", 1, TOPIC_AUTHORIZATION_FAILED),
         ("bob-t", 2, TOPIC_AUTHORIZATION_FAILED)}
+    assert h.closed is None
+
+
+def session_fetch(cid, topics, session_id, epoch, version=12):
+    """A Fetch in a fetch session (KIP-227): epoch 0 opens one, more continue it."""
+    F = FetchRequest
+    P = F.FetchTopic.FetchPartition
+    return framed(F[version](
+        replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=50 << 20, isolation_level=0,
+        session_id=session_id, session_epoch=epoch,
+        topics=[F.FetchTopic(topic=name, partitions=[
+            P(partition=i, current_leader_epoch=-1, fetch_offset=5, last_fetched_epoch=-1,
+              log_start_offset=-1, partition_max_bytes=1 << 20) for i in parts])
+            for name, parts in topics.items()],
+        forgotten_topics_data=[], rack_id=""), cid)
+
+
+def test_after_a_change_of_acls_a_fetch_session_is_opened_again_with_a_full_request():
+    """The broker serves a session's partitions whether the incremental request
+    names them or not: once the ACLs change, the proxy has the client open a new
+    session (FETCH_SESSION_ID_NOT_FOUND), whose full request it checks whole."""
+    view = view_of(ALICE_ACLS + (acl(ResourceType.TOPIC, "bob-t", "User:alice", Op.READ,
+                                     pattern=PatternType.LITERAL),))
+    h = harness(view)
+    full = session_fetch(1, {"alice-t": [0], "bob-t": [0]}, 0, 0)
+    h.client(full)
+    assert h.take_broker() == full
+    h.broker(fetch_answer(1, {"alice-t": [0], "bob-t": [0]}))
+    h.take_client()
+    incremental = session_fetch(2, {}, 77, 1)
+    h.client(incremental)
+    assert h.take_broker() == incremental  # ACLs unchanged: as it came
+    h.broker(fetch_answer(2, {}))
+    h.take_client()
+    # bob takes his topic back
+    view.update(AclSnapshot(True, ALICE_ACLS, frozenset(), False))
+    h.client(session_fetch(3, {}, 77, 2))
+    assert h.take_broker() == b""
+    answer = decoded(FetchResponse, 12, h.take_client())
+    assert (answer.error_code, answer.session_id, answer.responses) == (70, 0, [])
+    # the client opens a new session: its full request is checked, bob's topic refused
+    h.client(session_fetch(4, {"alice-t": [0], "bob-t": [0]}, 0, 0))
+    sent = decoded(FetchRequest, 12, h.take_broker())
+    assert [t.topic for t in sent.topics] == ["alice-t"]
+    h.broker(fetch_answer(4, {"alice-t": [0]}))
+    h.take_client()
+    incremental = session_fetch(5, {}, 78, 1)
+    h.client(incremental)
+    assert h.take_broker() == incremental
     assert h.closed is None

@@ -287,6 +287,13 @@ class RequestHead:
         return 0 if at is None else INT32.unpack_from(self.buf, at)[0]
 
     @property
+    def fetch_session_epoch(self):
+        """Fetch ``session_epoch`` (KIP-227, v7+): 0 opens a session, -1 asks
+        for none (also before v7), more: an incremental request of one."""
+        at = self._fetch_fields()[2]
+        return -1 if at is None else INT32.unpack_from(self.buf, at + 4)[0]
+
+    @property
     def share_fetch_max_bytes_offset(self):
         """Offset of ShareFetch ``MaxBytes`` (KIP-932; after GroupId,
         MemberId, ShareSessionEpoch, MaxWaitMs and MinBytes)."""

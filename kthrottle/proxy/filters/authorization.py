@@ -45,7 +45,7 @@ attribute check. Until the ACLs have been read once, requests wait unread.
 import logging
 
 from ...codecs import acl_requests as wire
-from ...codecs import apis, group_answers
+from ...codecs import apis, group_answers, share_topics
 from ...codecs.acl_requests import (
     CLUSTER,
     CLUSTER_NAME,
@@ -87,8 +87,10 @@ GROUP_APIS = {11: READ, 12: READ, 13: READ, 14: READ}
 # APIs the proxy passes through without a kafka-python schema whose request's
 # first field is the group (a compact string): KIP-848, KIP-932, KIP-1071
 FIRST_FIELD_GROUP = {68: READ, 76: READ, 78: READ, 79: READ, 88: READ, 91: ALTER, 92: DELETE}
-# share-group APIs that name topics (KIP-932): subscriptions, fetches, acknowledgements
-SHARE_APIS = frozenset({76, 78, 79, 91})
+# share-group APIs whose topics (by id) need READ, checked each (KIP-932)
+SHARE_DATA_APIS = frozenset({78, 79})
+# share-group APIs naming topics the proxy does not read: READ on every topic for now
+SHARE_APIS = frozenset({91})
 # describe APIs without a schema whose first field is an array of groups
 GROUP_ARRAY_FIRST = {69: DESCRIBE, 77: DESCRIBE, 89: DESCRIBE}
 # heartbeats naming the topics subscribed to: DESCRIBE on each (Kafka answers
@@ -107,6 +109,7 @@ MERGING_KEPT = 10_000  # Produce answers awaited with refused topics' errors, at
 # proxy's own principal's, a way around every check here
 DELEGATION_TOKEN_APIS = {38, 39, 40, 41}
 OPERATION_NOT_ATTEMPTED = 55
+FETCH_SESSION_ID_NOT_FOUND = 70
 
 
 class AclView:
@@ -308,6 +311,10 @@ class Authorization(Filter):
                     key == apis.FETCH
                     or authorizer.allowed_every(principal, host, TRANSACTIONAL_ID, WRITE)):
                 return None
+            if key == apis.FETCH and version >= 7:
+                verdict = self._fetch_session(ctx, head)
+                if verdict is not None:
+                    return verdict
 
         # read whole first (asked again then), even when its head holds all of it:
         # only a request gathered whole may be replaced
@@ -344,6 +351,8 @@ class Authorization(Filter):
                         # may match topics she may not see): her answer is read
                         ctx.note(inflight, allowed)
                         ctx.gather_response(inflight)
+                if key in SHARE_DATA_APIS and not allowed.every(TOPIC, READ):
+                    return self._share_topics(ctx, head, inflight, frame, allowed)
                 if key in SHARE_APIS and not allowed.every(TOPIC, READ):
                     # the topics a share request names (by id, in a layout without a schema
                     # here) are not read yet: only a principal that may read every topic
@@ -476,6 +485,10 @@ class Authorization(Filter):
             return wire.add_fetch_topics(frame, inflight.api_version, answered)
         if key in HEARTBEATS:
             return self._assignment(inflight, frame, answered)
+        if key in SHARE_DATA_APIS:
+            for answer in answered:
+                frame = share_topics.add_topics(key, inflight.api_version, frame, answer)
+            return frame
         if key in GROUP_ARRAY_FIRST:
             return group_answers.add_described_groups(frame, answered)
         if answered.__class__ is _Merge:
@@ -492,6 +505,55 @@ class Authorization(Filter):
                 list(getattr(response, spec.resp_topics) or []) + answered)
         return wire.encode_response(response, inflight.correlation_id)
 
+
+    def _fetch_session(self, ctx, head):
+        """An incremental Fetch (KIP-227) names only what changed; the broker
+        serves the rest of its session as it is. Kafka checks every partition
+        of the session on each request; the proxy checks a session's
+        partitions when its full request opens it, so after a change of ACLs
+        an incremental request is answered FETCH_SESSION_ID_NOT_FOUND, and the
+        client opens a new session with a full request, checked whole."""
+        state = ctx.state
+        generation = self.view.generation
+        if head.fetch_session_id == 0 or head.fetch_session_epoch <= 0:
+            state.fetch_generation = generation  # a full request: checked now
+            return None
+        if state.fetch_generation == generation:
+            return None
+        version = head.api_version
+        return Answer(wire.response_for(apis.FETCH, version, head.correlation_id,
+                                        error_code=FETCH_SESSION_ID_NOT_FOUND, session_id=0,
+                                        responses=[]))
+
+    def _share_topics(self, ctx, head, inflight, frame, allowed):
+        """ShareFetch, ShareAcknowledge: READ on each topic (named by id); the
+        refused ones (and ids not seen yet: UNKNOWN_TOPIC_ID) are left out of
+        the request and answered in the broker's answer as Kafka answers them.
+        The request goes on even with no topic left: the broker keeps the share
+        session's epoch."""
+        key, version, body = head.api_key, head.api_version, head.body_offset
+        names = self.topic_names
+        refused, unknown = [], []
+        for topic_id, partitions in share_topics.request_partitions(key, version, frame, body):
+            name = names.get(topic_id)
+            if name is None:
+                unknown.append((topic_id, partitions))
+            elif not allowed(TOPIC, name, READ):
+                refused.append((topic_id, partitions))
+        if not refused and not unknown:
+            return None
+        if unknown:
+            self.view.want_topic_ids()
+        options = share_topics.refusal_options(key, version, frame, body)
+        answers = [share_topics.refused_response(key, version, head.correlation_id, topics,
+                                                 error, **options)
+                   for topics, error in ((refused, wire.TOPIC_AUTHORIZATION_FAILED),
+                                         (unknown, wire.UNKNOWN_TOPIC_ID)) if topics]
+        dropped = {topic_id for topic_id, _ in refused + unknown}
+        ctx.note(inflight, answers)
+        ctx.gather_response(inflight)
+        return Replace(share_topics.request_without(key, version, frame, body,
+                                                    lambda topic_id: topic_id not in dropped))
 
     def _assignment(self, inflight, frame, allowed):
         """A heartbeat's answer without the assigned topics the principal may
@@ -568,10 +630,12 @@ def _produce_allowed(frame, head, allowed):
 
 
 class _State:
-    __slots__ = ("who",)
+    __slots__ = ("who", "fetch_generation")
 
     def __init__(self):
         self.who = None  # (Kafka's principal string, host, the principal it was made for)
+        # AclView.generation when this connection's last full Fetch was checked
+        self.fetch_generation = None
 
 
 def _who(ctx):
