@@ -1233,3 +1233,42 @@ def test_after_a_change_of_acls_a_fetch_session_is_opened_again_with_a_full_requ
     h.client(incremental)
     assert h.take_broker() == incremental
     assert h.closed is None
+
+
+def describe_share_group_offsets(cid, groups):
+    """DescribeShareGroupOffsets v0 of ``groups`` ({group: [topic] or None})."""
+    body = b"\x00" + bytes([len(groups) + 1])
+    for group, topics in groups.items():
+        body += _cstr(group)
+        if topics is None:
+            body += b"\x00"
+        else:
+            body += bytes([len(topics) + 1]) + b"".join(
+                _cstr(t) + b"\x02" + struct.pack(">i", 0) + b"\x00" for t in topics)
+        body += b"\x00"
+    return raw_request(cid, 90, 0, body + b"\x00")
+
+
+@pytest.mark.parametrize("groups, passes", [
+    ({"alice-g": ["alice-t"]}, True),
+    ({"alice-g": ["alice-t", "bob-t"]}, False),
+    ({"bob-g": ["alice-t"]}, False),
+    ({"alice-g": None}, False),  # every topic: she may not describe every one
+])
+def test_describe_share_group_offsets_needs_describe_on_its_groups_and_topics(groups, passes):
+    h = harness(view_of())
+    request = describe_share_group_offsets(90, groups)
+    h.client(request)
+    if passes:
+        assert h.take_broker() == request and h.closed is None
+    else:
+        assert h.take_broker() == b"" and "api key 90" in h.closed
+
+
+def test_a_truncated_describe_share_group_offsets_closes_with_a_clear_reason():
+    h = harness(view_of())
+    request = describe_share_group_offsets(91, {"alice-g": ["alice-t"]})
+    cut = request[4:-8]  # a whole frame whose fields run past its end
+    h.client(struct.pack(">i", len(cut)) + cut)
+    assert h.take_broker() == b""
+    assert "malformed api key 90" in h.closed

@@ -59,7 +59,7 @@ from ...codecs.acl_requests import (
 )
 from ...codecs.errors import ProtocolError
 from ...codecs.produce import produce_partitions
-from ...codecs.wire import INT32, read_uvarint
+from ...codecs.wire import INT32, read_string, read_uvarint, skip_tagged_fields
 from ...options import SWITCH, ConfigError, Option, Parsed, parse_duration
 from ..filter import (GATHER, GATHER_WHOLE, HEAD, NOTHING, Answer, Defer, Filter, Refuse,
                       Replace)
@@ -86,7 +86,9 @@ CLUSTER_APIS = {
 GROUP_APIS = {11: READ, 12: READ, 13: READ, 14: READ}
 # APIs the proxy passes through without a kafka-python schema whose request's
 # first field is the group (a compact string): KIP-848, KIP-932, KIP-1071
-FIRST_FIELD_GROUP = {68: READ, 76: READ, 78: READ, 79: READ, 88: READ, 91: ALTER, 92: DELETE}
+FIRST_FIELD_GROUP = {68: READ, 76: READ, 78: READ, 79: READ, 88: READ, 91: ALTER, 92: DELETE,
+                     93: READ}
+DESCRIBE_SHARE_GROUP_OFFSETS = 90  # groups and their topics, each to describe
 # share-group APIs whose topics (by id) need READ, checked each (KIP-932)
 SHARE_DATA_APIS = frozenset({78, 79})
 # share-group APIs naming topics the proxy does not read: READ on every topic for now
@@ -181,6 +183,31 @@ def _super_users(value, what):
 
 
 AUTHORIZATION_MODES = ("acls", "none")
+
+
+def _share_offsets_groups(frame, body):
+    """[(group id, [topic name] or None)] of a DescribeShareGroupOffsets request
+    (DescribeShareGroupOffsetsRequest.json: Groups, each a GroupId and Topics,
+    each a TopicName and Partitions)."""
+    out = []
+    try:
+        count, pos = read_uvarint(frame, body)
+        for _ in range(max(count - 1, 0)):
+            group, pos = read_string(frame, pos, True)
+            topics_count, pos = read_uvarint(frame, pos)
+            topics = None if topics_count == 0 else []
+            for _ in range(max(topics_count - 1, 0)):
+                name, pos = read_string(frame, pos, True)
+                partitions, pos = read_uvarint(frame, pos)
+                pos = skip_tagged_fields(frame, pos + 4 * max(partitions - 1, 0))
+                topics.append(name or "")
+            pos = skip_tagged_fields(frame, pos)
+            out.append((group or "", topics))
+    except IndexError:
+        raise ProtocolError("truncated DescribeShareGroupOffsets request") from None
+    if pos > len(frame):
+        raise ProtocolError("truncated DescribeShareGroupOffsets request")
+    return out
 
 
 def _first_compact_strings(frame, head):
@@ -359,6 +386,14 @@ class Authorization(Filter):
                     return self._close(ctx, head, "share groups through a proxy enforcing "
                                        "ACLs need READ on every topic for now")
                 return None
+            if key == DESCRIBE_SHARE_GROUP_OFFSETS:
+                groups = _share_offsets_groups(frame, head.body_offset)
+                if all(allowed(GROUP, g, DESCRIBE) and (
+                        allowed.every(TOPIC, DESCRIBE) if topics is None
+                        else all(allowed(TOPIC, t, DESCRIBE) for t in topics))
+                       for g, topics in groups):
+                    return None
+                return self._close(ctx, head, "a group or topic it names is refused")
             if key in GROUP_ARRAY_FIRST:
                 op = GROUP_ARRAY_FIRST[key]
                 groups = _first_compact_strings(frame, head)
