@@ -260,6 +260,16 @@ def test_a_topic_id_asked_for_is_read_with_every_topics_id(kafka_acl):
                 assert time.monotonic() - began < 10, "not read again"
                 await asyncio.sleep(0.05)
             assert time.monotonic() - began >= 1.0
+            # that read found nothing new (an id that is in no topic, a probe): the
+            # next may come only after twice the wait
+            await asyncio.sleep(0.1)
+            assert f.source.topic_ids_wait == 2.0
+            second = time.monotonic()
+            f.source.topic_ids_soon()
+            while len(got) < 3:
+                assert time.monotonic() - second < 10, "not read a third time"
+                await asyncio.sleep(0.05)
+            assert time.monotonic() - second >= 1.5
         finally:
             await f.source.stop()
 

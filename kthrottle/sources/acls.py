@@ -33,7 +33,10 @@ but a client's connections may be spread over several worker processes, each
 learning from what it serves. A worker asked for an id it has not seen
 (``topic_ids_soon``) reads every topic's id with Metadata as the proxy's
 principal, at most once every ``TOPIC_IDS_INTERVAL`` seconds, and hands the map
-to ``on_topic_ids``.
+to ``on_topic_ids``. A read that finds no topic the last one did not have
+doubles that wait, up to ``TOPIC_IDS_MAX_INTERVAL``: a client naming ids that
+exist nowhere (a probe) cannot have the cluster's whole Metadata read every
+second.
 
 While the cluster cannot be read, the last snapshot stays, ``healthy`` is
 false and a WARNING says why (once per reason, and once when it can be read
@@ -75,6 +78,7 @@ SUPER_USERS = "super.users"
 ALLOW_EVERYONE = "allow.everyone.if.no.acl.found"
 AUTHORIZER = "authorizer.class.name"  # a broker setting Kafka shows
 TOPIC_IDS_INTERVAL = 1.0  # seconds at least between two reads of every topic's id
+TOPIC_IDS_MAX_INTERVAL = 30.0  # ... after reads that found nothing new
 
 
 class AclSnapshot(NamedTuple):
@@ -183,6 +187,7 @@ class KafkaAclSource(PolledClient):
         self._outage = Outage()
         self.on_topic_ids = None  # called with {topic id: name} after each read of them
         self.topic_id_reads = 0
+        self.topic_ids_wait = TOPIC_IDS_INTERVAL  # before the next read may be
         self._ids_wake = None  # asyncio.Event: topic_ids_soon
         self._ids_task = None
 
@@ -282,6 +287,8 @@ class KafkaAclSource(PolledClient):
 
     async def _follow_ids(self):
         warned = False
+        known = None
+        interval = TOPIC_IDS_INTERVAL
         while True:
             await self._ids_wake.wait()
             self._ids_wake.clear()
@@ -295,9 +302,15 @@ class KafkaAclSource(PolledClient):
             else:
                 warned = False
                 self.topic_id_reads += 1
+                if known is None or not names.keys() <= known:
+                    interval = TOPIC_IDS_INTERVAL
+                else:  # nothing new: what was asked for is in no topic (yet)
+                    interval = min(interval * 2, TOPIC_IDS_MAX_INTERVAL)
+                known = set(names)
                 if self.on_topic_ids is not None:
                     self.on_topic_ids(names)
-            await asyncio.sleep(TOPIC_IDS_INTERVAL)
+            self.topic_ids_wait = interval
+            await asyncio.sleep(interval)
 
     async def stop(self):
         from . import cancelled
