@@ -911,7 +911,7 @@ def test_the_fetch_topic_reader_agrees_with_kafkas_schema(version):
             fetch_request_topics(frame[:cut], head.body_offset, version)
 
 
-def share_fetch(cid, group, topics=(), acknowledging=False):
+def share_fetch(cid, group, topics=(), acknowledging=False, epoch=1):
     """ShareFetch v1 (ShareFetchRequest.json) of ``topics`` ([(topic id, [partition, ...])]),
     each partition acknowledging one batch when ``acknowledging``."""
     batch = (struct.pack(">qq", 0, 9) + b"\x02\x01\x00") if acknowledging else b""
@@ -921,7 +921,7 @@ def share_fetch(cid, group, topics=(), acknowledging=False):
             for p in parts) + b"\x00"
         for tid, parts in topics)
     body = (b"\x00" + _cstr(group) + _cstr("member-1")
-            + struct.pack(">iiiiii", 1, 500, 1, 1 << 20, 500, 500)
+            + struct.pack(">iiiiii", epoch, 500, 1, 1 << 20, 500, 500)
             + bytes([len(topics) + 1]) + entries + b"\x01" + b"\x00")
     return raw_request(cid, 78, 1, body)
 
@@ -938,9 +938,9 @@ def test_a_share_fetch_of_her_topic_and_bobs_goes_on_with_hers_and_bobs_refused_
     h.take_client()
     for cid, acknowledging in ((44, False), (46, True)):
         h.client(share_fetch(cid, "alice-g", [(BOB_TOPIC_ID, [0, 1]), (ALICE_TOPIC_ID, [0])],
-                             acknowledging))
+                             acknowledging, epoch=0))
         assert h.take_broker() == share_fetch(cid, "alice-g", [(ALICE_TOPIC_ID, [0])],
-                                              acknowledging)
+                                              acknowledging, epoch=0)
         # the broker's answer for hers (its layout as Kafka writes it, error 0 on each partition)
         broker = share_topics.refused_response(78, 1, cid, [(ALICE_TOPIC_ID, [0])], 0)
         h.broker(broker)
@@ -1272,3 +1272,40 @@ def test_a_truncated_describe_share_group_offsets_closes_with_a_clear_reason():
     h.client(struct.pack(">i", len(cut)) + cut)
     assert h.take_broker() == b""
     assert "malformed api key 90" in h.closed
+
+
+def test_after_a_change_of_acls_a_share_session_is_opened_again():
+    """As a fetch session: a share session's incremental requests name only what
+    changed, so after a change of ACLs the client is told SHARE_SESSION_NOT_FOUND
+    (Kafka's client then opens a new one, whose first request names every partition)."""
+    view = view_of(ALICE_ACLS + (acl(ResourceType.TOPIC, "bob-t", "User:alice", Op.READ,
+                                     pattern=PatternType.LITERAL),))
+    h = harness(view)
+    h.client(metadata(1, ["alice-t", "bob-t"]))
+    h.take_broker()
+    h.broker(metadata_answer(1, ["alice-t", "bob-t"]))
+    h.take_client()
+    both = [(ALICE_TOPIC_ID, [0]), (BOB_TOPIC_ID, [0])]
+    opening = share_fetch(2, "alice-g", both, epoch=0)
+    h.client(opening)
+    assert h.take_broker() == opening
+    h.broker(share_topics_answer(2, both))
+    h.take_client()
+    incremental = share_fetch(3, "alice-g", [], epoch=1)
+    h.client(incremental)
+    assert h.take_broker() == incremental
+    h.broker(share_topics_answer(3, []))
+    h.take_client()
+    view.update(AclSnapshot(True, ALICE_ACLS, frozenset(), False))  # bob's back to bob
+    h.client(share_fetch(4, "alice-g", [], epoch=2))
+    assert h.take_broker() == b""
+    assert heartbeat_error(h.take_client()) == 122  # ThrottleTimeMs, then ErrorCode
+    h.client(share_fetch(5, "alice-g", both, epoch=0))
+    assert h.take_broker() == share_fetch(5, "alice-g", [(ALICE_TOPIC_ID, [0])], epoch=0)
+    assert h.closed is None
+
+
+def share_topics_answer(cid, topics):
+    from kthrottle.codecs import share_topics
+
+    return share_topics.refused_response(78, 1, cid, topics, 0)

@@ -333,3 +333,21 @@ def test_malformed_requests_raise_protocol_error():
     for bad_offset in (-1, len(frame) + 1):
         with pytest.raises(ProtocolError):
             request_topics(79, 1, frame, bad_offset)
+
+
+def test_session_epoch_is_read_after_the_group_and_member_and_a_short_frame_is_refused():
+    from kthrottle.codecs import share_topics
+
+    def body(epoch, group=b"g1", member=b"member-7"):
+        return (bytes([len(group) + 1]) + group + bytes([len(member) + 1]) + member
+                + struct.pack(">i", epoch) + b"\x00" * 20)
+
+    for epoch in (0, -1, 5, 2 ** 31 - 1):
+        frame = b"\x00" * 9 + body(epoch)
+        for key in (78, 79):
+            assert share_topics.session_epoch(key, 1, frame, 9) == epoch
+    frame = b"\x00" * 9 + body(3)
+    with pytest.raises(ProtocolError):
+        share_topics.session_epoch(78, 1, frame[:9 + 3 + 9 + 2], 9)
+    with pytest.raises(ValueError):
+        share_topics.session_epoch(78, 0, frame, 9)

@@ -364,3 +364,19 @@ def add_topics(api_key, api_version, frame, answer):
     body = b"".join((view[4:at], write_uvarint(count + added + 1), memoryview(answer)[start:end],
                      view[first:]))
     return INT32.pack(len(body)) + body
+
+
+def session_epoch(api_key, api_version, frame, body_offset):
+    """A ShareFetch or ShareAcknowledge request's ShareSessionEpoch (after
+    GroupId and MemberId): 0 opens a share session, -1 closes it, more: an
+    incremental request of one. ProtocolError when the frame runs short."""
+    _check(api_key, api_version, "request")
+    try:
+        pos = body_offset
+        for _ in range(2):  # GroupId, MemberId: compact nullable strings
+            size, pos = read_uvarint(frame, pos)
+            pos += max(size - 1, 0)
+        check_within(frame, pos, 4, "ShareSessionEpoch")
+        return INT32.unpack_from(frame, pos)[0]
+    except IndexError:
+        raise ProtocolError("truncated request") from None

@@ -112,6 +112,7 @@ MERGING_KEPT = 10_000  # Produce answers awaited with refused topics' errors, at
 DELEGATION_TOKEN_APIS = {38, 39, 40, 41}
 OPERATION_NOT_ATTEMPTED = 55
 FETCH_SESSION_ID_NOT_FOUND = 70
+SHARE_SESSION_NOT_FOUND = 122
 
 
 class AclView:
@@ -567,6 +568,18 @@ class Authorization(Filter):
         The request goes on even with no topic left: the broker keeps the share
         session's epoch."""
         key, version, body = head.api_key, head.api_version, head.body_offset
+        # a share session's incremental requests name only what changed, and the
+        # broker serves the rest of the session: after a change of ACLs the client
+        # opens a new one (Kafka's client does on SHARE_SESSION_NOT_FOUND), whose
+        # first request names every partition
+        state = ctx.state
+        generation = self.view.generation
+        epoch = share_topics.session_epoch(key, version, frame, body)
+        if epoch == 0:
+            state.share_generation = generation
+        elif epoch > 0 and state.share_generation != generation:
+            return Answer(group_answers.error_response(key, version, head.correlation_id,
+                                                       SHARE_SESSION_NOT_FOUND))
         names = self.topic_names
         refused, unknown = [], []
         for topic_id, partitions in share_topics.request_partitions(key, version, frame, body):
@@ -665,12 +678,13 @@ def _produce_allowed(frame, head, allowed):
 
 
 class _State:
-    __slots__ = ("who", "fetch_generation")
+    __slots__ = ("who", "fetch_generation", "share_generation")
 
     def __init__(self):
         self.who = None  # (Kafka's principal string, host, the principal it was made for)
         # AclView.generation when this connection's last full Fetch was checked
         self.fetch_generation = None
+        self.share_generation = None  # the same, for a share session's first request
 
 
 def _who(ctx):
