@@ -208,6 +208,21 @@ def compile_java(source, folder, lib):
     return Path(folder)
 
 
+def java_program_output(source, main_class, folder, lib=None, timeout=180):
+    """Compile the ``.java`` file ``source`` against Kafka's jars (``lib``, Kafka's own by
+    default) into ``folder``, run ``main_class`` once, and return what it printed;
+    KafkaMissing where Kafka or a JDK is missing, RuntimeError when it fails."""
+    lib = kafka_lib() if lib is None else lib
+    classes = compile_java(source, folder, lib)
+    done = subprocess.run([java_binary(), "-Xmx128m", "-XX:+UseSerialGC", "-cp",
+                           "%s:%s" % (classes, Path(lib) / "*"), main_class],
+                          capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    if done.returncode:
+        raise RuntimeError("%s failed:\n%s" % (main_class, (done.stdout + done.stderr).decode(
+            errors="replace")))
+    return done.stdout.decode("utf-8")
+
+
 def kafka_lib(version=KAFKA_VERSION):
     """The folder of Kafka ``version``'s jars (``KTHROTTLE_KAFKA_LIB`` overrides), as
     ``scripts/kafka-jars`` leaves it; KafkaMissing if it is not there (complete)."""

@@ -3,12 +3,11 @@ group requests kafka-python has no schema for, compared byte for byte with what 
 generated message classes serialize (tests/java/GroupAnswers.java, one JVM run for the whole
 module), and the subscription it reads out of heartbeats Kafka's classes wrote."""
 import struct
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from kafka_cluster import KafkaMissing, compile_java, java_binary, kafka_lib
+from kthrottle.kafka_kit import KafkaMissing, java_program_output
 from kthrottle.codecs.errors import ProtocolError
 from kthrottle.codecs.group_answers import (
     describe_groups_error_response,
@@ -40,18 +39,13 @@ def java(tmp_path_factory):
     or None)}, "describe": {(key, version, code, groups): frame}, "subscribe": {(key,
     version, case): (frame, body offset)}}."""
     try:
-        lib = kafka_lib()
-        folder = compile_java(Path(__file__).parent / "java" / "GroupAnswers.java",
-                              tmp_path_factory.mktemp("group-answers"), lib)
-        command = [java_binary(), "-Xmx128m", "-XX:+UseSerialGC", "-cp",
-                   "%s:%s" % (folder, lib / "*"), "GroupAnswers"]
+        output = java_program_output(Path(__file__).parent / "java" / "GroupAnswers.java",
+                                     "GroupAnswers", tmp_path_factory.mktemp("group-answers"))
     except KafkaMissing as e:
         pytest.skip(str(e))
-    done = subprocess.run(command, capture_output=True, timeout=180, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, (done.stdout + done.stderr).decode(errors="replace")
     found = {"range": {}, "plain": {}, "message": {}, "request": {}, "describe": {},
              "subscribe": {}}
-    for line in done.stdout.decode("utf-8").splitlines():
+    for line in output.splitlines():
         what, key, rest = line.split(" ", 2)
         key = int(key)
         if what == "range":

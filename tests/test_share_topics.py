@@ -4,7 +4,6 @@ that answer spliced into a broker's response, compared byte for byte with what K
 generated message classes serialize (tests/java/ShareTopics.java, one JVM run for the whole
 module; its refused answers are built with the helpers KafkaApis builds them with)."""
 import struct
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from kthrottle.codecs.share_topics import (
     request_topics,
     request_without,
 )
-from kthrottle.kafka_kit import KafkaMissing, compile_java, java_binary, kafka_lib
+from kthrottle.kafka_kit import KafkaMissing, java_program_output
 
 CORRELATION_ID = 7  # ShareTopics.java's
 VERSIONS = {78: (1, 2), 79: (1, 2)}  # exactly those Kafka 4.4's client jar knows
@@ -38,18 +37,13 @@ def java(tmp_path_factory):
     "refused": {(key, v, case, pattern, code, lock): frame}, "broker": {(key, v, case,
     pattern): frame}, "merged": {(key, v, case, pattern, code): frame}}."""
     try:
-        lib = kafka_lib()
-        folder = compile_java(Path(__file__).parent / "java" / "ShareTopics.java",
-                              tmp_path_factory.mktemp("share-topics"), lib)
-        command = [java_binary(), "-Xmx128m", "-XX:+UseSerialGC", "-cp",
-                   "%s:%s" % (folder, lib / "*"), "ShareTopics"]
+        output = java_program_output(Path(__file__).parent / "java" / "ShareTopics.java",
+                                     "ShareTopics", tmp_path_factory.mktemp("share-topics"))
     except KafkaMissing as e:
         pytest.skip(str(e))
-    done = subprocess.run(command, capture_output=True, timeout=180, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, (done.stdout + done.stderr).decode(errors="replace")
     found = {what: {} for what in ("range", "request", "topics", "options", "kept", "refused",
                                    "broker", "merged")}
-    for line in done.stdout.decode("ascii").splitlines():
+    for line in output.splitlines():
         what, key, rest = line.split(" ", 2)
         key = int(key)
         if what == "range":
