@@ -1309,3 +1309,43 @@ def share_topics_answer(cid, topics):
     from kthrottle.codecs import share_topics
 
     return share_topics.refused_response(78, 1, cid, topics, 0)
+
+
+def streams_heartbeat(cid, group, subtopologies):
+    """StreamsGroupHeartbeat v0 (KIP-1071) of ``group`` with a Topology of ``subtopologies``."""
+    from test_streams_topology import cstr, uvarint
+
+    topology = (b"\x01" + struct.pack(">i", 1) + uvarint(len(subtopologies) + 1)
+                + b"".join(subtopologies) + b"\x00")
+    body = (b"\x00" + cstr(group) + cstr("m") + struct.pack(">ii", 0, 0) + cstr(None)
+            + cstr(None) + struct.pack(">i", -1) + topology
+            + b"\x00\x00\x00" + cstr(None) + b"\xff" + b"\x00\x00\x00" + b"\x00" + b"\x00")
+    return raw_request(cid, 88, 0, body)
+
+
+def test_a_streams_heartbeat_needs_describe_on_its_topologys_topics():
+    """KIP-1071: Kafka checks DESCRIBE on every topic of the topology (sources,
+    repartition sinks and sources, changelogs), TOPIC_AUTHORIZATION_FAILED if one is refused;
+    an invalid topology is the broker's to answer, as it does before any check."""
+    from test_streams_topology import subtopology
+
+    h = harness(view_of())
+    mine = streams_heartbeat(1, "alice-g", [subtopology(sources=["alice-t"],
+                                                       changelogs=["alice-g-store-changelog"])])
+    h.client(mine)
+    assert h.take_broker() == mine
+    h.broker(cg_heartbeat_answer(1, []))
+    h.take_client()
+    h.client(streams_heartbeat(2, "alice-g", [subtopology(sources=["alice-t"]),
+                                              subtopology(sinks=["bob-t"])]))
+    assert h.take_broker() == b""
+    out = h.take_client()
+    assert cids(out) == [2] and heartbeat_error(out) == TOPIC_AUTHORIZATION_FAILED
+    invalid = streams_heartbeat(3, "alice-g", [subtopology(sources=["bob t"])])
+    h.client(invalid)
+    assert h.take_broker() == invalid  # STREAMS_INVALID_TOPOLOGY comes from the broker
+    h.client(streams_heartbeat(4, "bob-g", [subtopology(sources=["alice-t"])]))
+    h.broker(cg_heartbeat_answer(3, []))
+    out = frames_of(h.take_client())
+    assert heartbeat_error(out[-1]) == GROUP_AUTHORIZATION_FAILED
+    assert h.closed is None

@@ -45,7 +45,7 @@ attribute check. Until the ACLs have been read once, requests wait unread.
 import logging
 
 from ...codecs import acl_requests as wire
-from ...codecs import apis, group_answers, share_topics
+from ...codecs import apis, group_answers, share_topics, streams_topology
 from ...codecs.acl_requests import (
     CLUSTER,
     CLUSTER_NAME,
@@ -89,6 +89,7 @@ GROUP_APIS = {11: READ, 12: READ, 13: READ, 14: READ}
 FIRST_FIELD_GROUP = {68: READ, 76: READ, 78: READ, 79: READ, 88: READ, 91: ALTER, 92: DELETE,
                      93: READ}
 DESCRIBE_SHARE_GROUP_OFFSETS = 90  # groups and their topics, each to describe
+STREAMS_GROUP_HEARTBEAT = 88  # KIP-1071: DESCRIBE on its topology's topics too
 # share-group APIs whose topics (by id) need READ, checked each (KIP-932)
 SHARE_DATA_APIS = frozenset({78, 79})
 # share-group APIs naming topics the proxy does not read: READ on every topic for now
@@ -379,6 +380,15 @@ class Authorization(Filter):
                         # may match topics she may not see): her answer is read
                         ctx.note(inflight, allowed)
                         ctx.gather_response(inflight)
+                if key == STREAMS_GROUP_HEARTBEAT:
+                    names = streams_topology.topology_topics(key, version, frame,
+                                                             head.body_offset)
+                    # an invalid topology is the broker's to answer (before any topic
+                    # is authorized, as Kafka does)
+                    if names and streams_topology.invalid_topology(names) is None and not all(
+                            allowed(TOPIC, n, DESCRIBE) for n in names):
+                        return self._refuse_top_level(ctx, head,
+                                                      wire.TOPIC_AUTHORIZATION_FAILED)
                 if key in SHARE_DATA_APIS and not allowed.every(TOPIC, READ):
                     return self._share_topics(ctx, head, inflight, frame, allowed)
                 if key in SHARE_APIS and not allowed.every(TOPIC, READ):
