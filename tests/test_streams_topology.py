@@ -18,6 +18,7 @@ from kthrottle.codecs.streams_topology import (
     is_valid_topic_name,
     topology_topics,
 )
+from kthrottle.codecs.wire import encode_string, write_uvarint
 
 VERSIONS = (0, 1)  # StreamsGroupHeartbeat's in Kafka 4.4's client jar
 CASES = ("null", "full", "empty", "regexes", "internal", "invalid", "plain")
@@ -148,20 +149,11 @@ def test_every_truncation_of_kafkas_requests_is_a_protocol_error(java):
 
 # ---- pure unit tests: frames built here, by hand --------------------------------------------
 
-def uvarint(n):
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+uvarint = write_uvarint
 
 
 def cstr(text):
-    if text is None:
-        return b"\x00"
-    data = text.encode()
-    return uvarint(len(data) + 1) + data
+    return b"\x00" if text is None else encode_string(text, True)
 
 
 def carray(items, encode):
