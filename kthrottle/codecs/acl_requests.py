@@ -20,8 +20,7 @@ import warnings
 from typing import NamedTuple
 
 from .errors import ProtocolError
-from .wire import (INT32, read_array_length, read_string, read_uvarint, skip_tagged_fields,
-                   write_uvarint)
+from .wire import INT32, read_array_length, read_string, skip_tagged_fields, write_uvarint
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -217,42 +216,6 @@ def fetch_request_topics(frame, body, version):
     """The topics a whole framed Fetch request names (FetchRequest.json, v4-17),
     read straight from the frame from ``body`` (the body's offset): names, or
     uuid.UUID topic ids from v13. ProtocolError when it is malformed."""
-    return _fetch_request_walk(frame, body, version)[0]
-
-
-def fetch_request_replica(frame, body, version):
-    """The replica id a whole framed Fetch request v15+ names in its
-    ReplicaState tag (KIP-903: only a follower, a broker, sets it), or -1
-    without one. ProtocolError when it is malformed."""
-    if version < 15:
-        raise ProtocolError("Fetch v%d names its replica in a field" % version)
-    pos = _fetch_request_walk(frame, body, version)[1]
-    try:
-        count, pos = read_array_length(frame, pos, True)  # ForgottenTopicsData
-        for _ in range(max(count, 0)):
-            pos += 16  # topic id (v13+)
-            partitions, pos = read_array_length(frame, pos, True)
-            pos = skip_tagged_fields(frame, pos + 4 * max(partitions, 0))
-        size, pos = read_uvarint(frame, pos)  # RackId: a compact string (length + 1)
-        pos += max(size - 1, 0)
-        tags, pos = read_uvarint(frame, pos)  # the request's tagged fields
-        for _ in range(tags):
-            tag, pos = read_uvarint(frame, pos)
-            size, pos = read_uvarint(frame, pos)
-            if tag == 1:  # ReplicaState: ReplicaId, ReplicaEpoch
-                if pos + 4 > len(frame):
-                    break
-                return INT32.unpack_from(frame, pos)[0]
-            pos += size
-    except (IndexError, ValueError, struct.error):
-        raise ProtocolError("truncated Fetch request") from None
-    if pos > len(frame):
-        raise ProtocolError("truncated Fetch request")
-    return -1
-
-
-def _fetch_request_walk(frame, body, version):
-    """(fetch_request_topics, where the topics array ends)."""
     if version < 4:
         raise ProtocolError("Fetch v%d is not read here" % version)
     pos = body + (12 if version >= 15 else 16)  # [replica_id,] max_wait, min_bytes, max_bytes
@@ -283,7 +246,7 @@ def _fetch_request_walk(frame, body, version):
         raise ProtocolError("truncated Fetch request") from None
     if pos > len(frame):
         raise ProtocolError("truncated Fetch request")
-    return topics, pos
+    return topics
 
 
 def _fetch_topics_at(frame, version):
