@@ -11,6 +11,7 @@ import tomllib
 from .codecs import DEFAULT_MAX_FRAME_SIZE
 from .options import (
     HOST_PORT,
+    ClassWithConfig,
     INTEGER,
     NUMBER,
     SWITCH,
@@ -264,6 +265,25 @@ QUOTAS = OptionGroup("quotas (KIP-55 <user, client-id> byte-rate and request-rat
     Option("metrics-max-entities", INTEGER, default=1000, metavar="N",
            help="quota entities (user, client-id pairs) given series in /metrics, the first "
            "met; the others are counted in kthrottle_metrics_omitted_entities (default 1000)"),
+    Option("quota-callback", ClassWithConfig(), metavar="MODULE:CLASS",
+           help="a quota callback with KIP-257's shape (ClientQuotaCallback) deciding which "
+           "bucket each client counts in and its limit, in place of the KIP-55 levels and "
+           "quota groups: module:Class on the import path, or path/to/file.py:Class; in TOML "
+           "a [quota-callback] table with class = \"module:Class\" and a [quota-callback.config] "
+           "table given to its configure(). Built in: kthrottle.policy.quota_callback:"
+           "LeaderProportional (a quota split among brokers by the partitions they lead). A "
+           "callback that cannot be loaded stops the start; one that fails while serving closes "
+           "the connection that asked (default: none)"),
+    Option("shared-produce-capacity", NUMBER, metavar="BYTES",
+           help="a produce capacity in bytes/s shared by the producers in use, by weighted "
+           "max-min fairness: every second each producer_byte_rate bucket used in the last 2 s "
+           "gets its part, weighted by its quota (the quotas then split the capacity rather "
+           "than cap each client); a bucket using less than its part leaves the rest to the "
+           "others, and an idle one's part goes to the busy ones. Only clients with a quota "
+           "share it (users/<default> gives every user one); off unless given"),
+    Option("shared-fetch-capacity", NUMBER, metavar="BYTES",
+           help="the same for consumer_byte_rate: a fetch capacity in bytes/s shared by the "
+           "consumers in use; off unless given"),
     Option("quota-mode", default="token-bucket", choices=("token-bucket", "window"),
            help="token-bucket (default): burst allowance of --quota-burst-seconds, then held to "
            "the quota; window: exactly Kafka's sampled windows and X = (O - T) / T x W"),
@@ -491,6 +511,17 @@ class ProxyConfig:
             raise ConfigError("max-frame-size must be a positive number of bytes")
         if self.upstream_connect_timeout_ms <= 0:
             raise ConfigError("upstream-connect-timeout-ms must be a positive number of ms")
+        for name in ("shared_produce_capacity", "shared_fetch_capacity"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError("%s must be a positive byte rate, got %r"
+                                  % (name.replace("_", "-"), value))
+        if (self.shared_produce_capacity or self.shared_fetch_capacity) \
+                and not (self.quota_file or self.zookeeper or self.quota_source
+                         or self.quota_callback):
+            raise ConfigError("a shared capacity is split by the clients' quotas (their weights): "
+                              "give a quota source (--quota-file, --zookeeper or "
+                              "--quota-source kafka) or --quota-callback")
         if self.drain_timeout_ms < 0:
             raise ConfigError("drain-timeout-ms must not be negative, got %r"
                               % self.drain_timeout_ms)
@@ -721,5 +752,9 @@ def load_toml(path):
 def build_config(file_values, flag_values):
     """Flags win over the file; both win over the defaults."""
     merged = dict(file_values)
+    callback = flag_values.get("quota_callback")
+    if callback is not None and callback["config"] is None:
+        # --quota-callback names the class; a file's [quota-callback.config] still configures it
+        callback["config"] = (file_values.get("quota_callback") or {}).get("config") or {}
     merged.update({k: v for k, v in flag_values.items() if v is not None})
     return ProxyConfig(**merged).validate()

@@ -234,6 +234,33 @@ class Switch(Kind):
         return value
 
 
+class ClassWithConfig(Kind):
+    """``module:Class``, or in TOML a table ``{class = "module:Class",
+    config = {...}}`` (``[NAME]`` with ``class``, and ``[NAME.config]``):
+    a dict {"class": ..., "config": {...}}."""
+
+    def toml(self, value, what):
+        if isinstance(value, str) and value:
+            return {"class": value, "config": {}}
+        if not isinstance(value, dict):
+            raise ConfigError("%s must be \"module:Class\" or a table with class and config"
+                              % what)
+        unknown = set(value) - {"class", "config"}
+        if unknown:
+            raise ConfigError("[%s]: unknown key %s (known: class, config)"
+                              % (what, ", ".join(sorted(map(repr, unknown)))))
+        spec = value.get("class")
+        if not isinstance(spec, str) or not spec:
+            raise ConfigError("[%s]: class must be \"module:Class\"" % what)
+        config = value.get("config", {})
+        if not isinstance(config, dict):
+            raise ConfigError("[%s.config] must be a table" % what)
+        return {"class": spec, "config": config}
+
+    def flag(self, text, what):
+        return {"class": text, "config": None}  # None: the file's config, if any
+
+
 TEXT, INTEGER, NUMBER, NAMES, HOST_PORT = Text(), Integer(), Number(), Names(), HostPort()
 SWITCH = Switch()
 

@@ -29,6 +29,7 @@ from .policy.entities import (
     topic_path,
 )
 from .policy.quota_file import STATIC, format_value
+from .policy.quotas import GROUPS
 from .security import ZOOKEEPER, ClientSecurityOptions
 
 ENTITY_TYPES = ("users", "clients", "ips", "topics")
@@ -410,7 +411,7 @@ def _describe(store, credential_store, named, types):
     def order(path):
         return _KIND_ORDER[next(iter(parse_entity(path)))], path
 
-    for path in sorted((p for p in snapshot if p != STATIC), key=order):
+    for path in sorted((p for p in snapshot if p not in (STATIC, GROUPS)), key=order):
         entity = parse_entity(path)
         if types:
             if set(entity) != set(wanted):
@@ -418,6 +419,11 @@ def _describe(store, credential_store, named, types):
             if any(name is not None and entity[t] != name for t, name in wanted.items()):
                 continue
         print("Quotas for %s are %s" % (_describe_entity(path), _config_text(snapshot[path])))
+        shown += 1
+    for name, config in (snapshot.get(GROUPS) or {}).items() if not types else ():
+        quotas = {k: v for k, v in config.items() if k != "members"}
+        print("Quotas for quota group '%s' (members %s) are %s"
+              % (name, ", ".join(config["members"]), _config_text(quotas)))
         shown += 1
     static = snapshot.get(STATIC)
     if static and not types:

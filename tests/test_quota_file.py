@@ -76,7 +76,13 @@ def test_written_text_reads_back_as_the_same_snapshot():
     ("[clients.a.clients.b]\nrequest_rate = 1\n", "unexpected table 'clients'"),
     ("[static]\n\"quota.request.default\" = 1\n", "[static]: unknown key 'quota.request.default'"),
     ("users = 5\n", "[users] must be a table"),
-    ("[groups.a]\nx = 1\n", "unknown section 'groups'"),
+    ("[teams.a]\nx = 1\n", "unknown section 'teams'"),
+    ("[groups.a]\nproducer_byte_rate = 1\n", "[groups.\"a\"]: members must be a list"),
+    ("[groups.a]\nmembers = [\"alice\"]\nproducer_byte_rate = 1\n",
+     "a group member is User:<principal> or client-id:<client-id>"),
+    ("[groups.a]\nmembers = [\"User:alice\"]\n", "[groups.\"a\"]: no quota"),
+    ("[groups.a]\nmembers = [\"User:alice\"]\nconnection_creation_rate = 1\n",
+     "connection_creation_rate is not a quota of client entities"),
 ])
 def test_bad_files_name_the_place_and_the_reason(text, message):
     with pytest.raises(QuotaFileError) as err:

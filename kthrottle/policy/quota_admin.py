@@ -142,7 +142,7 @@ def describe_quotas(snapshot, components, strict):
     by_type = _filter(components)
     found = []
     for path, config in snapshot.items():
-        if path == "static" or not config:
+        if path in ("static", "groups") or not config:  # not entities of Kafka's admin API
             continue
         try:
             names = parse_entity(path)

@@ -7,6 +7,9 @@
     [users."<default>"]                # users/<default>: each user its own bucket
     consumer_byte_rate = 2097152
     [users."<default>".clients."<default>"]
+    [groups.etl]                       # a quota group (KIP-257): every member, one bucket
+    members = ["User:alice", "User:bob", "client-id:etl-*"]
+    producer_byte_rate = 1048576
     [clients.reporting]                # clients/reporting: shared across users
     [clients."<default>"]
     [ips."<default>"]                  # ips/<default>: each address its own bucket (KIP-612)
@@ -27,6 +30,7 @@ Edits that keep the operator's comments and order: ``toml_edit``.
 import json
 
 from .entities import (
+    CLIENT_QUOTA_KEYS,
     DEFAULT,
     OBSERVE_ONLY,
     QUOTA_KEYS,
@@ -40,6 +44,7 @@ from .entities import (
     topic_path,
     validate_quota_config,
 )
+from .quotas import GROUPS, member_pattern
 
 STATIC = "static"
 
@@ -110,6 +115,32 @@ def snapshot_from_document(doc):
                 config = _quota_values(_no_subtables(_table(table, where), where), where, path)
                 if config:
                     snapshot[path] = config
+        elif section == GROUPS:
+            groups = {}
+            for name, table in _table(body, "[groups]").items():
+                where = "[groups.%s]" % json.dumps(name)
+                table = _no_subtables(_table(table, where), where)
+                members = table.get("members")
+                if not isinstance(members, list) or not members:
+                    raise QuotaFileError("%s: members must be a list of User:<principal> and "
+                                         "client-id:<client-id> (* for any characters)" % where)
+                for member in members:
+                    try:
+                        member_pattern(member)
+                    except ValueError as exc:
+                        raise QuotaFileError("%s: %s" % (where, exc)) from None
+                config = {k: v for k, v in table.items() if k != "members"}
+                try:
+                    config = validate_quota_config(config, path="users/group")
+                except ValueError as exc:
+                    raise QuotaFileError("%s: %s" % (where, exc)) from None
+                if not any(k != OBSERVE_ONLY for k in config):
+                    raise QuotaFileError("%s: no quota (a group holds the keys of a user: %s)"
+                                         % (where, ", ".join(CLIENT_QUOTA_KEYS)))
+                config["members"] = list(members)
+                groups[name] = config
+            if groups:
+                snapshot[GROUPS] = groups
         elif section == STATIC:
             static = {}
             for name, value in _table(body, "[static]").items():
@@ -124,7 +155,7 @@ def snapshot_from_document(doc):
             if static:
                 snapshot[STATIC] = static
         else:
-            raise QuotaFileError("unknown section %r (known: users, clients, ips, topics, static)" % section)
+            raise QuotaFileError("unknown section %r (known: users, clients, groups, ips, topics, static)" % section)
     return snapshot
 
 
@@ -199,8 +230,14 @@ def document_text(snapshot):
         return (0, user is None, user == DEFAULT, user or "", client_id is not None,
                 client_id == DEFAULT, client_id or "")
 
-    for path in sorted((p for p in snapshot if p != STATIC), key=order):
+    for path in sorted((p for p in snapshot if p not in (STATIC, GROUPS)), key=order):
         section("[%s]" % table_header(entity_names(path)), snapshot[path], QUOTA_KEYS)
+    for name, config in (snapshot.get(GROUPS) or {}).items():
+        section("[groups.%s]" % _toml_key(name), config, ())
+        lines.append("members = %s" % json.dumps(list(config["members"]), ensure_ascii=False))
+        for key in QUOTA_KEYS:
+            if key in config:
+                lines.append("%s = %s" % (_toml_key(key), format_value(config[key], key)))
     static = snapshot.get(STATIC)
     if static:
         names = {key: name for name, key in STATIC_DEFAULT_KEYS.items()}

@@ -25,6 +25,7 @@ rates (each topic its own bucket, shared by every client writing or reading
 it). A quota whose entity holds observe_only (or every quota, with
 QuotaSettings.observe_only) is measured and reported but delays no one.
 """
+import logging
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -41,7 +42,23 @@ from .entities import (
     REQUEST_RATE,
     sanitize,
 )
+from .quota_callback import (
+    QUOTA_TYPE_OF_KEY,
+    KafkaPrincipal,
+    QuotaCallbackError,
+    check_limit,
+    check_tags,
+    identity_tags,
+    snapshot_changes,
+    tags_identity,
+    takes_broker,
+)
 from .rate import SampledRate, TokenBucket, released_total, throttle_seconds, to_ms
+
+log = logging.getLogger("kthrottle.quotas")
+
+# The entity of a bucket a quota callback made (QuotaManager.callback).
+CALLBACK_ENTITY = "callback"
 
 WINDOW = "window"
 TOKEN_BUCKET = "token-bucket"
@@ -117,17 +134,42 @@ class QuotaConfig:
 
     def __init__(self, snapshot=None):
         self.snapshot = dict(snapshot or {})
-        self._paths = {path: cfg for path, cfg in self.snapshot.items() if path != "static"}
+        self._paths = {path: cfg for path, cfg in self.snapshot.items()
+                       if path not in ("static", GROUPS)}
         self._static = dict(self.snapshot.get("static", {}))
+        self.groups = QuotaGroups(self.snapshot.get(GROUPS))
+
+    def has_entity(self, entity):
+        """Whether ``entity`` (a bucket's) is still configured."""
+        if entity in self.snapshot:
+            return True
+        return entity is not None and entity.startswith(GROUP_PREFIX) \
+            and entity[len(GROUP_PREFIX):] in self.groups.config
+
+    def entity_config(self, entity):
+        """{quota key: value} of an entity path, "static" or groups/NAME."""
+        if entity is not None and entity.startswith(GROUP_PREFIX):
+            return self.groups.config.get(entity[len(GROUP_PREFIX):])
+        cfg = self.snapshot.get(entity)
+        return cfg if entity != GROUPS else None
 
     def resolve(self, user, client_id, key):
         """The quota for ``key`` of a connection of principal ``user`` (name as
-        is; ANONYMOUS for PLAINTEXT, KIP-55) sending ``client_id``."""
+        is; ANONYMOUS for PLAINTEXT, KIP-55) sending ``client_id``. A quota
+        group a User member puts the principal in comes first; one a
+        client-id member puts the client in comes after every level naming
+        a user (as clients/<c> does), so that no client escapes its user's
+        quota by the client-id it picks."""
+        groups = self.groups
+        if groups:
+            found = groups.by_user(user, key)
+            if found is not None:
+                return found
         su = sanitize(user)
         sc = sanitize(client_id or "")
         paths = self._paths
         d = DEFAULT
-        for path, user_tag, client_tag in (
+        for i, (path, user_tag, client_tag) in enumerate((
             ("users/%s/clients/%s" % (su, sc), user, client_id),
             ("users/%s/clients/%s" % (su, d), user, client_id),
             ("users/%s" % su, user, ""),
@@ -136,7 +178,11 @@ class QuotaConfig:
             ("users/%s" % d, user, ""),
             ("clients/%s" % sc, "", client_id),
             ("clients/%s" % d, "", client_id),
-        ):
+        )):
+            if i == 6 and groups:
+                found = groups.by_client(client_id or "", key)
+                if found is not None:
+                    return found
             cfg = paths.get(path)
             if cfg is not None and key in cfg:
                 return Resolution(cfg[key], path, user_tag, client_tag or "",
@@ -144,6 +190,31 @@ class QuotaConfig:
         if key in self._static:
             return Resolution(self._static[key], "static", "", client_id or "")
         return Resolution(None, None, "", client_id or "")
+
+    def limit_for_tags(self, key, user_tag, client_tag):
+        """The quota of the bucket ``resolve`` tagged (user tag, client tag),
+        None when no entity gives such tags any more (KIP-257's quotaLimit of
+        the default callback)."""
+        if user_tag.startswith(GROUP_TAG):
+            cfg = self.groups.config.get(self.groups.name_of_tag(user_tag))
+            return None if cfg is None else cfg.get(key)
+        paths = self._paths
+        d = DEFAULT
+        if user_tag:
+            su = sanitize(user_tag)
+            if client_tag:
+                sc = sanitize(client_tag)
+                candidates = ("users/%s/clients/%s" % (su, sc), "users/%s/clients/%s" % (su, d),
+                              "users/%s/clients/%s" % (d, sc), "users/%s/clients/%s" % (d, d))
+            else:
+                candidates = ("users/%s" % su, "users/%s" % d)
+        else:
+            candidates = ("clients/%s" % sanitize(client_tag), "clients/%s" % d)
+        for path in candidates:
+            cfg = paths.get(path)
+            if cfg is not None and key in cfg:
+                return cfg[key]
+        return None if user_tag else self._static.get(key)
 
     def _resolve_named(self, kind, name, key):
         """``<kind>/<name>`` then ``<kind>/<default>``; each name its own
@@ -171,6 +242,73 @@ class QuotaConfig:
     @property
     def has_ip_quotas(self):
         return any(path.startswith("ips/") for path in self._paths)
+
+
+# Quota groups (KIP-257's first scenario, built in): the snapshot's "groups"
+# entry, {name: {"members": [...], quota key: value, ...}}, from the quota
+# file's [groups.NAME] tables. Every member shares one bucket per quota key,
+# tagged {"group": NAME}; its entity is groups/NAME.
+GROUPS = "groups"
+GROUP_PREFIX = "groups/"
+GROUP_TAG = "group="
+USER_MEMBER = "User:"
+CLIENT_MEMBER = "client-id:"
+
+
+def member_pattern(member):
+    """``User:alice``, ``User:team-*``, ``client-id:etl-*`` -> (kind, pattern);
+    ``*`` stands for any run of characters and is the only special one.
+    Raises ValueError for anything else."""
+    for kind in (USER_MEMBER, CLIENT_MEMBER):
+        if isinstance(member, str) and member.startswith(kind) and len(member) > len(kind):
+            return kind, member[len(kind):]
+    raise ValueError("a group member is User:<principal> or client-id:<client-id> "
+                     "(* for any characters), got %r" % (member,))
+
+
+def _matcher(pattern):
+    if "*" not in pattern:
+        return pattern.__eq__
+    import re
+
+    rx = re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
+    return lambda name: rx.fullmatch(name) is not None
+
+
+class QuotaGroups:
+    """The quota groups of a snapshot, for resolution: the first group (in
+    the file's order) that has the member and the quota key wins."""
+
+    def __init__(self, groups=None):
+        self.config = dict(groups or {})
+        self._users, self._clients = [], []
+        for name, cfg in self.config.items():
+            for member in cfg.get("members", ()):
+                kind, pattern = member_pattern(member)
+                (self._users if kind == USER_MEMBER else self._clients).append(
+                    (_matcher(pattern), name))
+        self._tags = {name: tags_identity({"group": name})[0] for name in self.config}
+
+    def __bool__(self):
+        return bool(self.config)
+
+    def name_of_tag(self, user_tag):
+        return identity_tags(user_tag, "").get("group")
+
+    def _first(self, members, name, key):
+        for match, group in members:
+            if match(name):
+                cfg = self.config[group]
+                if key in cfg:
+                    return Resolution(cfg[key], GROUP_PREFIX + group, self._tags[group], "",
+                                      bool(cfg.get(OBSERVE_ONLY)))
+        return None
+
+    def by_user(self, user, key):
+        return self._first(self._users, user, key) if self._users else None
+
+    def by_client(self, client_id, key):
+        return self._first(self._clients, client_id, key) if self._clients else None
 
 
 @dataclass(frozen=True)
@@ -493,13 +631,14 @@ class ClientQuotas:
     configuration generation; None for a quota key with no quota (no quota,
     no bucket). What a connection holds on to; it asks for decisions."""
 
-    __slots__ = ("manager", "user", "client_id", "generation", "produce", "fetch", "request",
-                 "mutation", "fetch_cap")
+    __slots__ = ("manager", "user", "client_id", "broker", "generation", "produce", "fetch",
+                 "request", "mutation", "fetch_cap")
 
-    def __init__(self, manager, user, client_id):
+    def __init__(self, manager, user, client_id, broker=None):
         self.manager = manager
         self.user = user
         self.client_id = client_id
+        self.broker = broker  # the node id the connection talks to (a callback may use it)
         self.generation = -1
         self.produce = self.fetch = self.request = self.mutation = None
         # the grant of the Fetch let through last (fetch_grant), for the
@@ -509,10 +648,11 @@ class ClientQuotas:
 
     def refresh(self):
         m = self.manager
-        self.produce = m.bucket(PRODUCER_BYTE_RATE, self.user, self.client_id)
-        self.fetch = m.bucket(CONSUMER_BYTE_RATE, self.user, self.client_id)
-        self.request = m.bucket(REQUEST_RATE, self.user, self.client_id)
-        self.mutation = m.bucket(CONTROLLER_MUTATION_RATE, self.user, self.client_id)
+        user, client_id, broker = self.user, self.client_id, self.broker
+        self.produce = m.bucket(PRODUCER_BYTE_RATE, user, client_id, broker)
+        self.fetch = m.bucket(CONSUMER_BYTE_RATE, user, client_id, broker)
+        self.request = m.bucket(REQUEST_RATE, user, client_id, broker)
+        self.mutation = m.bucket(CONTROLLER_MUTATION_RATE, user, client_id, broker)
         self.generation = m.generation
 
     def current(self):
@@ -732,10 +872,20 @@ class QuotaManager:
     this proxy's share of the configured quota; shares change limits when
     they are applied, on the buckets themselves, so requests pay nothing."""
 
-    def __init__(self, snapshot=None, settings=None):
+    def __init__(self, snapshot=None, settings=None, callback=None):
         self.settings = settings or QuotaSettings()
         self.config = QuotaConfig(snapshot)
         self.generation = 0
+        # a quota callback (KIP-257, --quota-callback); None: the proxy's own
+        # resolution (QuotaConfig: KIP-55's levels and quota groups)
+        self.callback = callback
+        self.callback_name = callback and type(callback).__name__
+        self._callback_broker = callback is not None and takes_broker(callback)
+        if callback is not None and snapshot:
+            self._tell_callback({}, self.config.snapshot)
+        # shared capacity (capacity.SharedCapacity) per quota key: the limits
+        # of that key's buckets are their parts of it (apply_capacity)
+        self.capacity = {}
         self.buckets = {}  # (key, user tag, client tag) -> Bucket
         self.topic_buckets = {}  # (key, topic) -> Bucket (tags: "", topic)
         self.ip_buckets = {}  # ip -> Bucket of connection_creation_rate (tags: "", ip)
@@ -812,20 +962,142 @@ class QuotaManager:
         request; existing buckets keep their measured rates (and, in a
         fleet, their shares, against the new quota)."""
         self.settle_leases()
+        before = self.config.snapshot
         self.config = QuotaConfig(snapshot)
         self.generation += 1
+        if self.callback is not None:
+            self._tell_callback(before, self.config.snapshot)
+            self._relimit_callback_buckets()
         # a bucket whose entity is gone is dropped now (its clients resolve
         # again on their next request), not left in the metrics for an hour
-        paths = self.config.snapshot
+        config = self.config
         for buckets in (self.buckets, self.topic_buckets, self.ip_buckets):
-            gone = [k for k, b in buckets.items() if b.entity not in paths]
+            gone = [k for k, b in buckets.items()
+                    if b.entity != CALLBACK_ENTITY and not config.has_entity(b.entity)]
             for k in gone:
                 del buckets[k]
 
-    def bucket(self, key, user, client_id):
-        """The bucket counting ``key`` for this user and client-id; None when
-        no quota applies (nothing is measured for unlimited clients)."""
-        resolution = self.config.resolve(user, client_id, key)
+    # the quota callback (KIP-257) --------------------------------------------------
+
+    def _call(self, what, method, *args):
+        """A callback's method; what it raises becomes a QuotaCallbackError
+        naming the call (the connection that asked is closed for it)."""
+        try:
+            return method(*args)
+        except QuotaCallbackError:
+            raise
+        except Exception as exc:
+            raise QuotaCallbackError("quota callback %s.%s failed: %s: %s" % (
+                self.callback_name, what, type(exc).__name__, exc)) from exc
+
+    def _tell_callback(self, before, after):
+        cb = self.callback
+        for quota_type, entity, value in snapshot_changes(before, after):
+            if value is None:
+                self._call("remove_quota", cb.remove_quota, quota_type, entity)
+            else:
+                self._call("update_quota", cb.update_quota, quota_type, entity, value)
+
+    def _callback_resolution(self, key, user, client_id, broker):
+        cb = self.callback
+        quota_type = QUOTA_TYPE_OF_KEY[key]
+        principal = KafkaPrincipal("User", user)
+        client_id = client_id or ""
+        if self._callback_broker:
+            tags = self._call("quota_metric_tags", cb.quota_metric_tags, quota_type, principal,
+                              client_id, broker)
+        else:
+            tags = self._call("quota_metric_tags", cb.quota_metric_tags, quota_type, principal,
+                              client_id)
+        tags = check_tags(tags, "%s.quota_metric_tags" % self.callback_name)
+        if tags is None:
+            return Resolution(None, None, "", client_id)
+        limit = check_limit(self._call("quota_limit", cb.quota_limit, quota_type, tags),
+                            "%s.quota_limit" % self.callback_name)
+        user_tag, client_tag = tags_identity(tags)
+        return Resolution(limit, CALLBACK_ENTITY, user_tag, client_tag)
+
+    def _relimit_callback_buckets(self):
+        """Every callback bucket's limit asked again (after an update, a
+        reset or new cluster metadata); a bucket whose tags have no limit
+        any more is dropped."""
+        cb = self.callback
+        gone = []
+        for bucket_key, bucket in self.buckets.items():
+            if bucket.entity != CALLBACK_ENTITY:
+                continue
+            key, user_tag, client_tag = bucket_key
+            try:
+                limit = check_limit(self._call("quota_limit", cb.quota_limit,
+                                               QUOTA_TYPE_OF_KEY[key],
+                                               identity_tags(user_tag, client_tag)),
+                                    "%s.quota_limit" % self.callback_name)
+            except QuotaCallbackError as exc:
+                log.warning("%s; its bucket %r is dropped", exc, bucket_key)
+                limit = None
+            if limit is None:
+                gone.append(bucket_key)
+            elif limit != bucket.quota:
+                bucket.set_limit(Resolution(limit, CALLBACK_ENTITY, user_tag, client_tag),
+                                 self.applied_limit(bucket_key, limit))
+        for bucket_key in gone:
+            del self.buckets[bucket_key]
+
+    def _reset(self):
+        self.settle_leases()
+        self.generation += 1  # every client asks for its tags again
+        self._relimit_callback_buckets()
+
+    def poll_callback(self):
+        """Once a second: a callback whose quotas changed on their own
+        (quota_reset_required) has every client's tags and every limit
+        asked again. True when it did."""
+        cb = self.callback
+        if cb is None:
+            return False
+        try:
+            required = any([self._call("quota_reset_required", cb.quota_reset_required, t)
+                            for t in QUOTA_TYPE_OF_KEY.values()])
+        except QuotaCallbackError as exc:
+            log.warning("%s; the quotas stay as they are", exc)
+            return False
+        if required:
+            self._reset()
+        return required
+
+    def update_cluster(self, cluster):
+        """New partition leaders for the callback (update_cluster_metadata);
+        True when its quotas changed and were applied."""
+        cb = self.callback
+        if cb is None:
+            return False
+        try:
+            changed = self._call("update_cluster_metadata", cb.update_cluster_metadata, cluster)
+        except QuotaCallbackError as exc:
+            log.warning("%s; the quotas stay as they are", exc)
+            return False
+        if changed:
+            self._reset()
+        return bool(changed)
+
+    def close_callback(self):
+        cb, self.callback = self.callback, None
+        if cb is not None:
+            try:
+                cb.close()
+            except Exception as exc:
+                log.warning("quota callback %s.close failed: %s: %s", self.callback_name,
+                            type(exc).__name__, exc)
+
+    def bucket(self, key, user, client_id, broker=None):
+        """The bucket counting ``key`` for this user and client-id (and the
+        broker its connection talks to, for a callback that tags by broker);
+        None when no quota applies (nothing is measured for unlimited
+        clients). Raises QuotaCallbackError when a callback fails."""
+        if self.callback is None:
+            resolution = self.config.resolve(user, client_id, key)
+        else:
+            resolution = self._callback_resolution(key, user, client_id, broker)
         if resolution.limit is None:
             return None
         bucket_key = (key, resolution.user_tag, resolution.client_tag)
@@ -838,8 +1110,8 @@ class QuotaManager:
             bucket.set_limit(resolution, self.applied_limit(bucket_key, resolution.limit))
         return bucket
 
-    def client(self, user, client_id):
-        return ClientQuotas(self, user, client_id)
+    def client(self, user, client_id, broker=None):
+        return ClientQuotas(self, user, client_id, broker)
 
     def _named_bucket(self, buckets, bucket_key, key, resolution):
         if resolution.limit is None:
@@ -886,14 +1158,52 @@ class QuotaManager:
         bucket = buckets.get(bucket_key)
         if bucket is not None:
             return bucket
-        cfg = self.config.snapshot.get(entity)  # "static": {key: value} too
-        quota = cfg.get(key) if isinstance(cfg, dict) else None
+        if entity == CALLBACK_ENTITY and kind == CLIENT_BUCKETS and self.callback is not None:
+            try:
+                quota = check_limit(self._call("quota_limit", self.callback.quota_limit,
+                                               QUOTA_TYPE_OF_KEY[key],
+                                               identity_tags(user_tag, client_tag)),
+                                    "%s.quota_limit" % self.callback_name)
+            except QuotaCallbackError as exc:
+                log.warning("%s", exc)
+                return None
+            cfg = {}
+        else:
+            cfg = self.config.entity_config(entity)  # "static": {key: value} too
+            quota = cfg.get(key) if isinstance(cfg, dict) else None
         if quota is None:
             return None
         resolution = Resolution(quota, entity, user_tag, client_tag, bool(cfg.get(OBSERVE_ONLY)))
         limit = self.applied_limit(bucket_key, quota) if kind == CLIENT_BUCKETS else None
         bucket = buckets[bucket_key] = Bucket(key, resolution, self.settings, limit)
         return bucket
+
+    # shared capacity --------------------------------------------------------------
+
+    def set_capacity(self, key, capacity):
+        """Share ``capacity`` (bytes/s; None: no longer) among the buckets of
+        ``key`` in use, weighted by their quotas (capacity.SharedCapacity)."""
+        from .capacity import SharedCapacity
+
+        if capacity is None:
+            self.capacity.pop(key, None)
+        else:
+            self.capacity[key] = SharedCapacity(capacity)
+        self._reapply()
+
+    def apply_capacity(self, now):
+        """Once a second: every shared capacity's parts, applied live."""
+        if not self.capacity:
+            return
+        self.settle_leases(now)
+        by_key = {key: [] for key in self.capacity}
+        for (key, _, _), bucket in self.buckets.items():
+            if key in by_key:
+                by_key[key].append(bucket)
+        for key, shared in self.capacity.items():
+            for bucket, limit in shared.limits(by_key[key], now).items():
+                if bucket.limit is None or abs(limit - bucket.limit) > 1e-6 * limit:
+                    bucket.apply_limit(limit)
 
     # fleet shares ----------------------------------------------------------------
 
@@ -902,7 +1212,12 @@ class QuotaManager:
         in force. A share never exceeds the quota, nor falls under
         MIN_SHARE_FRACTION of it; a share computed against another fleet
         quota than the one configured now (a configuration changed since
-        the shares were written) keeps its fraction of the quota."""
+        the shares were written) keeps its fraction of the quota. Under a
+        shared capacity, the bucket's part of it."""
+        if quota is not None and self.capacity:
+            shared = self.capacity.get(bucket_key[0])
+            if shared is not None:
+                return shared.first_limit(quota)
         if quota is None or self.sharing == CONFIGURED:
             return quota
         if self.sharing == EQUAL:

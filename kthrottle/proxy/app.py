@@ -76,12 +76,28 @@ async def _serve(config, on_ready, stack, worker=None):
                                  if config.quota_source == "kafka" else {}))
     except ValueError as exc:  # the upstream TLS files
         raise SystemExit("kthrottle: error: %s" % exc) from None
+    callback = _quota_callback(config, stack)
+    if source is not None or callback is not None:
+        services.quotas = QuotaManager(None, config.quota_settings(), callback)
     if source is not None:
-        services.quotas = QuotaManager(None, config.quota_settings())
         # quotas are in force before the first client is accepted
         await _started(stack, source, source.start, services.quotas.update)
         if hasattr(source, "reload"):
             followed.append(source)
+    if services.quotas is not None:
+        from ..policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
+
+        for key, capacity in ((PRODUCER_BYTE_RATE, config.shared_produce_capacity),
+                              (CONSUMER_BYTE_RATE, config.shared_fetch_capacity)):
+            if capacity:
+                services.quotas.set_capacity(key, capacity)
+    if callback is not None and primary:
+        await _follow_leaders(config, services, stack, worker)
+    elif callback is not None:
+        from ..policy.quota_callback import Cluster
+        from .workers import LEADERS
+
+        worker.follow(LEADERS, Cluster.from_json, services.quotas.update_cluster)
     services.quota_source = source
     if worker is not None:  # the other workers' usage counts from now on
         worker.manager = services.quotas
@@ -237,7 +253,8 @@ async def _serve(config, on_ready, stack, worker=None):
         on_ready(server)
     stack.callback(logging.getLogger("kthrottle").info, "shutting down")
     ticks = 0
-    every_second = storage is not None or fleet is not None
+    every_second = (storage is not None or fleet is not None or callback is not None
+                    or bool(manager is not None and manager.capacity))
     while not stop.is_set():
         try:  # once a second: the cluster state and the quota shares age
             await asyncio.wait_for(stop.wait(), 1 if every_second else 60)
@@ -247,9 +264,64 @@ async def _serve(config, on_ready, stack, worker=None):
                 storage.refresh(time.time(), loop.time())
             if fleet is not None:
                 fleet.tick()
+            if callback is not None:
+                manager.poll_callback()
+            if manager is not None and manager.capacity:
+                manager.apply_capacity(loop.time())
             if manager is not None and (not every_second or ticks % 60 == 0):
                 manager.expire(loop.time())
     await server.drain(config.drain_timeout_ms / 1000.0, stopping[0])
+
+
+def _quota_callback(config, stack):
+    """The --quota-callback loaded and configured (closed with the proxy), or
+    None; one that cannot be stops the start."""
+    if not config.quota_callback:
+        return None
+    from ..policy.quota_callback import QuotaCallbackError, load_callback
+
+    spec = config.quota_callback["class"]
+    try:
+        callback = load_callback(spec, config.quota_callback.get("config") or {})
+    except QuotaCallbackError as exc:
+        raise SystemExit("kthrottle: error: %s" % exc) from None
+
+    def close():
+        try:
+            callback.close()
+        except Exception as exc:
+            logging.getLogger("kthrottle").warning(
+                "quota callback %s: close failed: %s: %s", spec, type(exc).__name__, exc)
+
+    stack.callback(close)
+    logging.getLogger("kthrottle").info(
+        "quota callback %s decides which bucket each client counts in and its limit", spec)
+    return callback
+
+
+async def _follow_leaders(config, services, stack, worker):
+    """The cluster's partition leaders for the quota callback
+    (update_cluster_metadata), read as the proxy's principal; with
+    --workers, handed to the other workers too."""
+    from ..sources.leaders import PartitionLeaders
+    from .workers import LEADERS
+
+    try:
+        leaders = PartitionLeaders(config.bootstrap_servers, config.upstream_security(),
+                                   token=services.upstream_token)
+    except ValueError as exc:  # the upstream TLS files
+        raise SystemExit("kthrottle: error: %s" % exc) from None
+    manager = services.quotas
+    forward = worker.forwarder(LEADERS) if worker is not None else None
+
+    def new_leaders(cluster):
+        manager.update_cluster(cluster)
+        if forward is not None:
+            forward(cluster.to_json())
+
+    await leaders.start(new_leaders)
+    stack.push_async_callback(leaders.stop)
+    services.leaders = leaders
 
 
 async def _start_acls(config, services, stack):

@@ -11,6 +11,7 @@ import functools
 import logging
 import socket
 
+from ..policy.quota_callback import QuotaCallbackError
 from .filter import REFUSED_AUTHENTICATION
 from .health import REFUSED_BROKER_UNREACHABLE
 from .limits import HANDSHAKE_TIMEOUT, TLS_HANDSHAKE, UNKNOWN_NODE
@@ -123,6 +124,13 @@ class _Move:
         self.splice = None
 
 
+def _node_of(listener_name):
+    """The node id of a node's listener ("node 3"); None for the bootstrap."""
+    if listener_name.startswith("node "):
+        return int(listener_name[5:])
+    return None
+
+
 class ClientConnection(asyncio.Protocol):
     """Protocol for a client socket accepted on one of the proxy's listeners."""
 
@@ -134,6 +142,7 @@ class ClientConnection(asyncio.Protocol):
         config = server.config
         self.pipeline = Connection(server.filter_table, config.max_frame_size, server.quotas,
                                    config.sasl_server_max_receive_size)
+        self.pipeline.node_id = _node_of(listener_name)
         self.client = _Side()
         self.upstream = _Side()
         self.client_tls = False  # the client's side encrypts (small writes joined)
@@ -322,16 +331,20 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data):
         now = self.loop.time()
-        passed = self.pipeline.pass_request(data, now)
-        if passed:  # the common read: requests passed as they are
-            if passed is True:
-                self.upstream.transport.write(data)
-            else:  # a mute one of them earned: what goes on before it, then the mute
-                self._run(passed)
-            if self.zero_copy is not None:  # the rest of the last one, socket to socket
-                self._pass_through(True)
+        try:
+            passed = self.pipeline.pass_request(data, now)
+            if passed:  # the common read: requests passed as they are
+                if passed is True:
+                    self.upstream.transport.write(data)
+                else:  # a mute one of them earned: what goes on before it, then the mute
+                    self._run(passed)
+                if self.zero_copy is not None:  # the rest of the last one, socket to socket
+                    self._pass_through(True)
+                return
+            actions = self.pipeline.client_data(data, now)
+        except QuotaCallbackError as exc:  # this connection's quotas cannot be had
+            self._callback_failed(exc)
             return
-        actions = self.pipeline.client_data(data, now)
         if actions:
             self._run(actions)
         if self.zero_copy is not None:
@@ -355,7 +368,11 @@ class ClientConnection(asyncio.Protocol):
     # broker side -------------------------------------------------------
 
     def upstream_data(self, data):
-        passed = self.pipeline.pass_response(data)
+        try:
+            passed = self.pipeline.pass_response(data)
+        except QuotaCallbackError as exc:
+            self._callback_failed(exc)
+            return
         if passed:  # the common read: a response, or part of one, passed as it is
             if passed is True:
                 self.client.transport.write(data)
@@ -367,11 +384,22 @@ class ClientConnection(asyncio.Protocol):
             if self.zero_copy is not None:
                 self._pass_through(False)
             return
-        actions = self.pipeline.broker_data(data, self.loop.time())
+        try:
+            actions = self.pipeline.broker_data(data, self.loop.time())
+        except QuotaCallbackError as exc:
+            self._callback_failed(exc)
+            return
         if actions:
             self._run(actions)
         if self.zero_copy is not None:
             self._pass_through(False)
+
+    def _callback_failed(self, exc):
+        """A quota callback failed for this connection's client: it alone is
+        closed, with a WARNING (the callback is the operator's code)."""
+        log.warning("connection %d (principal %s): %s; the connection is closed",
+                    self.conn_id, self.pipeline.principal, exc)
+        self.close("quota callback failed: %s" % exc)
 
     # --zero-copy --------------------------------------------------------
 
@@ -559,6 +587,8 @@ class ClientConnection(asyncio.Protocol):
             return
         try:
             self._run(self.pipeline.job_done(token, result, error, self.loop.time()))
+        except QuotaCallbackError as exc:
+            self._callback_failed(exc)
         except Exception as exc:  # a bug: never leave the client hanging
             log.error("connection %d: handling a job's answer failed", self.conn_id, exc_info=exc)
             self.close("internal error: %s" % exc)
@@ -575,6 +605,8 @@ class ClientConnection(asyncio.Protocol):
             self._run(self.pipeline.tick(self.loop.time()))
             if self.zero_copy is not None:  # bytes read during a mute, replayed
                 self._pass_through(True)
+        except QuotaCallbackError as exc:
+            self._callback_failed(exc)
         except Exception as exc:  # a bug: never leave a paused client and two sockets open
             log.error("connection %d: a timer failed", self.conn_id, exc_info=exc)
             self.close("internal error after a timer: %s" % exc)
@@ -671,6 +703,7 @@ class RoutedConnection(ClientConnection):
                     % (name, node_id, "nodes known: %s" % ", ".join(map(str, known))
                        if known else "no node known yet"))
         self.listener_name = "node %d" % node_id
+        self.pipeline.node_id = node_id
         self.upstream_addresses = [address]
         return None
 

@@ -455,6 +455,7 @@ class Connection:
         self._upstream_waiting = 0  # filters still logging in to the broker
         self.now = 0.0  # the time given with the current input
         self.client_quotas = {}  # (principal, client-id) -> policy ClientQuotas
+        self.node_id = None  # the broker this connection talks to, when one node's listener
         self.requests_in = FrameCutter(self._request_head, self._whole_request,
                                        max_frame_size, MIN_REQUEST_SIZE)
         self.responses_in = FrameCutter(self._response_head, self._whole_response,
@@ -1674,7 +1675,8 @@ class Connection:
                 self.client_quotas.clear()  # a client cycling client-ids: start over
                 self._heads[0] = self._heads[1] = None  # and its quotas with them
                 self._drop_lease()
-            quotas = self.client_quotas[key] = manager.client(self.principal, client_id)
+            quotas = self.client_quotas[key] = manager.client(self.principal, client_id,
+                                                              self.node_id)
         return quotas
 
     # throttling the client -----------------------------------------------

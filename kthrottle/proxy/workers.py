@@ -78,13 +78,15 @@ MAX_MESSAGE = 256 << 20  # a cluster-state snapshot of thousands of brokers is m
 USAGE = b"U"  # any worker -> the others: JSON rows (UsageOutbox.rows)
 CLUSTER_STATE = b"C"  # primary -> the others: the snapshot's bytes as read
 SHARES = b"S"  # primary -> the others: the shares document's bytes as read
+LEADERS = b"L"  # primary -> the others: the partition leaders (a quota callback's)
 PRIMARY_STARTED = b"P"  # primary -> the others: what it follows now was passed on
 READY = b"R"  # worker -> supervisor: serving
 STOP = b"T"  # supervisor -> worker: drain (payload: why)
 CUT = b"X"  # supervisor -> worker: close what is left now
 RELOAD = b"H"  # supervisor -> worker: as SIGHUP
-FROM_PRIMARY = (CLUSTER_STATE, SHARES, PRIMARY_STARTED)  # kept for a worker started later
-_WHAT = {CLUSTER_STATE: "the cluster state", SHARES: "the quota shares"}
+FROM_PRIMARY = (CLUSTER_STATE, SHARES, LEADERS, PRIMARY_STARTED)  # kept for a worker started later
+_WHAT = {CLUSTER_STATE: "the cluster state", SHARES: "the quota shares",
+         LEADERS: "the partition leaders"}
 
 KINDS = (CLIENT_BUCKETS, TOPIC_BUCKETS, IP_BUCKETS)
 # last_used is compared with the previous exchange's loop time, read in

@@ -137,5 +137,7 @@ async def cancelled(task):
 
 
 def entity_count(snapshot):
-    """Entities in a snapshot (the file's static defaults are not one)."""
-    return sum(1 for p in snapshot if p != "static")
+    """Entities in a snapshot (the file's static defaults are not one; each
+    quota group is)."""
+    return sum(1 for p in snapshot if p not in ("static", "groups")) \
+        + len(snapshot.get("groups") or ())
