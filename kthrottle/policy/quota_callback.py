@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Mapping, NamedTuple, Protocol, runtime_checkable
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import urlencode
 
 from .entities import (
     CONSUMER_BYTE_RATE,
@@ -142,10 +142,13 @@ class Cluster:
     def from_json(cls, data):
         doc = json.loads(data)
         try:
-            return cls(frozenset(int(b) for b in doc["brokers"]),
-                       {(str(t), int(p)): (None if n is None else int(n))
-                        for t, p, n in doc["leaders"]})
-        except (KeyError, TypeError) as exc:
+            leaders = {}
+            for t, p, n in doc["leaders"]:
+                if not isinstance(t, str):
+                    raise TypeError("a topic name is a string, got %r" % (t,))
+                leaders[(t, int(p))] = None if n is None else int(n)
+            return cls(frozenset(int(b) for b in doc["brokers"]), leaders)
+        except (KeyError, TypeError, ValueError) as exc:
             raise ValueError("not partition leaders: %s" % exc) from None
 
     def check_clock(self, now):
@@ -201,12 +204,12 @@ _METHODS = ("configure", "quota_metric_tags", "quota_limit", "update_quota", "re
 # metric tags <-> a bucket's (user tag, client tag) ----------------------------------------
 
 def tags_identity(tags):
-    """A bucket's (user tag, client tag) for ``tags``. KIP-55's shape
-    ({"user", "client-id"}, either may be "") maps to itself, as the buckets,
-    metrics and fleet shares have always named them; any other tags go in
-    the user tag, URL-encoded and sorted (``group=etl``), with a client-id
-    tag still in the client tag. A client chooses its client-id, never its
-    principal, so no client can name itself into another's bucket."""
+    """A bucket's (user tag, client tag) for ``tags``, the names /metrics
+    and /quotas give it. KIP-55's shape ({"user", "client-id"}, either may
+    be "") maps to itself; any other tags go in the user tag, URL-encoded
+    and sorted (``team=analytics``), with a client-id tag still in the
+    client tag. Which bucket it is is the tags themselves (quotas.
+    callback_scope), never these names."""
     if not tags:
         return "", ""
     user = tags.get("user", "")
@@ -215,16 +218,6 @@ def tags_identity(tags):
         return user, client
     rest = sorted((k, v) for k, v in tags.items() if k != "client-id")
     return urlencode(rest), client
-
-
-def identity_tags(user_tag, client_tag):
-    """The tags ``tags_identity`` made (user tag, client tag) of."""
-    if "=" in user_tag:
-        tags = dict(parse_qsl(user_tag, keep_blank_values=True))
-        if client_tag:
-            tags["client-id"] = client_tag
-        return tags
-    return {"user": user_tag, "client-id": client_tag}
 
 
 def check_tags(tags, where):
@@ -325,13 +318,16 @@ def snapshot_changes(old, new):
 # built-in callbacks ------------------------------------------------------------------------
 
 class DefaultQuotaCallback:
-    """The proxy's own resolution (KIP-55's levels, the quota file's groups)
-    behind the callback interface, kept up to date by update_quota and
-    remove_quota as Kafka's default callback is. A callback may subclass it
-    and change one decision."""
+    """The proxy's own resolution (KIP-55's levels, the quota file's groups
+    and static defaults) behind the callback interface. It follows the quota
+    source through ``quota_snapshot``, kthrottle's addition to KIP-257 (the
+    whole snapshot, groups and static defaults included, after each change),
+    and through update_quota and remove_quota as Kafka's default callback
+    does. A callback may subclass it and change one decision. Its tags are
+    KIP-55's {"user", "client-id"}, or {"group": NAME} for a quota group."""
 
     def __init__(self):
-        self._paths = {}  # entity path -> {quota key: value}
+        self._snapshot = {}  # entity path (and "static", "groups") -> {quota key: value}
         self._config = None
 
     def configure(self, config):
@@ -341,29 +337,41 @@ class DefaultQuotaCallback:
         if self._config is None:
             from .quotas import QuotaConfig  # quotas imports this module
 
-            self._config = QuotaConfig(self._paths)
+            self._config = QuotaConfig(self._snapshot)
         return self._config
+
+    def quota_snapshot(self, snapshot):
+        self._snapshot = dict(snapshot)
+        self._config = None
 
     def quota_metric_tags(self, quota_type, principal, client_id):
         r = self._resolver().resolve(principal.name, client_id, KEY_OF_QUOTA_TYPE[quota_type])
         if r.limit is None:
             return None
-        return identity_tags(r.user_tag, r.client_tag)
+        if r.scope is not None:  # a quota group's
+            return {"group": r.entity[len("groups/"):]}
+        return {"user": r.user_tag, "client-id": r.client_tag}
 
     def quota_limit(self, quota_type, metric_tags):
-        user, client = tags_identity(metric_tags)
-        return self._resolver().limit_for_tags(KEY_OF_QUOTA_TYPE[quota_type], user, client)
+        key = KEY_OF_QUOTA_TYPE[quota_type]
+        if "group" in metric_tags:
+            return self._resolver().group_limit(metric_tags["group"], key)
+        return self._resolver().limit_for_tags(key, metric_tags.get("user", ""),
+                                               metric_tags.get("client-id", ""))
 
     def update_quota(self, quota_type, entity, new_value):
-        self._paths.setdefault(entity.path, {})[KEY_OF_QUOTA_TYPE[quota_type]] = new_value
+        config = dict(self._snapshot.get(entity.path, {}))
+        config[KEY_OF_QUOTA_TYPE[quota_type]] = new_value
+        self._snapshot[entity.path] = config
         self._config = None
 
     def remove_quota(self, quota_type, entity):
-        config = self._paths.get(entity.path)
-        if config is not None:
-            config.pop(KEY_OF_QUOTA_TYPE[quota_type], None)
-            if not config:
-                del self._paths[entity.path]
+        config = dict(self._snapshot.get(entity.path, {}))
+        config.pop(KEY_OF_QUOTA_TYPE[quota_type], None)
+        if config:
+            self._snapshot[entity.path] = config
+        else:
+            self._snapshot.pop(entity.path, None)
         self._config = None
 
     def quota_reset_required(self, quota_type):
@@ -404,7 +412,6 @@ class LeaderProportional(DefaultQuotaCallback):
         super().__init__()
         self.topics = {}  # principal name or "*" -> (patterns)
         self.cluster = Cluster()
-        self._changed = False
         self._shares = {}  # principal name -> {node: fraction} (None: not known)
 
     def configure(self, config):
@@ -419,8 +426,10 @@ class LeaderProportional(DefaultQuotaCallback):
         return self.topics.get(user, self.topics.get("*", ()))
 
     def share(self, user, broker):
-        """The fraction of ``user``'s quota its connections to ``broker`` get;
-        None when every broker gets the whole quota."""
+        """The fraction of ``user``'s quota its connections to ``broker`` get
+        (0.0 for a broker not known: a connection the proxy could not place
+        gets no more than a broker leading none of the partitions); None
+        when every broker gets the whole quota."""
         shares = self._shares.get(user)
         if shares is None:
             patterns = self._patterns(user)
@@ -440,11 +449,11 @@ class LeaderProportional(DefaultQuotaCallback):
         tags = super().quota_metric_tags(quota_type, principal, client_id)
         if tags is None or quota_type not in (ClientQuotaType.PRODUCE, ClientQuotaType.FETCH):
             return tags
-        if broker is None or self.share(principal.name, broker) is None:
+        if self.share(principal.name, broker) is None:
             return tags
         # a broker's share, so each broker's connections count apart
         tags = dict(tags)
-        tags["broker"] = str(broker)
+        tags["broker"] = "none" if broker is None else str(broker)
         if tags.get("user") != principal.name:
             # a bucket shared beyond one principal (a client-id quota, a group):
             # each principal's share is its own
@@ -458,7 +467,8 @@ class LeaderProportional(DefaultQuotaCallback):
         tags = {k: v for k, v in metric_tags.items() if k != "broker"}
         user = tags.pop("principal", None)
         limit = super().quota_limit(quota_type, tags)
-        share = self.share(user if user is not None else tags.get("user", ""), int(broker))
+        share = self.share(user if user is not None else tags.get("user", ""),
+                           None if broker == "none" else int(broker))
         if limit is None or share is None:
             return limit
         # a broker that leads none of its partitions: a sliver (a limit of 0 divides by 0)
@@ -475,6 +485,6 @@ class LeaderProportional(DefaultQuotaCallback):
 __all__ = [
     "ClientQuotaCallback", "ClientQuotaEntity", "ClientQuotaType", "Cluster", "ConfigEntity",
     "ConfigEntityType", "DefaultQuotaCallback", "KafkaPrincipal", "LeaderProportional",
-    "QUOTA_TYPE_OF_KEY", "QuotaCallbackError", "identity_tags", "load_callback",
+    "QUOTA_TYPE_OF_KEY", "QuotaCallbackError", "load_callback",
     "snapshot_changes", "tags_identity", "takes_broker",
 ]

@@ -25,6 +25,7 @@ rates (each topic its own bucket, shared by every client writing or reading
 it). A quota whose entity holds observe_only (or every quota, with
 QuotaSettings.observe_only) is measured and reported but delays no one.
 """
+import json
 import logging
 import math
 from collections import deque
@@ -48,7 +49,6 @@ from .quota_callback import (
     QuotaCallbackError,
     check_limit,
     check_tags,
-    identity_tags,
     snapshot_changes,
     tags_identity,
     takes_broker,
@@ -122,6 +122,39 @@ class Resolution(NamedTuple):
     user_tag: str  # metric tags: who shares the bucket
     client_tag: str
     observe_only: bool = False  # the entity marks it observe-only (a dry run)
+    # a bucket that KIP-55's levels did not make (a quota group's, a
+    # callback's): what sets it apart from any (user, client-id) bucket, the
+    # fourth part of its key (see bucket_key)
+    scope: str | None = None
+
+
+def bucket_key(key, resolution):
+    """A client bucket's key in QuotaManager.buckets: (key, user tag, client
+    tag) as Kafka's metric tags name it, and a fourth part for a scoped one
+    (a group's, a callback's), so that no principal's name, however it is
+    spelt, lands in a group's or a callback's bucket."""
+    if resolution.scope is None:
+        return (key, resolution.user_tag, resolution.client_tag)
+    return (key, resolution.user_tag, resolution.client_tag, resolution.scope)
+
+
+def callback_scope(tags):
+    """The scope of a callback's bucket: its tags, exactly (JSON)."""
+    return json.dumps(sorted(tags.items()), separators=(",", ":"), ensure_ascii=False)
+
+
+def scope_tags(scope):
+    """The tags callback_scope wrote."""
+    return dict(json.loads(scope))
+
+
+def exchanged_entity(text):
+    """(entity, scope) of the entity field Bucket.exchanged_entity wrote."""
+    if text.startswith(GROUP_PREFIX):
+        return text, text
+    if text.startswith(CALLBACK_ENTITY + ":"):
+        return CALLBACK_ENTITY, text[len(CALLBACK_ENTITY) + 1:]
+    return text, None
 
 
 class QuotaConfig:
@@ -169,20 +202,23 @@ class QuotaConfig:
         sc = sanitize(client_id or "")
         paths = self._paths
         d = DEFAULT
-        for i, (path, user_tag, client_tag) in enumerate((
+        for path, user_tag, client_tag in (
             ("users/%s/clients/%s" % (su, sc), user, client_id),
             ("users/%s/clients/%s" % (su, d), user, client_id),
             ("users/%s" % su, user, ""),
             ("users/%s/clients/%s" % (d, sc), user, client_id),
             ("users/%s/clients/%s" % (d, d), user, client_id),
             ("users/%s" % d, user, ""),
+            (None, None, None),  # the client-id members of quota groups, here
             ("clients/%s" % sc, "", client_id),
             ("clients/%s" % d, "", client_id),
-        )):
-            if i == 6 and groups:
-                found = groups.by_client(client_id or "", key)
-                if found is not None:
-                    return found
+        ):
+            if path is None:
+                if groups:
+                    found = groups.by_client(client_id or "", key)
+                    if found is not None:
+                        return found
+                continue
             cfg = paths.get(path)
             if cfg is not None and key in cfg:
                 return Resolution(cfg[key], path, user_tag, client_tag or "",
@@ -191,13 +227,14 @@ class QuotaConfig:
             return Resolution(self._static[key], "static", "", client_id or "")
         return Resolution(None, None, "", client_id or "")
 
+    def group_limit(self, name, key):
+        cfg = self.groups.config.get(name)
+        return None if cfg is None else cfg.get(key)
+
     def limit_for_tags(self, key, user_tag, client_tag):
-        """The quota of the bucket ``resolve`` tagged (user tag, client tag),
-        None when no entity gives such tags any more (KIP-257's quotaLimit of
-        the default callback)."""
-        if user_tag.startswith(GROUP_TAG):
-            cfg = self.groups.config.get(self.groups.name_of_tag(user_tag))
-            return None if cfg is None else cfg.get(key)
+        """The quota of the (user, client-id) bucket ``resolve`` tagged (user
+        tag, client tag), None when no entity gives such tags any more
+        (KIP-257's quotaLimit of the default callback)."""
         paths = self._paths
         d = DEFAULT
         if user_tag:
@@ -250,7 +287,6 @@ class QuotaConfig:
 # tagged {"group": NAME}; its entity is groups/NAME.
 GROUPS = "groups"
 GROUP_PREFIX = "groups/"
-GROUP_TAG = "group="
 USER_MEMBER = "User:"
 CLIENT_MEMBER = "client-id:"
 
@@ -292,16 +328,13 @@ class QuotaGroups:
     def __bool__(self):
         return bool(self.config)
 
-    def name_of_tag(self, user_tag):
-        return identity_tags(user_tag, "").get("group")
-
     def _first(self, members, name, key):
         for match, group in members:
             if match(name):
                 cfg = self.config[group]
                 if key in cfg:
                     return Resolution(cfg[key], GROUP_PREFIX + group, self._tags[group], "",
-                                      bool(cfg.get(OBSERVE_ONLY)))
+                                      bool(cfg.get(OBSERVE_ONLY)), GROUP_PREFIX + group)
         return None
 
     def by_user(self, user, key):
@@ -365,12 +398,13 @@ class Bucket:
                  "rate", "tokens", "cap", "last_used", "throttle_ms_total", "throttled",
                  "held", "observe_only", "observed", "observed_ms_total",
                  "observed_last_ms", "others_total", "others_throttle_ms", "others_throttled",
-                 "others_observed", "others_observed_ms", "leased", "credit")
+                 "others_observed", "others_observed_ms", "leased", "credit", "scope")
 
     def __init__(self, key, resolution, settings, limit=None):
         self.key = key
         self.user_tag = resolution.user_tag
         self.client_tag = resolution.client_tag
+        self.scope = resolution.scope  # (bucket_key)
         self.settings = settings
         # the longest delay (None: W as measured, window mode)
         if key == REQUEST_RATE:
@@ -429,6 +463,14 @@ class Bucket:
                 self.tokens = TokenBucket(limit, burst)
             else:
                 self.tokens.set_limit(limit, burst)
+
+    @property
+    def exchanged_entity(self):
+        """The entity another worker process is told this bucket counts for:
+        its entity, and a callback bucket's tags after it (exchanged_entity)."""
+        if self.entity == CALLBACK_ENTITY:
+            return "%s:%s" % (CALLBACK_ENTITY, self.scope)
+        return self.entity or ""
 
     @property
     def total(self):
@@ -882,7 +924,7 @@ class QuotaManager:
         self.callback_name = callback and type(callback).__name__
         self._callback_broker = callback is not None and takes_broker(callback)
         if callback is not None and snapshot:
-            self._tell_callback({}, self.config.snapshot)
+            self._tell_callback({}, self.config.snapshot)  # (at start: an error stops it)
         # shared capacity (capacity.SharedCapacity) per quota key: the limits
         # of that key's buckets are their parts of it (apply_capacity)
         self.capacity = {}
@@ -966,7 +1008,10 @@ class QuotaManager:
         self.config = QuotaConfig(snapshot)
         self.generation += 1
         if self.callback is not None:
-            self._tell_callback(before, self.config.snapshot)
+            try:
+                self._tell_callback(before, self.config.snapshot)
+            except QuotaCallbackError as exc:  # the source goes on; so do the quotas
+                log.warning("%s; the callback may not know every quota", exc)
             self._relimit_callback_buckets()
         # a bucket whose entity is gone is dropped now (its clients resolve
         # again on their next request), not left in the metrics for an hour
@@ -991,12 +1036,17 @@ class QuotaManager:
                 self.callback_name, what, type(exc).__name__, exc)) from exc
 
     def _tell_callback(self, before, after):
+        """update_quota and remove_quota for what changed, then (kthrottle's
+        addition, for a callback that has it) quota_snapshot with the whole."""
         cb = self.callback
         for quota_type, entity, value in snapshot_changes(before, after):
             if value is None:
                 self._call("remove_quota", cb.remove_quota, quota_type, entity)
             else:
                 self._call("update_quota", cb.update_quota, quota_type, entity, value)
+        whole = getattr(cb, "quota_snapshot", None)
+        if whole is not None:
+            self._call("quota_snapshot", whole, after)
 
     def _callback_resolution(self, key, user, client_id, broker):
         cb = self.callback
@@ -1015,7 +1065,8 @@ class QuotaManager:
         limit = check_limit(self._call("quota_limit", cb.quota_limit, quota_type, tags),
                             "%s.quota_limit" % self.callback_name)
         user_tag, client_tag = tags_identity(tags)
-        return Resolution(limit, CALLBACK_ENTITY, user_tag, client_tag)
+        return Resolution(limit, CALLBACK_ENTITY, user_tag, client_tag, False,
+                          callback_scope(tags))
 
     def _relimit_callback_buckets(self):
         """Every callback bucket's limit asked again (after an update, a
@@ -1023,25 +1074,25 @@ class QuotaManager:
         any more is dropped."""
         cb = self.callback
         gone = []
-        for bucket_key, bucket in self.buckets.items():
+        for bkey, bucket in self.buckets.items():
             if bucket.entity != CALLBACK_ENTITY:
                 continue
-            key, user_tag, client_tag = bucket_key
             try:
                 limit = check_limit(self._call("quota_limit", cb.quota_limit,
-                                               QUOTA_TYPE_OF_KEY[key],
-                                               identity_tags(user_tag, client_tag)),
+                                               QUOTA_TYPE_OF_KEY[bucket.key],
+                                               scope_tags(bucket.scope)),
                                     "%s.quota_limit" % self.callback_name)
             except QuotaCallbackError as exc:
-                log.warning("%s; its bucket %r is dropped", exc, bucket_key)
+                log.warning("%s; its bucket %r is dropped", exc, bkey)
                 limit = None
             if limit is None:
-                gone.append(bucket_key)
+                gone.append(bkey)
             elif limit != bucket.quota:
-                bucket.set_limit(Resolution(limit, CALLBACK_ENTITY, user_tag, client_tag),
-                                 self.applied_limit(bucket_key, limit))
-        for bucket_key in gone:
-            del self.buckets[bucket_key]
+                bucket.set_limit(Resolution(limit, CALLBACK_ENTITY, bucket.user_tag,
+                                            bucket.client_tag, False, bucket.scope),
+                                 self.applied_limit(bkey, limit))
+        for bkey in gone:
+            del self.buckets[bkey]
 
     def _reset(self):
         self.settle_leases()
@@ -1100,14 +1151,14 @@ class QuotaManager:
             resolution = self._callback_resolution(key, user, client_id, broker)
         if resolution.limit is None:
             return None
-        bucket_key = (key, resolution.user_tag, resolution.client_tag)
-        bucket = self.buckets.get(bucket_key)
+        bkey = bucket_key(key, resolution)
+        bucket = self.buckets.get(bkey)
         if bucket is None:
-            bucket = self.buckets[bucket_key] = Bucket(
-                key, resolution, self.settings, self.applied_limit(bucket_key, resolution.limit))
+            bucket = self.buckets[bkey] = Bucket(
+                key, resolution, self.settings, self.applied_limit(bkey, resolution.limit))
         elif (bucket.quota != resolution.limit or bucket.entity != resolution.entity
               or bucket.observe_only != (resolution.observe_only or self.settings.observe_only)):
-            bucket.set_limit(resolution, self.applied_limit(bucket_key, resolution.limit))
+            bucket.set_limit(resolution, self.applied_limit(bkey, resolution.limit))
         return bucket
 
     def client(self, user, client_id, broker=None):
@@ -1153,18 +1204,24 @@ class QuotaManager:
         request. None when this process's quotas have no such entity (its
         quota source has not caught up, or has moved on): nothing to hold."""
         buckets = self.buckets_of(kind)
-        bucket_key = ((key, user_tag, client_tag) if kind == CLIENT_BUCKETS
-                      else (key, client_tag) if kind == TOPIC_BUCKETS else client_tag)
-        bucket = buckets.get(bucket_key)
+        scope = None
+        if kind == CLIENT_BUCKETS:
+            entity, scope = exchanged_entity(entity)
+            bkey = ((key, user_tag, client_tag) if scope is None
+                    else (key, user_tag, client_tag, scope))
+        else:
+            bkey = (key, client_tag) if kind == TOPIC_BUCKETS else client_tag
+        bucket = buckets.get(bkey)
         if bucket is not None:
             return bucket
-        if entity == CALLBACK_ENTITY and kind == CLIENT_BUCKETS and self.callback is not None:
+        if entity == CALLBACK_ENTITY:
+            if self.callback is None or kind != CLIENT_BUCKETS:
+                return None
             try:
                 quota = check_limit(self._call("quota_limit", self.callback.quota_limit,
-                                               QUOTA_TYPE_OF_KEY[key],
-                                               identity_tags(user_tag, client_tag)),
+                                               QUOTA_TYPE_OF_KEY[key], scope_tags(scope)),
                                     "%s.quota_limit" % self.callback_name)
-            except QuotaCallbackError as exc:
+            except (QuotaCallbackError, ValueError) as exc:
                 log.warning("%s", exc)
                 return None
             cfg = {}
@@ -1173,9 +1230,10 @@ class QuotaManager:
             quota = cfg.get(key) if isinstance(cfg, dict) else None
         if quota is None:
             return None
-        resolution = Resolution(quota, entity, user_tag, client_tag, bool(cfg.get(OBSERVE_ONLY)))
-        limit = self.applied_limit(bucket_key, quota) if kind == CLIENT_BUCKETS else None
-        bucket = buckets[bucket_key] = Bucket(key, resolution, self.settings, limit)
+        resolution = Resolution(quota, entity, user_tag, client_tag, bool(cfg.get(OBSERVE_ONLY)),
+                                scope)
+        limit = self.applied_limit(bkey, quota) if kind == CLIENT_BUCKETS else None
+        bucket = buckets[bkey] = Bucket(key, resolution, self.settings, limit)
         return bucket
 
     # shared capacity --------------------------------------------------------------
@@ -1197,9 +1255,9 @@ class QuotaManager:
             return
         self.settle_leases(now)
         by_key = {key: [] for key in self.capacity}
-        for (key, _, _), bucket in self.buckets.items():
-            if key in by_key:
-                by_key[key].append(bucket)
+        for bucket in self.buckets.values():
+            if bucket.key in by_key:
+                by_key[bucket.key].append(bucket)
         for key, shared in self.capacity.items():
             for bucket, limit in shared.limits(by_key[key], now).items():
                 if bucket.limit is None or abs(limit - bucket.limit) > 1e-6 * limit:
@@ -1222,11 +1280,12 @@ class QuotaManager:
             return quota
         if self.sharing == EQUAL:
             return quota / max(1, self.fleet_size)
-        share = self.shares.get(bucket_key)
+        sharing_key = bucket_key[:3]  # a fleet share names a bucket by its tags
+        share = self.shares.get(sharing_key)
         if share is None:
             share = self.prior * quota
         else:
-            of = self.share_quotas.get(bucket_key)
+            of = self.share_quotas.get(sharing_key)
             if of and of != quota:
                 share = share * quota / of
         return min(quota, max(share, quota * MIN_SHARE_FRACTION))

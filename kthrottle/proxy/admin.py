@@ -462,7 +462,7 @@ class ProxyCollector:
         for bucket_key, bucket in list(manager.buckets.items()):
             if bucket.last_used is None:
                 continue
-            entity = bucket_key[1:]
+            entity = bucket_key[1:]  # (tags, and a group's or callback's scope)
             if entity not in entities:
                 if len(entities) >= limit:
                     omitted.add(entity)
@@ -543,7 +543,8 @@ def _bucket_metrics(shown, omitted, now):
     for key in _KIND:
         for role in ("throttle_ms", "throttled"):
             get(key, role)
-    for (key, user, client), bucket in shown:
+    for bucket_key, bucket in shown:
+        key, user, client = bucket_key[:3]
         tags = [user, client]
         get(key, "rate").add_metric(tags, bucket.measure(now))
         released = get(key, "released")
@@ -618,7 +619,8 @@ def _observed_metrics(shown, topics, ips):
     if clients:
         count = family("kthrottle_observe_only_throttles_total")
         seconds = family("kthrottle_observe_only_throttle_seconds_total")
-        for (key, user, client), bucket in clients:
+        for bucket_key, bucket in clients:
+            key, user, client = bucket_key[:3]
             count.add_metric([user, client, key], bucket.observed + bucket.others_observed)
             seconds.add_metric([user, client, key], _observed_seconds(bucket))
         yield from (count, seconds)
@@ -679,7 +681,8 @@ def _zookeeper_metrics(followers):
 def _fleet_metrics(fleet, shown):
     quota = family("kthrottle_fleet_quota")
     share = family("kthrottle_fleet_share")
-    for (key, user, client), bucket in shown:
+    for bucket_key, bucket in shown:
+        key, user, client = bucket_key[:3]
         if bucket.quota is None:
             continue
         quota.add_metric([key, user, client], bucket.quota)
@@ -742,7 +745,15 @@ def quotas_report(server, source=None):
         snapshot = manager.config.snapshot
         # "static": the file's static defaults (Kafka's quota.*.default)
         entities = [{"entity": path, "quotas": dict(snapshot[path])}
-                    for path in sorted(snapshot, key=lambda p: (p == "static", p))]
+                    for path in sorted(snapshot, key=lambda p: (p == "static", p))
+                    if path != "groups"]
+        # quota groups: every member shares one bucket (its shared_by user: group=NAME)
+        for name, config in (snapshot.get("groups") or {}).items():
+            entities.append({"entity": "groups/%s" % name,
+                             "members": list(config.get("members", ())),
+                             "quotas": {k: v for k, v in config.items() if k != "members"}})
+        if manager.callback is not None:
+            entities.append({"entity": "callback", "class": manager.callback_name})
     connections = []
     for conn in sorted(server.connections, key=lambda c: c.conn_id):
         clients = []

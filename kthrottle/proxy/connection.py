@@ -300,6 +300,10 @@ class ClientConnection(asyncio.Protocol):
             if self.closed:
                 self.upstream.transport.close()
                 return
+            if self.pipeline.node_id is None:  # a bootstrap connection: the node it reached
+                self.pipeline.node_id = next(
+                    (n for n, address in self.server.nodes.items() if address == (host, port)),
+                    None)
             log.info(
                 "connection %d opened: client %s -> %s listener -> broker %s",
                 self.conn_id, self.peer, self.listener_name, self.upstream_addr,

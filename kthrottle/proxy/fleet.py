@@ -87,7 +87,8 @@ class UsageTracker:
             throttled = total - before[1] if before is not None and before[0] is bucket else total
             rate = bucket.measure(now)
             buckets.append(BucketUsage(
-                sk[0], sk[1], sk[2], bucket.entity or "", float(bucket.quota), rate,
+                bucket.key, bucket.user_tag, bucket.client_tag, bucket.entity or "",
+                float(bucket.quota), rate,
                 estimate_demand(rate, max(0, throttled), elapsed)))
         self._throttle = totals
         self.since = now

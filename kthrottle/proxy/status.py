@@ -78,6 +78,9 @@ def _shared_by(entity):
     a client may send an empty client-id."""
     if entity == "static":  # quota.producer.default: per client-id, any user
         return {"all_users": True, "all_client_ids": False}
+    if entity == "callback" or (entity or "").startswith("groups/"):
+        # a callback's tags or a group's members say who shares it
+        return {"all_users": False, "all_client_ids": True}
     try:
         types = parse_entity(entity)
     except (TypeError, ValueError):
@@ -99,7 +102,7 @@ class _Series:
                  "throttle_total", "observe_only")
 
     def __init__(self, bucket_key, length):
-        self.key, self.user, self.client_id = bucket_key
+        self.key, self.user, self.client_id = bucket_key[:3]  # (a group's has a 4th part)
         self.entity = None
         self.quota = self.limit = self.rate = None
         # (epoch s, rate, limit, throttle ms given since, rate let through)
@@ -342,7 +345,8 @@ def fleet_report(fleet, manager, wall):
     }
     buckets = []
     if manager is not None:
-        for (key, user, client_id), bucket in list(manager.buckets.items()):
+        for bucket in list(manager.buckets.values()):
+            key, user, client_id = bucket.key, bucket.user_tag, bucket.client_tag
             if bucket.last_used is None or not bucket.quota:
                 continue
             buckets.append({"key": key, "kind": KIND.get(key, key), "unit": UNIT.get(key, ""),

@@ -148,7 +148,7 @@ class UsageOutbox:
                     delta.pop()
                 if any(delta):
                     rows.append([kind, bucket.key, bucket.user_tag, bucket.client_tag,
-                                 bucket.entity or ""] + delta)
+                                 bucket.exchanged_entity] + delta)
         self._since = now
         self._count += 1
         if self._count % PRUNE_EVERY == 0:
