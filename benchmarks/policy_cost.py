@@ -8,7 +8,9 @@ configured KIP-55 entities, a mix of ``users/<u>``, ``users/<u>/clients/<c>``, `
 and ``<default>`` entries (some principals are mTLS-style distinguished names that need
 sanitizing), and ``--live`` (user, client-id) pairs are live, as connections would be.
 
-Measured, for ``--quota-mode token-bucket`` and ``window`` (QuotaSettings(mode=...)):
+Measured, for ``--quota-mode token-bucket`` and ``window`` (QuotaSettings(mode=...)), and
+with ``--modes token-bucket+callback`` for the same resolution through the quota-callback
+path (``QuotaManager(callback=DefaultQuotaCallback())``, as ``--quota-callback`` runs one):
 
 * produce request - ``record_request`` + ``record_produce`` on a live client;
 * fetch request   - ``record_request`` + ``record_fetch`` on a live client;
@@ -48,9 +50,11 @@ from kthrottle.policy.entities import (
     REQUEST_RATE,
     entity_path,
 )
+from kthrottle.policy.quota_callback import DefaultQuotaCallback
 from kthrottle.policy.quotas import ClientQuotas, QuotaManager, QuotaSettings
 
-MODES = ("token-bucket", "window")
+MODES = ("token-bucket", "window", "token-bucket+callback", "window+callback")
+DEFAULT_MODES = ("token-bucket", "window")
 PRODUCE_BYTES = 16_384 + 120  # one 16 KiB batch plus the request's own header
 FETCH_BYTES = 65_536 + 80
 STEP = 10e-6  # fake clock advance per request: 100,000 requests/s through the proxy
@@ -173,7 +177,9 @@ def measure(mode, entities, workload, args, with_extras):
     {operation: ([ns per operation, one per timed loop], p99 ns or None)}."""
     snapshot, users, clients = workload
     rng = random.Random(args.seed + entities)
-    manager = QuotaManager(snapshot, QuotaSettings(mode=mode))
+    base, _, callback = mode.partition("+")
+    manager = QuotaManager(snapshot, QuotaSettings(mode=base),
+                           DefaultQuotaCallback() if callback else None)
     clock = Clock()
     live = [manager.client(u, c) for u, c in live_pairs(args.live, users, clients, rng)]
     n_live = len(live)
@@ -386,7 +392,8 @@ FLAGS = (
     ("--rounds", int, 3, "rounds over every (entity count, mode), interleaved; each "
      "operation's figure is the median of rounds x repeats loops"),
     ("--new-clients", int, 2000, "never-seen (user, client-id) pairs resolved per timed loop"),
-    ("--modes", None, ",".join(MODES), "comma-separated quota modes"),
+    ("--modes", None, ",".join(DEFAULT_MODES), "comma-separated quota modes: %s (+callback: "
+     "through a quota callback, KIP-257)" % ", ".join(MODES)),
     ("--seed", int, 55, "random seed of the workload"),
 )
 
