@@ -318,6 +318,8 @@ def test_each_filter_reads_only_the_options_it_declares(tmp_path):
                                                 registry.quotas.FetchCap,
                                                 registry.topic_quotas.TopicQuotas,
                                                 registry.controller_mutation.ControllerMutationQuota,
+                                                # built with a quota callback (services.quotas)
+                                                registry.partition_leaders.PartitionLeadersSeen,
                                                 # built when the app has read ACLs
                                                 registry.authorization.Authorization}
     for cls, names in read.items():

@@ -948,3 +948,23 @@ def test_a_principal_named_like_a_group_tag_does_not_share_the_groups_bucket():
     assert impostor.limit == 7.0
     assert impostor is not group
     assert (group.limit, group.entity) == (5.0, "groups/etl")
+
+
+def test_leaders_a_metadata_answer_names_reach_the_callback_merged_with_those_known():
+    cb = LeaderProportional()
+    cb.configure({"topics": {"alice": ["orders"]}})
+    manager = QuotaManager({"users/alice": {PRODUCE: 900.0}}, callback=cb)
+    manager.update_cluster(Cluster(frozenset({1, 2, 3}),
+                                   {("orders", 0): 1, ("orders", 1): 1, ("orders", 2): 2}))
+    on3 = manager.client("alice", "app", 3)
+    assert on3.produce.limit == pytest.approx(0.9)  # leads none: a sliver
+    generation = manager.generation
+    # nothing moved: nothing asked again
+    assert manager.note_leaders({("orders", 0): 1}) is False
+    assert manager.generation == generation
+    # a client's Metadata answer says partition 2 moved to node 3
+    assert manager.note_leaders({("orders", 2): 3}) is True
+    assert manager.generation > generation
+    assert manager.cluster.leaders == {("orders", 0): 1, ("orders", 1): 1, ("orders", 2): 3}
+    assert on3.current().produce.limit == pytest.approx(300.0)
+    assert manager.client("alice", "app", 2).produce.limit == pytest.approx(0.9)

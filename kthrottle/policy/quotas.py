@@ -45,6 +45,7 @@ from .entities import (
 )
 from .quota_callback import (
     QUOTA_TYPE_OF_KEY,
+    Cluster,
     KafkaPrincipal,
     QuotaCallbackError,
     check_limit,
@@ -925,6 +926,7 @@ class QuotaManager:
         self._callback_broker = callback is not None and takes_broker(callback)
         if callback is not None and snapshot:
             self._tell_callback({}, self.config.snapshot)  # (at start: an error stops it)
+        self.cluster = Cluster()  # the partition leaders the callback was last given
         # shared capacity (capacity.SharedCapacity) per quota key: the limits
         # of that key's buckets are their parts of it (apply_capacity)
         self.capacity = {}
@@ -1116,12 +1118,23 @@ class QuotaManager:
             self._reset()
         return required
 
+    def note_leaders(self, leaders, brokers=()):
+        """Leaders a Metadata answer named ({(topic, partition): node}), over
+        those known: update_cluster with the whole when any moved."""
+        known = self.cluster.leaders
+        if all(known.get(tp) == node for tp, node in leaders.items()):
+            return False
+        merged = dict(known)
+        merged.update(leaders)
+        return self.update_cluster(Cluster(self.cluster.brokers | frozenset(brokers), merged))
+
     def update_cluster(self, cluster):
         """New partition leaders for the callback (update_cluster_metadata);
         True when its quotas changed and were applied."""
         cb = self.callback
         if cb is None:
             return False
+        self.cluster = cluster
         try:
             changed = self._call("update_cluster_metadata", cb.update_cluster_metadata, cluster)
         except QuotaCallbackError as exc:

@@ -308,7 +308,11 @@ class ClientConnection(asyncio.Protocol):
                 "connection %d opened: client %s -> %s listener -> broker %s",
                 self.conn_id, self.peer, self.listener_name, self.upstream_addr,
             )
-            self._run(self.pipeline.broker_connected(self.loop.time()))
+            try:
+                self._run(self.pipeline.broker_connected(self.loop.time()))
+            except QuotaCallbackError as exc:  # what the client sent meanwhile asked for it
+                self._callback_failed(exc)
+                return
             if self.zero_copy is not None:  # what the client sent meanwhile, replayed
                 self._pass_through(True)
             return
@@ -473,6 +477,8 @@ class ClientConnection(asyncio.Protocol):
         connection rather than leaving it paused."""
         try:
             callback(*args)
+        except QuotaCallbackError as exc:
+            self._callback_failed(exc)
         except Exception as exc:
             log.error("connection %d: zero-copy pass-through failed", self.conn_id, exc_info=exc)
             self.close("internal error in a zero-copy pass-through: %s" % exc)

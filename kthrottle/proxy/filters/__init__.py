@@ -15,6 +15,7 @@ from . import (
     broker_only,
     controller_mutation,
     forbidden_api_keys,
+    partition_leaders,
     quotas,
     sasl_passthrough,
     sasl_terminate,
@@ -49,6 +50,8 @@ REGISTERED = (
     # before the quotas: a Produce request held back (PAUSE) is counted
     # once, when it goes
     storage.StorageThrottle,
+    # a quota callback's partition leaders, from the Metadata answers clients get
+    partition_leaders.PartitionLeadersSeen,
     quotas.QuotaAccounting,
     # per-topic quotas: their throttle and the client's, the larger kept
     topic_quotas.TopicQuotas,
