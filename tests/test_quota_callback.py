@@ -968,3 +968,21 @@ def test_leaders_a_metadata_answer_names_reach_the_callback_merged_with_those_kn
     assert manager.cluster.leaders == {("orders", 0): 1, ("orders", 1): 1, ("orders", 2): 3}
     assert on3.current().produce.limit == pytest.approx(300.0)
     assert manager.client("alice", "app", 2).produce.limit == pytest.approx(0.9)
+
+
+def test_a_groups_bucket_takes_its_fleet_share_and_is_reported_like_any_other():
+    from kthrottle.proxy.fleet import UsageTracker
+
+    manager = QuotaManager({"groups": {"etl": {"members": ["User:a", "User:b"],
+                                               PRODUCE: 3000.0}},
+                            "users/a": {PRODUCE: 50.0}})
+    reporter = UsageTracker(manager, "proxy-1", 1.0, 0.0)
+    bucket = manager.bucket(PRODUCE, "a", "x")
+    bucket.record(100, 0.5)
+    # the fleet names a bucket by its tags: the group's share applies to the group's bucket
+    manager.apply_shares({(PRODUCE, "group=etl", ""): 1000.0}, prior=0.5, fleet_size=3)
+    assert bucket.limit == 1000.0
+    report = reporter.report(1.0, 1_000_000.0)
+    (usage,) = report.buckets
+    assert (usage.key, usage.user, usage.client_id, usage.entity, usage.quota) == (
+        PRODUCE, "group=etl", "", "groups/etl", 3000.0)

@@ -245,7 +245,7 @@ def _import(module_name):
     if module_name.endswith(".py") or "/" in module_name:
         path = Path(module_name)
         if not path.is_file():
-            raise QuotaCallbackError("no such file: %s" % path)
+            raise FileNotFoundError("no such file: %s" % path)
         name = "kthrottle_quota_callback_%s" % path.stem
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
