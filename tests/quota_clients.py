@@ -38,8 +38,9 @@ class BackgroundProducer:
     thread of its own; ``rate(t0, t1)`` is what was delivered per second
     between two time.monotonic() instants."""
 
-    def __init__(self, bootstrap, topic, client_id):
+    def __init__(self, bootstrap, topic, client_id, **auth):
         self.bootstrap, self.topic, self.client_id = bootstrap, topic, client_id
+        self.auth = auth  # aiokafka's security settings (a SASL login), if any
         self.events = []  # (time.monotonic(), bytes delivered)
         self.error = None
         self._stop = threading.Event()
@@ -63,7 +64,7 @@ class BackgroundProducer:
         from aiokafka import AIOKafkaProducer
 
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, client_id=self.client_id,
-                                    acks=1, linger_ms=5, max_batch_size=16384)
+                                    acks=1, linger_ms=5, max_batch_size=16384, **self.auth)
         await producer.start()
         try:
             pending = set()

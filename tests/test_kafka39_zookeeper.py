@@ -11,7 +11,7 @@ import uuid
 from conftest import ProxyProcess
 from kafka_cluster import CONFIG_COMMAND
 from kthrottle.embedded import free_port
-from quota_clients import RECORD, BackgroundProducer, admin_get, produce_quotas, wait_until
+from quota_clients import BackgroundProducer, admin_get, produce_quotas, wait_until
 
 NODE_ID = 1  # the fixture's broker.id: the proxy serves it on node_port_base + 1
 QUOTA = 100_000  # bytes/s
@@ -102,37 +102,6 @@ def roundtrip(conf, topic):
         consumer.close()
 
 
-class SaslProducer(BackgroundProducer):
-    """quota_clients.BackgroundProducer (1 KiB records as fast as let) with a SASL login:
-    ``auth`` is aiokafka's security settings."""
-
-    def __init__(self, bootstrap, topic, client_id, **auth):
-        super().__init__(bootstrap, topic, client_id)
-        self.auth = auth
-
-    async def _produce(self):
-        import asyncio
-
-        from aiokafka import AIOKafkaProducer
-
-        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, client_id=self.client_id,
-                                    acks=1, linger_ms=5, max_batch_size=16384, **self.auth)
-        await producer.start()
-        try:
-            pending = set()
-            while not self._stop.is_set():
-                fut = await producer.send(self.topic, RECORD, partition=0)
-                fut.add_done_callback(
-                    lambda f: self.events.append((time.monotonic(), len(RECORD))))
-                pending.add(fut)
-                if len(pending) > 100:
-                    _, pending = await asyncio.wait(pending, timeout=0.2,
-                                                    return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            try:
-                await asyncio.wait_for(producer.stop(), 10)
-            except asyncio.TimeoutError:
-                pass
 
 
 def new_topic(kafka, prefix):
@@ -257,7 +226,7 @@ def test_terminate_checks_logins_against_the_scram_credentials_kafka_keeps_in_zo
                       "--entity-type", "users", "--entity-name", user)
         assert wait_until(lambda: entity_quotas(p.admin, "users/" + user)
                           == {"producer_byte_rate": QUOTA}, timeout=5)
-        with SaslProducer(p.bootstrap, topic, "kz-any", security_protocol="SASL_PLAINTEXT",
+        with BackgroundProducer(p.bootstrap, topic, "kz-any", security_protocol="SASL_PLAINTEXT",
                           sasl_mechanism="SCRAM-SHA-512", sasl_plain_username=user,
                           sasl_plain_password="kz-secret") as producer:
             assert wait_until(lambda: set(produce_quotas(p.admin, "kz-any").values())
@@ -305,7 +274,7 @@ def test_passthrough_hands_scram_logins_to_the_kafka_39_broker(kafka_zookeeper, 
         error = login(sasl_conf(kafka, p, "SCRAM-SHA-512", "alice", "not-her-password"))
         assert error is not None and "Authentication failed" in error, error
         p.wait_for_log("the broker refused SCRAM-SHA-512 authentication of 'alice'")
-        with SaslProducer(p.bootstrap, topic, client, security_protocol="SASL_PLAINTEXT",
+        with BackgroundProducer(p.bootstrap, topic, client, security_protocol="SASL_PLAINTEXT",
                           sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="alice",
                           sasl_plain_password=kafka.users["alice"]) as producer:
             entity = "users/alice/clients/" + client

@@ -319,15 +319,22 @@ def test_a_leader_proportional_quota_follows_the_leaders_as_they_move(kafka_clus
             assert all(limit is not None and limit <= QUOTA * 0.002
                        for limit in seen.get("node 3", ())), seen
             time.sleep(WARM_UP)
-            t0 = time.monotonic()
-            time.sleep(MEASURE)
-            t1 = time.monotonic()
-            before = {"node 1": producers.rate(0, t0, t1) + producers.rate(1, t0, t1),
-                      "node 2": producers.rate(2, t0, t1)}
-            before["total"] = sum(before.values())
-            report.append("before the move: %s" % _fmt(before))
-            report.append("  per second (KiB) p0 %s p1 %s p2 %s" % tuple(
-                producers.per_second(p, t0, t1) for p in range(PARTITIONS)))
+
+            def window(led_by, what):
+                """The rates of one MEASURE window: partitions 0 and 1 on node 1,
+                partition 2 on ``led_by``."""
+                t0 = time.monotonic()
+                time.sleep(MEASURE)
+                t1 = time.monotonic()
+                rates = {"node 1": producers.rate(0, t0, t1) + producers.rate(1, t0, t1),
+                         led_by: producers.rate(2, t0, t1)}
+                rates["total"] = sum(rates.values())
+                report.append("%s: %s" % (what, _fmt(rates)))
+                report.append("  per second (KiB) p0 %s p1 %s p2 %s" % tuple(
+                    producers.per_second(p, t0, t1) for p in range(PARTITIONS)))
+                return rates, t0, t1
+
+            before, _, _ = window("node 2", "before the move")
 
             # 2. partition 2 moves from node 2 to node 3
             sampler = stack.enter_context(QuotaSampler(admin))
@@ -348,27 +355,13 @@ def test_a_leader_proportional_quota_follows_the_leaders_as_they_move(kafka_clus
                        for limit in seen.get("node 2", ())), seen
             assert producers.leader_seen(2) == 3
             time.sleep(2.0)
-            t2 = time.monotonic()
-            time.sleep(MEASURE)
-            t3 = time.monotonic()
-            after = {"node 1": producers.rate(0, t2, t3) + producers.rate(1, t2, t3),
-                     "node 3": producers.rate(2, t2, t3)}
-            after["total"] = sum(after.values())
-            report.append("after the move: %s" % _fmt(after))
-            report.append("  per second (KiB) p0 %s p1 %s p2 %s" % tuple(
-                producers.per_second(p, t2, t3) for p in range(PARTITIONS)))
+            after, _, _ = window("node 3", "after the move")
             # (beyond the issue's check) a window from 13 s after the election on: past the
             # longest throttle (10 s, the token bucket's cap) a connection may have been given
             # in the meantime, and the burst (1 s of the quota) its bucket lets through after
             time.sleep(max(0.0, moved + 13.0 - time.monotonic()))
-            t4 = time.monotonic()
-            time.sleep(MEASURE)
-            t5 = time.monotonic()
-            later = {"node 1": producers.rate(0, t4, t5) + producers.rate(1, t4, t5),
-                     "node 3": producers.rate(2, t4, t5)}
-            later["total"] = sum(later.values())
-            report.append("long after the move, from %.1f s after the election: %s"
-                          % (t4 - moved, _fmt(later)))
+            later, _, t5 = window("node 3", "long after the move, from %.1f s after the "
+                                   "election" % (time.monotonic() - moved))
             report.append("  p2 per second from the election (KiB): %s"
                           % producers.per_second(2, moved, t5))
             report.append("node 3's and node 2's lp- connections (s after the election):")

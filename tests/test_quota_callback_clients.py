@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT, ProxyProcess
 from kthrottle.embedded import free_port
-from quota_clients import RECORD, BackgroundProducer, admin_get, scram_credentials_file, wait_until
+from quota_clients import BackgroundProducer, admin_get, scram_credentials_file, wait_until
 from test_fault_resync import metric
 
 KIB, MIB = 1024, 1024 * 1024
@@ -37,31 +37,10 @@ class Producer(BackgroundProducer):
     """BackgroundProducer, with SASL/PLAIN as ``user`` when one is given."""
 
     def __init__(self, bootstrap, topic, client_id, user=None):
-        super().__init__(bootstrap, topic, client_id)
-        self.auth = {} if user is None else dict(
+        auth = {} if user is None else dict(
             security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
             sasl_plain_username=user, sasl_plain_password=password(user))
-
-    async def _produce(self):
-        from aiokafka import AIOKafkaProducer
-
-        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, client_id=self.client_id,
-                                    acks=1, linger_ms=5, max_batch_size=16384, **self.auth)
-        await producer.start()
-        try:
-            pending = set()
-            while not self._stop.is_set():
-                fut = await producer.send(self.topic, RECORD, partition=0)
-                fut.add_done_callback(lambda f: self.events.append((time.monotonic(), len(RECORD))))
-                pending.add(fut)
-                if len(pending) > 100:
-                    _, pending = await asyncio.wait(pending, timeout=0.2,
-                                                    return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            try:
-                await asyncio.wait_for(producer.stop(), 10)
-            except asyncio.TimeoutError:
-                pass
+        super().__init__(bootstrap, topic, client_id, **auth)
 
     @property
     def delivered(self):
