@@ -64,8 +64,14 @@ def parse_document(data):
     return doc
 
 
-def entity_of(key, user, client_id):
-    """The entity a bucket's tags name, as (entity type, name) pairs."""
+def entity_of(key, user, client_id, path=""):
+    """The entity a bucket's tags name, as (entity type, name) pairs; a quota
+    group's bucket (its entity path groups/NAME) is ("groups", NAME), a quota
+    callback's ("callback", its tags)."""
+    if path.startswith("groups/"):
+        return (("groups", path[len("groups/"):]),)
+    if path == "callback":
+        return (("callback", user + (" client-id=%s" % client_id if client_id else "")),)
     if key == CONNECTION_CREATION_RATE:
         return (("ips", client_id),)
     if user and client_id:
@@ -102,7 +108,8 @@ def recommend(doc, percentile=DEFAULT_PERCENTILE, headroom=DEFAULT_HEADROOM,
         if not hours:
             continue
         basis, hour = max(hours, key=lambda bh: (bh[0], -bh[1]))
-        out.append(Recommendation(entity_of(e["key"], e["user"], e["client_id"]), e["key"],
+        out.append(Recommendation(entity_of(e["key"], e["user"], e["client_id"],
+                                            e.get("entity") or ""), e["key"],
                                   quota_value(e["key"], basis, headroom), basis, hour, e))
     return out
 
@@ -115,18 +122,25 @@ def commands(recommendations, bootstrap=DEFAULT_BOOTSTRAP, program="kafka-config
     order = {k: i for i, k in enumerate(CLIENT_QUOTA_KEYS + (CONNECTION_CREATION_RATE,))}
     lines = []
     for entity, recs in by_entity.items():
+        config = ",".join("%s=%s" % (r.key, format_value(r.value))
+                          for r in sorted(recs, key=lambda r: order.get(r.key, 99)))
+        if entity[0][0] in ("groups", "callback"):  # no Kafka entity: said, not a command
+            lines.append("# %s: %s (%s)" % (_entity_text(entity), config,
+                                            "the quota file's [groups] table"
+                                            if entity[0][0] == "groups"
+                                            else "the quota callback's limits"))
+            continue
         parts = [program, "--bootstrap-server", bootstrap, "--alter"]
         for kind, name in entity:
             parts += ["--entity-type", kind, "--entity-name", name]
-        config = ",".join("%s=%s" % (r.key, format_value(r.value))
-                          for r in sorted(recs, key=lambda r: order.get(r.key, 99)))
         parts += ["--add-config", config]
         lines.append(" ".join(shlex.quote(p) for p in parts))
     return lines
 
 
 def _entity_text(entity):
-    return " ".join("%s=%s" % ({"users": "user", "clients": "client-id", "ips": "ip"}[k],
+    return " ".join("%s=%s" % ({"users": "user", "clients": "client-id", "ips": "ip",
+                                "groups": "quota group", "callback": "callback"}[k],
                                n if n else "''") for k, n in entity)
 
 

@@ -329,3 +329,21 @@ def test_spark_sync_writes_the_document_to_a_file(spark, tmp_path):
     assert sync.recommendations_written_at() == NOW
     out = _cli("--file", str(target))
     assert out.returncode == 0 and "producer_byte_rate=21402" in out.stdout
+
+
+def test_a_quota_groups_bucket_is_recommended_as_the_group_not_as_a_user():
+    """A group has no Kafka entity: its figure is said as a comment naming the
+    group, never a kafka-configs line for a user called group=etl."""
+    hour = {"hour": 9, "rate": {"p95": 1000.0}}
+    doc = {"entities": [
+        {"key": "producer_byte_rate", "user": "group=etl", "client_id": "",
+         "entity": "groups/etl", "hours": [hour]},
+        {"key": "producer_byte_rate", "user": "alice", "client_id": "",
+         "entity": "users/alice", "hours": [hour]}]}
+    recs = recommendations.recommend(doc, percentile="p95", headroom=1.2, measure="rate")
+    assert [r.entity for r in recs] == [(("groups", "etl"),), (("users", "alice"),)]
+    lines = recommendations.commands(recs)
+    assert lines[0] == ("# quota group=etl: producer_byte_rate=1200 "
+                        "(the quota file's [groups] table)")
+    assert "--entity-type users --entity-name alice" in lines[1]
+    assert not any("group=etl" in line and "--entity-name" in line for line in lines)
