@@ -171,10 +171,12 @@ def test_a_filling_volume_slows_then_pauses_producers_and_clearing_it_restores_t
     proxy.wait_for_log("producers now meet THROTTLE")
     throttled = asyncio.run(produce_rate(proxy.bootstrap, topic, 8))
     a.stop()
-    # the base rate times the factor, with room for a loaded machine's unevenness; and
-    # clearly below what the same producer reached unthrottled (which a busy machine lowers)
+    # the base rate times the factor, measured as Kafka measures it (sampled windows: a fresh
+    # rate lets more through at first; 8 s of it read 1.35x the factor twice on a loaded
+    # machine), and under the base rate; and clearly below what the same producer reached
+    # unthrottled (which a busy machine lowers)
     factor = snap["cluster"]["factor"]
-    assert throttled < 1.25 * factor * 400_000, (throttled, factor)
+    assert throttled < min(1.5 * factor, 0.8) * 400_000, (throttled, factor)
     assert throttled < 0.8 * baseline, (throttled, baseline)
     # PAUSE: past the hard limit; a consumer keeps reading meanwhile
     a, _ = run(3.0, 2.0, "PAUSE", "agent-hard")
