@@ -84,6 +84,27 @@ class ProxyProcess:
     def stop(self):
         stop_process(self.proc, grace=10)
 
+    @classmethod
+    def for_cluster(cls, cluster, tmp_path, args):
+        """A proxy in front of every node of a kafka_cluster.KafkaCluster (node N on
+        node_port_base + N, free ports in a row), ``args`` given, and an admin endpoint:
+        (the proxy started, the admin port)."""
+        from kafka_cluster import free_ports_in_a_row
+
+        admin = free_port()
+        nodes = list(cluster.nodes.values())
+        extra = []
+        for node in nodes[1:]:
+            extra += ["--bootstrap-server", node.bootstrap]
+        proxy = cls(nodes[0].bootstrap, tmp_path / "proxy.log", node_id=nodes[0].node_id,
+                    extra_args=extra + [str(a) for a in args]
+                    + ["--admin-listen", "127.0.0.1:%d" % admin])
+        low, high = min(cluster.nodes), max(cluster.nodes)
+        first = free_ports_in_a_row(high - low + 1)
+        proxy.node_port_base = first - low
+        proxy.node_port = first
+        return proxy.start(), admin
+
 
 @pytest.fixture(scope="module")
 def broker(apache_kafka):

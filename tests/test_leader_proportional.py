@@ -32,8 +32,6 @@ import uuid
 import pytest
 
 from conftest import ProxyProcess
-from kafka_cluster import free_ports_in_a_row
-from kthrottle.embedded import free_port
 
 pytestmark = pytest.mark.kafka
 
@@ -270,20 +268,8 @@ def start_proxy(cluster, tmp_path, topic_pattern):
                       'class = "kthrottle.policy.quota_callback:LeaderProportional"\n'
                       '[quota-callback.config.topics]\n'
                       '"ANONYMOUS" = ["%s"]\n' % topic_pattern)
-    admin = free_port()
-    nodes = list(cluster.nodes.values())
-    extra = []
-    for node in nodes[1:]:
-        extra += ["--bootstrap-server", node.bootstrap]
-    proxy = ProxyProcess(nodes[0].bootstrap, tmp_path / "proxy.log", node_id=nodes[0].node_id,
-                         extra_args=extra + ["--config", str(config),
-                                             "--quota-file", str(quotas),
-                                             "--admin-listen", "127.0.0.1:%d" % admin])
-    low, high = min(cluster.nodes), max(cluster.nodes)
-    first = free_ports_in_a_row(high - low + 1)
-    proxy.node_port_base = first - low
-    proxy.node_port = first
-    return proxy.start(), admin
+    return ProxyProcess.for_cluster(cluster, tmp_path,
+                                    ["--config", config, "--quota-file", quotas])
 
 
 def _within(measured, expected, tolerance):

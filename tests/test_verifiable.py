@@ -13,8 +13,7 @@ The scenario itself is the kit's (``VerifiableRun``), which benchmarks/nothing_l
 runs too.
 """
 from conftest import ProxyProcess
-from kafka_cluster import VerifiableRun, free_ports_in_a_row
-from kthrottle.embedded import free_port
+from kafka_cluster import VerifiableRun
 from test_java_clients import metric, metrics
 
 RECORDS = 50_000  # at most: the producer is stopped AFTER seconds after the election
@@ -33,19 +32,7 @@ def start_proxy(cluster, tmp_path):
     quotas.write_text('[clients."%s"]\nproducer_byte_rate = %d\n'
                       '[clients."%s"]\nconsumer_byte_rate = %d\n'
                       % (PRODUCER_ID, QUOTA, CONSUMER_ID, QUOTA))
-    admin = free_port()
-    nodes = list(cluster.nodes.values())
-    extra = []
-    for node in nodes[1:]:
-        extra += ["--bootstrap-server", node.bootstrap]
-    proxy = ProxyProcess(nodes[0].bootstrap, tmp_path / "proxy.log", node_id=nodes[0].node_id,
-                         extra_args=extra + ["--quota-file", str(quotas),
-                                             "--admin-listen", "127.0.0.1:%d" % admin])
-    low, high = min(cluster.nodes), max(cluster.nodes)
-    first = free_ports_in_a_row(high - low + 1)
-    proxy.node_port_base = first - low
-    proxy.node_port = first
-    return proxy.start(), admin
+    return ProxyProcess.for_cluster(cluster, tmp_path, ["--quota-file", quotas])
 
 
 def test_nothing_acknowledged_is_lost_or_doubled_through_a_leader_kill(kafka_cluster3,
