@@ -280,7 +280,9 @@ QUOTAS = OptionGroup("quotas (KIP-55 <user, client-id> byte-rate and request-rat
            "gets its part, weighted by its quota (the quotas then split the capacity rather "
            "than cap each client); a bucket using less than its part leaves the rest to the "
            "others, and an idle one's part goes to the busy ones. Only clients with a quota "
-           "share it (users/<default> gives every user one); off unless given"),
+           "share it (users/<default> gives every user one); in a fleet (--proxy-id) the "
+           "capacity is reported as one more bucket and this proxy shares the part the fleet "
+           "gives it; off unless given"),
     Option("shared-fetch-capacity", NUMBER, metavar="BYTES",
            help="the same for consumer_byte_rate: a fetch capacity in bytes/s shared by the "
            "consumers in use; off unless given"),

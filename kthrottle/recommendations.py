@@ -70,6 +70,8 @@ def entity_of(key, user, client_id, path=""):
     callback's ("callback", its tags)."""
     if path.startswith("groups/"):
         return (("groups", path[len("groups/"):]),)
+    if path == "capacity":  # a shared capacity, reported as one bucket
+        return (("capacity", key),)
     if path == "callback":
         return (("callback", user + (" client-id=%s" % client_id if client_id else "")),)
     if key == CONNECTION_CREATION_RATE:
@@ -124,11 +126,9 @@ def commands(recommendations, bootstrap=DEFAULT_BOOTSTRAP, program="kafka-config
     for entity, recs in by_entity.items():
         config = ",".join("%s=%s" % (r.key, format_value(r.value))
                           for r in sorted(recs, key=lambda r: order.get(r.key, 99)))
-        if entity[0][0] in ("groups", "callback"):  # no Kafka entity: said, not a command
-            lines.append("# %s: %s (%s)" % (_entity_text(entity), config,
-                                            "the quota file's [groups] table"
-                                            if entity[0][0] == "groups"
-                                            else "the quota callback's limits"))
+        where = _NOT_KAFKAS.get(entity[0][0])
+        if where is not None:  # no Kafka entity: said, not a command
+            lines.append("# %s: %s (%s)" % (_entity_text(entity), config, where))
             continue
         parts = [program, "--bootstrap-server", bootstrap, "--alter"]
         for kind, name in entity:
@@ -138,9 +138,16 @@ def commands(recommendations, bootstrap=DEFAULT_BOOTSTRAP, program="kafka-config
     return lines
 
 
+# what sets the quotas of buckets that are no Kafka entity
+_NOT_KAFKAS = {"groups": "the quota file's [groups] table",
+               "callback": "the quota callback's limits",
+               "capacity": "--shared-produce-capacity or --shared-fetch-capacity"}
+
+
 def _entity_text(entity):
     return " ".join("%s=%s" % ({"users": "user", "clients": "client-id", "ips": "ip",
-                                "groups": "quota group", "callback": "callback"}[k],
+                                "groups": "quota group", "callback": "callback",
+                                "capacity": "shared capacity of"}[k],
                                n if n else "''") for k, n in entity)
 
 

@@ -17,6 +17,7 @@ from kthrottle.policy.fleet import (
     parse_usage_report,
     shares_document,
 )
+from kthrottle.policy.quotas import CAPACITY_USER
 from kthrottle.sources.cluster_state import shares_znode
 from quota_clients import (
     BackgroundProducer,
@@ -283,3 +284,36 @@ def test_a_proxy_id_without_zookeeper_is_a_clear_error(broker, tmp_path):
     assert "kthrottle proxy: error: proxy-id a makes this proxy a member of a fleet sharing its " \
            "quotas: give --zookeeper" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_shared_capacity_is_reported_as_one_bucket_and_the_fleets_share_of_it_holds(
+        fleet, broker):
+    """--shared-produce-capacity in a fleet: the proxy reports the capacity as a bucket of
+    its own (the sum of its buckets' rates and demands), and the share of it the job gives
+    this proxy is what its buckets split (here one producer, so all of it)."""
+    capacity = 2 * QUOTA  # alone, the producer's part is all of it: twice its quota
+    start, zk, usage_topic, topic = fleet
+    p = start("--proxy-id", "a", "--usage-interval", "1000",
+              "--shared-produce-capacity", str(int(capacity)))
+    with BackgroundProducer(p.bootstrap, topic, CLIENT) as producer:
+        def reported():
+            reports = [r for key, r in read_usage(broker.bootstrap, usage_topic) if key == b"a"]
+            found = [b for b in reports[-1].buckets if b.user == CAPACITY_USER] if reports else []
+            return found[0] if found and found[0].rate > 0.5 * capacity else None
+
+        usage = wait_until(reported, timeout=40, interval=1.0)
+        assert usage, read_usage(broker.bootstrap, usage_topic)[-3:]
+        assert (usage.key, usage.client_id, usage.entity, usage.quota) == (
+            P, "", "capacity", capacity)
+        t = time.monotonic()
+        before = producer.rate(t - 5, t)
+        assert 0.75 * capacity < before < 1.3 * capacity, before
+        # the job gives this proxy a quarter of the capacity (the other proxies are busier)
+        set_znode(zk, shares_znode("a"), shares(time.time(), QUOTA, extra=[
+            (P, CAPACITY_USER, "", capacity / 4, capacity)]))
+        p.wait_for_log("fresh quota shares (cycle 1, 2 proxies): the fail-safe is over")
+        applied = time.monotonic()
+        time.sleep(8)
+        after = producer.rate(applied + 2, applied + 8)
+        assert 0.6 * capacity / 4 < after < 1.4 * capacity / 4, (before, after)
+    assert producer.error is None

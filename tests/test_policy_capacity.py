@@ -6,7 +6,7 @@ import pytest
 
 from kthrottle.policy.capacity import ACTIVE_SECONDS, SharedCapacity, water_level
 from kthrottle.policy.entities import OBSERVE_ONLY, PRODUCER_BYTE_RATE as PRODUCE
-from kthrottle.policy.quotas import QuotaManager
+from kthrottle.policy.quotas import CAPACITY_USER, QuotaManager, capacity_sharing_key
 
 MB = 1e6
 STEP = 0.01  # the fake clock's tick
@@ -215,3 +215,49 @@ def test_buckets_idle_past_the_active_span_get_no_part():
     assert set(shared.limits([a, b], ACTIVE_SECONDS)) == {a, b}
     assert shared.limits([a, b], ACTIVE_SECONDS + 0.5) == {}
     assert shared.limits([manager.bucket(PRODUCE, "c", "app")], 1.0) == {}  # never used
+
+
+# -- a fleet of proxies: the capacity is split among them as a bucket of its own ----------
+
+
+def test_in_a_fleet_a_proxy_shares_its_part_of_the_capacity_among_its_buckets():
+    manager = manager_sharing(EVEN, 3e6)
+    key = capacity_sharing_key(PRODUCE)
+    # the fleet gave this proxy a third of the capacity (the other proxies are busier)
+    manager.apply_shares({key: 1e6}, prior=0.5, fleet_size=2)
+    assert manager.capacity_in_force(PRODUCE) == 1e6
+    sent = simulate(manager, ("a", "b"), 12.0)
+    for user in ("a", "b"):
+        assert rate(sent[user], 6.0, 11.0) == pytest.approx(0.5e6, rel=0.05)
+    # not listed in the shares yet: the prior's part; the fail-safes as for any quota
+    manager.apply_shares({}, prior=0.25, fleet_size=4)
+    assert manager.capacity_in_force(PRODUCE) == 0.75e6
+    manager.apply_equal(3)
+    assert manager.capacity_in_force(PRODUCE) == 1e6
+    manager.apply_whole()
+    assert manager.capacity_in_force(PRODUCE) == 3e6
+
+
+def test_the_capacity_is_reported_to_the_fleet_as_one_bucket_of_its_buckets_sum():
+    from kthrottle.policy.fleet import fleet_shares
+    from kthrottle.proxy.fleet import UsageTracker
+
+    reports = {}
+    for proxy, users in (("p1", ("a", "b")), ("p2", ("c",))):
+        manager = manager_sharing(EVEN, 3e6)
+        tracker = UsageTracker(manager, proxy, 12.0, 0.0)
+        simulate(manager, users, 12.0)
+        report = tracker.report(12.0, 1000.0)
+        (capacity,) = [b for b in report.buckets if b.user == CAPACITY_USER]
+        own = [b for b in report.buckets if b.user != CAPACITY_USER]
+        assert (capacity.key, capacity.client_id, capacity.entity, capacity.quota) == (
+            PRODUCE, "", "capacity", 3e6)
+        assert capacity.rate == pytest.approx(sum(b.rate for b in own))
+        assert capacity.demand >= capacity.rate  # its buckets were held to their parts
+        reports[proxy] = report
+    # the fleet splits the capacity between the two proxies as it splits any quota
+    shares = fleet_shares(reports, 1000.0, 60.0)
+    split = {p: [s for s in shares[p].shares if s[1] == CAPACITY_USER] for p in reports}
+    total = sum(s[0][3] for s in split.values())
+    assert total == pytest.approx(3e6, rel=0.01)
+    assert all(0 < s[0][3] < 3e6 for s in split.values()), split

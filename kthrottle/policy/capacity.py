@@ -62,11 +62,13 @@ class SharedCapacity:
         self.level = None  # the last water level (None: not looked yet)
         self._throttled = {}  # bucket id -> its throttled count at the last look
 
-    def limits(self, buckets, now):
+    def limits(self, buckets, now, capacity=None):
         """{bucket: new limit} for the buckets in use among ``buckets``
         (policy Buckets of one quota key, with their configured quota as
-        weight); those not in use keep theirs (they get a part when they are
-        used again, at the next look)."""
+        weight), sharing ``capacity`` (default: all of it; in a fleet, this
+        proxy's share); those not in use keep theirs (they get a part when
+        they are used again, at the next look)."""
+        capacity = self.capacity if capacity is None else capacity
         active, wants, seen = [], [], {}
         for bucket in buckets:
             if bucket.quota is None or bucket.observe_only or bucket.last_used is None \
@@ -86,9 +88,9 @@ class SharedCapacity:
         self._throttled = seen
         if not active:
             return {}
-        level = water_level(self.capacity, wants)
+        level = water_level(capacity, wants)
         if math.isinf(level):  # all fit: an even split by weight
-            level = self.capacity / sum(w for w, _ in wants)
+            level = capacity / sum(w for w, _ in wants)
         self.level = level
         return {bucket: bucket.quota * level for bucket in active}
 

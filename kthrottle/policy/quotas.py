@@ -129,6 +129,17 @@ class Resolution(NamedTuple):
     scope: str | None = None
 
 
+# A shared capacity is reported to the fleet as a bucket of its own (its rate
+# and demand the sum of its buckets'), so that the fleet splits it among the
+# proxies as it splits any quota; this user tag names it.
+CAPACITY_USER = "<shared capacity>"
+CAPACITY_ENTITY = "capacity"
+
+
+def capacity_sharing_key(key):
+    return (key, CAPACITY_USER, "")
+
+
 def bucket_key(key, resolution):
     """A client bucket's key in QuotaManager.buckets: (key, user tag, client
     tag) as Kafka's metric tags name it, and a fourth part for a scoped one
@@ -1262,6 +1273,13 @@ class QuotaManager:
             self.capacity[key] = SharedCapacity(capacity)
         self._reapply()
 
+    def capacity_in_force(self, key):
+        """This proxy's part of ``key``'s shared capacity: all of it, or in a
+        fleet its share, which the fleet computes as for any bucket (the
+        capacity is reported as one, CAPACITY_SHARING_KEY)."""
+        shared = self.capacity[key]
+        return self._fleet_part(capacity_sharing_key(key), shared.capacity)
+
     def apply_capacity(self, now):
         """Once a second: every shared capacity's parts, applied live."""
         if not self.capacity:
@@ -1272,7 +1290,8 @@ class QuotaManager:
             if bucket.key in by_key:
                 by_key[bucket.key].append(bucket)
         for key, shared in self.capacity.items():
-            for bucket, limit in shared.limits(by_key[key], now).items():
+            parts = shared.limits(by_key[key], now, self.capacity_in_force(key))
+            for bucket, limit in parts.items():
                 if bucket.limit is None or abs(limit - bucket.limit) > 1e-6 * limit:
                     bucket.apply_limit(limit)
 
@@ -1289,11 +1308,14 @@ class QuotaManager:
             shared = self.capacity.get(bucket_key[0])
             if shared is not None:
                 return shared.first_limit(quota)
+        return self._fleet_part(bucket_key[:3], quota)
+
+    def _fleet_part(self, sharing_key, quota):
+        """``quota``, or this proxy's part of it under the sharing in force."""
         if quota is None or self.sharing == CONFIGURED:
             return quota
         if self.sharing == EQUAL:
             return quota / max(1, self.fleet_size)
-        sharing_key = bucket_key[:3]  # a fleet share names a bucket by its tags
         share = self.shares.get(sharing_key)
         if share is None:
             share = self.prior * quota

@@ -38,6 +38,7 @@ import logging
 import time
 
 from ..policy.fleet import BucketUsage, UsageReport, estimate_demand, parse_own_shares
+from ..policy.quotas import CAPACITY_ENTITY, CAPACITY_USER
 from ..sources import cancelled
 from ..sources.cluster_state import ZnodeWatch
 from ..sources.outage import Outage
@@ -76,6 +77,7 @@ class UsageTracker:
         totals = {}
         buckets = []
         self.manager.settle_leases(now)  # what the connections' leases took, counted
+        capacity = {key: [0.0, 0] for key in self.manager.capacity}  # key -> [rate, throttled]
         for sk, bucket in self.manager.buckets.items():
             # with --workers, the other workers' throttles too: a report covers the machine
             total = bucket.throttle_ms_total + bucket.others_throttle_ms
@@ -90,6 +92,18 @@ class UsageTracker:
                 bucket.key, bucket.user_tag, bucket.client_tag, bucket.entity or "",
                 float(bucket.quota), rate,
                 estimate_demand(rate, max(0, throttled), elapsed)))
+            if bucket.key in capacity:
+                summed = capacity[bucket.key]
+                summed[0] += rate
+                summed[1] += max(0, throttled)
+        for key, (rate, throttled) in capacity.items():
+            if rate > 0.0 or throttled:
+                # the shared capacity, as one bucket: the fleet splits it among the proxies
+                # by the demand of the buckets sharing it here
+                buckets.append(BucketUsage(
+                    key, CAPACITY_USER, "", CAPACITY_ENTITY,
+                    float(self.manager.capacity[key].capacity), rate,
+                    estimate_demand(rate, throttled, elapsed)))
         self._throttle = totals
         self.since = now
         buckets.sort(key=lambda b: b.sharing_key)
