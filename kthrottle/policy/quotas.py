@@ -1276,7 +1276,7 @@ class QuotaManager:
     def capacity_in_force(self, key):
         """This proxy's part of ``key``'s shared capacity: all of it, or in a
         fleet its share, which the fleet computes as for any bucket (the
-        capacity is reported as one, CAPACITY_SHARING_KEY)."""
+        capacity is reported as one: capacity_sharing_key)."""
         shared = self.capacity[key]
         return self._fleet_part(capacity_sharing_key(key), shared.capacity)
 
