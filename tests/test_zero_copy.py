@@ -242,7 +242,13 @@ def test_confluent_kafka_large_batches_go_through_byte_identical(broker, zc_prox
     try:
         while len(got) < len(values) and time.monotonic() < deadline:
             for msg in consumer.consume(len(values) - len(got), 0.5):
-                assert msg.error() is None, msg.error()
+                err = msg.error()
+                if err is not None:
+                    # a passing broker error librdkafka retries itself (NOT_COORDINATOR
+                    # while the group's coordinator moves, seen once in CI): every value
+                    # must still come, byte for byte
+                    assert not err.fatal(), err
+                    continue
                 got.append(msg.value())
     finally:
         consumer.close()
