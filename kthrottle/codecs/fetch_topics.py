@@ -19,6 +19,7 @@ client is given.
 """
 from ._kafka import FetchResponse
 from .errors import ProtocolError
+from .metadata_leaders import metadata_topics
 from .produce import (
     _ARRAY,
     _CARRAY,
@@ -34,11 +35,9 @@ from .produce import (
 )
 from .wire import (
     read_array_length,
-    read_int16,
     read_int32,
     read_string,
     read_uvarint,
-    skip_string,
     skip_tagged_fields,
 )
 
@@ -48,7 +47,6 @@ MAX_VERSION = FetchResponse.max_version
 FLEXIBLE_FROM = 12
 TOPIC_ID_FROM = 13
 METADATA_TOPIC_ID_FROM = 10  # Metadata v10+ gives each topic its id (KIP-516)
-METADATA_FLEXIBLE_FROM = 9
 
 # Topic ids met lately, as UUIDs (making one costs more than the rest of a
 # partition's reading); past this many, forgotten all at once.
@@ -236,45 +234,11 @@ def metadata_topic_ids(frame, api_version):
     left out. ProtocolError on a malformed frame."""
     if api_version < METADATA_TOPIC_ID_FROM:
         return {}
-    compact = api_version >= METADATA_FLEXIBLE_FROM
-    pos = 8  # size, correlation_id
-    if compact:
-        pos = skip_tagged_fields(frame, pos)
-    pos += 4  # throttle_time_ms
-    count, pos = read_array_length(frame, pos, compact)  # brokers
-    for _ in range(count):
-        pos += 4  # node_id
-        pos = skip_string(frame, pos, compact)  # host
-        pos += 4  # port
-        pos = skip_string(frame, pos, compact)  # rack
-        pos = skip_tagged_fields(frame, pos)
-    pos = skip_string(frame, pos, compact)  # cluster_id
-    pos += 4  # controller_id
     ids = {}
-    count, pos = read_array_length(frame, pos, compact)  # topics
-    for _ in range(count):
-        _error, pos = read_int16(frame, pos)
-        name, pos = read_string(frame, pos, compact)
-        raw = frame[pos:pos + 16]
-        if len(raw) < 16:
-            raise ProtocolError("truncated topic id at offset %d" % pos)
-        pos += 17  # topic_id, is_internal
-        partitions, pos = read_array_length(frame, pos, compact)
-        for _ in range(partitions):
-            pos += 14 if api_version >= 7 else 10  # error, index, leader (, leader_epoch)
-            for _ in range(3 if api_version >= 5 else 2):  # replicas, isr (, offline)
-                n, pos = read_array_length(frame, pos, compact)
-                if n > 0:
-                    pos += 4 * n
-            pos = skip_tagged_fields(frame, pos)
-        if api_version >= 8:
-            pos += 4  # topic_authorized_operations
-        pos = skip_tagged_fields(frame, pos)
-        topic_id = uuid.UUID(bytes=bytes(raw))
+    for _error, name, raw, _partitions in metadata_topics(frame, api_version):
+        topic_id = uuid.UUID(bytes=raw)
         if name and topic_id.int:
             ids[topic_id] = name
-    if pos > len(frame):
-        raise ProtocolError("truncated Metadata response")
     return ids
 
 

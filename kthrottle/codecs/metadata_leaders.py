@@ -1,7 +1,8 @@
-"""The partition leaders a Metadata response names, every version (v0-v13):
-what a quota callback that splits quotas by leader needs to know as soon as
-a client does. A walk over the framed response that reads the topic names,
-partition indexes and leader ids and skips the rest; nothing is copied.
+"""The topics a Metadata response names, every version (v0-v13): their
+names, ids and partition leaders, what a quota callback that splits quotas
+by leader needs to know as soon as a client does, and what names the topic
+ids of Fetch and Produce. A walk over the framed response that reads those
+and skips the rest.
 
 Fields by version (Kafka's MetadataResponse.json): throttle_time_ms v3+;
 broker rack v1+; cluster_id v2+; controller_id v1+; topic name nullable
@@ -28,6 +29,21 @@ def metadata_leaders(frame, api_version):
     Metadata response, for the topics it answers without an error; a topic
     without a name (asked by id, v12+) is left out. ProtocolError on a
     malformed frame or a version past MAX_VERSION."""
+    leaders = {}
+    for error, name, _topic_id, partitions in metadata_topics(frame, api_version):
+        if error or not name:
+            continue
+        for perror, index, leader in partitions:
+            if perror in (0, 9):  # 9: REPLICA_NOT_AVAILABLE, still led
+                leaders[(name, index)] = leader
+    return leaders
+
+
+def metadata_topics(frame, api_version):
+    """[(error code, name or None, topic id bytes (v10+) or None, [(error
+    code, partition index, leader id)])] of one whole framed Metadata
+    response, in its order. ProtocolError on a malformed frame or a version
+    past MAX_VERSION."""
     if not 0 <= api_version <= MAX_VERSION:
         raise ProtocolError("Metadata v%d: not a version this reader knows" % api_version)
     try:
@@ -63,17 +79,20 @@ def _walk(frame, v):
         pos = skip_string(frame, pos, compact)  # cluster_id
     if v >= 1:
         pos = _skip(frame, pos, 4)  # controller_id
-    leaders = {}
+    topics = []
     count, pos = read_array_length(frame, pos, compact)  # topics
     for _ in range(max(count, 0)):
         error, pos = read_int16(frame, pos)
         name, pos = read_string(frame, pos, compact)
+        topic_id = None
         if v >= 10:
-            pos = _skip(frame, pos, 16)  # topic_id
+            end = _skip(frame, pos, 16)
+            topic_id, pos = bytes(frame[pos:end]), end
         if v >= 1:
             pos = _skip(frame, pos, 1)  # is_internal
-        partitions, pos = read_array_length(frame, pos, compact)
-        for _ in range(max(partitions, 0)):
+        partitions = []
+        n_partitions, pos = read_array_length(frame, pos, compact)
+        for _ in range(max(n_partitions, 0)):
             perror, pos = read_int16(frame, pos)
             index, pos = read_int32(frame, pos)
             leader, pos = read_int32(frame, pos)
@@ -85,10 +104,10 @@ def _walk(frame, v):
                     pos = _skip(frame, pos, 4 * n)
             if compact:
                 pos = skip_tagged_fields(frame, pos)
-            if not error and name and perror in (0, 9):  # 9: REPLICA_NOT_AVAILABLE, still led
-                leaders[(name, index)] = leader
+            partitions.append((perror, index, leader))
         if v >= 8:
             pos = _skip(frame, pos, 4)  # topic_authorized_operations
         if compact:
             pos = skip_tagged_fields(frame, pos)
-    return leaders
+        topics.append((error, name, topic_id, partitions))
+    return topics

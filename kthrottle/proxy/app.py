@@ -321,7 +321,6 @@ async def _follow_leaders(config, services, stack, worker):
 
     await leaders.start(new_leaders)
     stack.push_async_callback(leaders.stop)
-    services.leaders = leaders
 
 
 async def _start_acls(config, services, stack):

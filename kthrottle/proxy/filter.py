@@ -452,8 +452,6 @@ class Services:
         self.upstream_token = None
         # --upstream-identity delegation-token: sources.delegation_tokens.DelegationTokens
         self.tokens = None
-        # a quota callback's partition leaders (sources.leaders.PartitionLeaders)
-        self.leaders = None
         # the cluster's ACLs enforced per client principal (filters.authorization.
         # AclView), or None: not asked for (--authorization none, sasl passthrough)
         self.acls = None
