@@ -1249,20 +1249,153 @@ def describe_share_group_offsets(cid, groups):
     return raw_request(cid, 90, 0, body + b"\x00")
 
 
-@pytest.mark.parametrize("groups, passes", [
-    ({"alice-g": ["alice-t"]}, True),
-    ({"alice-g": ["alice-t", "bob-t"]}, False),
-    ({"bob-g": ["alice-t"]}, False),
-    ({"alice-g": None}, False),  # every topic: she may not describe every one
-])
-def test_describe_share_group_offsets_needs_describe_on_its_groups_and_topics(groups, passes):
+def test_describe_share_group_offsets_of_her_own_groups_and_topics_reaches_the_broker_as_sent():
     h = harness(view_of())
-    request = describe_share_group_offsets(90, groups)
+    request = describe_share_group_offsets(90, {"alice-g": ["alice-t"]})
     h.client(request)
-    if passes:
-        assert h.take_broker() == request and h.closed is None
-    else:
-        assert h.take_broker() == b"" and "api key 90" in h.closed
+    assert h.take_broker() == request and h.closed is None
+
+
+def share_offsets_answer(cid, groups, version=0):
+    """DescribeShareGroupOffsets answer of ``groups`` ({group: [topic] or an error code})."""
+    from kthrottle.codecs import share_offsets as so
+
+    G = so.DescribeShareGroupOffsetsResponse[version].DescribeShareGroupOffsetsResponseGroup
+    T = G.DescribeShareGroupOffsetsResponseTopic
+    P = T.DescribeShareGroupOffsetsResponsePartition
+    entries = []
+    for group, topics in groups.items():
+        if isinstance(topics, int):
+            entries.append(G(group_id=group, topics=[], error_code=topics))
+            continue
+        entries.append(G(group_id=group, error_code=0, topics=[
+            T(topic_name=t, topic_id=TOPIC_IDS[t], partitions=[
+                P(partition_index=0, start_offset=5, leader_epoch=1, error_code=0)])
+            for t in topics]))
+    return so.response(90, version, cid, groups=entries)
+
+
+def test_describe_share_group_offsets_answers_refused_groups_and_topics_in_their_places():
+    """As Kafka answers it: a refused group in its place with GROUP_AUTHORIZATION_FAILED, a
+    refused topic after the group's others with TOPIC_AUTHORIZATION_FAILED on each partition
+    (StartOffset -1, its message), and a group naming no topics gets only those she may
+    describe; the broker sees neither bob's group nor bob's topic."""
+    from kthrottle.codecs import share_offsets as so
+
+    h = harness(view_of())
+    h.client(describe_share_group_offsets(
+        7, {"alice-g": ["alice-t", "bob-t"], "bob-g": ["alice-t"], "alice-h": None}))
+    sent = so.decode_request(90, 0, h.take_broker())
+    assert [(g.group_id, None if g.topics is None else [t.topic_name for t in g.topics])
+            for g in sent.groups] == [("alice-g", ["alice-t"]), ("alice-h", None)]
+    h.broker(share_offsets_answer(7, {"alice-g": ["alice-t"], "alice-h": ["alice-t", "bob-t"]}))
+    answer = so.decode_response(90, 0, h.take_client())
+    assert [g.group_id for g in answer.groups] == ["alice-g", "bob-g", "alice-h"]
+    mine, bobs, every = answer.groups
+    assert [(t.topic_name, [(p.start_offset, p.error_code) for p in t.partitions])
+            for t in mine.topics] == [("alice-t", [(5, 0)]), ("bob-t", [(-1, 29)])]
+    assert mine.topics[1].partitions[0].error_message == "Topic authorization failed."
+    assert mine.topics[1].topic_id is None  # the zero id, as kafka-python reads it
+    assert (bobs.error_code, bobs.error_message, bobs.topics) == (30, None, [])
+    assert [t.topic_name for t in every.topics] == ["alice-t"]
+    assert h.closed is None
+
+
+def test_describe_share_group_offsets_of_only_refused_groups_is_answered_without_the_broker():
+    from kthrottle.codecs import share_offsets as so
+
+    h = harness(view_of())
+    h.client(describe_share_group_offsets(8, {"bob-g": ["bob-t"], "bob-h": None}))
+    assert h.take_broker() == b""
+    answer = so.decode_response(90, 0, h.take_client())
+    assert [(g.group_id, g.error_code) for g in answer.groups] == [("bob-g", 30), ("bob-h", 30)]
+
+
+def test_a_group_error_from_the_broker_is_the_groups_whole_answer():
+    from kthrottle.codecs import share_offsets as so
+
+    h = harness(view_of())
+    h.client(describe_share_group_offsets(9, {"alice-g": ["alice-t", "bob-t"]}))
+    h.take_broker()
+    h.broker(share_offsets_answer(9, {"alice-g": 69}))  # GROUP_ID_NOT_FOUND
+    answer = so.decode_response(90, 0, h.take_client())
+    assert [(g.group_id, g.error_code, g.topics) for g in answer.groups] == [("alice-g", 69, [])]
+
+
+def alter_share_offsets(cid, group, topics):
+    from kthrottle.codecs import share_offsets as so
+
+    R = so.AlterShareGroupOffsetsRequest[0]
+    T = R.AlterShareGroupOffsetsRequestTopic
+    P = T.AlterShareGroupOffsetsRequestPartition
+    return framed(R(group_id=group, topics=[
+        T(topic_name=t, partitions=[P(partition_index=0, start_offset=3),
+                                    P(partition_index=1, start_offset=4)]) for t in topics]), cid)
+
+
+def delete_share_offsets(cid, group, topics):
+    from kthrottle.codecs import share_offsets as so
+
+    R = so.DeleteShareGroupOffsetsRequest[0]
+    return framed(R(group_id=group, topics=[R.DeleteShareGroupOffsetsRequestTopic(topic_name=t)
+                                            for t in topics]), cid)
+
+
+def test_alter_share_group_offsets_needs_read_on_the_group_and_on_each_topic():
+    """KIP-932's AlterShareGroupOffsets, as Kafka 4.4 checks it: READ on the group (its
+    top-level error, with the error's message), READ on each topic; bob's topic is left out
+    of the request and answered first, each partition refused, with its id where known."""
+    from kthrottle.codecs import share_offsets as so
+
+    h = harness(view_of())
+    h.client(metadata(1, ["alice-t", "bob-t"]))
+    h.take_broker()
+    h.broker(metadata_answer(1, ["alice-t", "bob-t"]))
+    h.take_client()
+    h.client(alter_share_offsets(2, "bob-g", ["alice-t"]))
+    assert h.take_broker() == b""
+    refused = so.decode_response(91, 0, h.take_client())
+    assert (refused.error_code, refused.error_message) == (30, "Group authorization failed.")
+    h.client(alter_share_offsets(3, "alice-g", ["alice-t", "bob-t"]))
+    assert h.take_broker() == alter_share_offsets(3, "alice-g", ["alice-t"])
+    R = so.AlterShareGroupOffsetsResponse[0]
+    T = R.AlterShareGroupOffsetsResponseTopic
+    h.broker(so.encode_response(R(error_code=0, responses=[T(
+        topic_name="alice-t", topic_id=ALICE_TOPIC_ID, partitions=[
+            T.AlterShareGroupOffsetsResponsePartition(partition_index=0, error_code=0)])]), 3))
+    answer = so.decode_response(91, 0, h.take_client())
+    assert [(t.topic_name, t.topic_id, [(p.partition_index, p.error_code, p.error_message)
+                                        for p in t.partitions]) for t in answer.responses] == [
+        ("bob-t", BOB_TOPIC_ID, [(0, 29, "Topic authorization failed."),
+                                 (1, 29, "Topic authorization failed.")]),
+        ("alice-t", ALICE_TOPIC_ID, [(0, 0, None)])]
+    assert h.closed is None
+
+
+def test_delete_share_group_offsets_needs_delete_on_the_group_and_read_on_each_topic():
+    from kthrottle.codecs import share_offsets as so
+
+    h = harness(view_of(ALICE_ACLS + (acl(ResourceType.GROUP, "alice-", "User:alice",
+                                          Op.DELETE),)))
+    h.client(delete_share_offsets(1, "bob-g", ["alice-t"]))
+    assert h.take_broker() == b""
+    assert so.decode_response(92, 0, h.take_client()).error_code == 30
+    h.client(delete_share_offsets(2, "alice-g", ["bob-t", "alice-t"]))
+    assert h.take_broker() == delete_share_offsets(2, "alice-g", ["alice-t"])
+    R = so.DeleteShareGroupOffsetsResponse[0]
+    T = R.DeleteShareGroupOffsetsResponseTopic
+    h.broker(so.encode_response(R(error_code=0, responses=[
+        T(topic_name="alice-t", topic_id=ALICE_TOPIC_ID, error_code=0)]), 2))
+    answer = so.decode_response(92, 0, h.take_client())
+    assert [(t.topic_name, t.error_code, t.error_message) for t in answer.responses] == [
+        ("bob-t", 29, "Topic authorization failed."), ("alice-t", 0, None)]
+    # a top-level error (the group is not empty, say) is the whole answer
+    h.client(delete_share_offsets(3, "alice-g", ["bob-t", "alice-t"]))
+    h.take_broker()
+    h.broker(so.encode_response(R(error_code=68, error_message="not empty", responses=[]), 3))
+    answer = so.decode_response(92, 0, h.take_client())
+    assert (answer.error_code, answer.responses) == (68, [])
+    assert h.closed is None
 
 
 def test_a_truncated_describe_share_group_offsets_closes_with_a_clear_reason():

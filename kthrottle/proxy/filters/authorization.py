@@ -32,6 +32,8 @@ a broker, and it is answered as a broker answers it:
   ListTransactions list only what the principal may describe; a KIP-848 or
   KIP-932 heartbeat needs DESCRIBE on the topics it subscribes to, and its
   assignment keeps only those (the coordinator assigns as the proxy);
+- the share-group offset APIs (KIP-932) answer per group and per topic, the
+  allowed ones served (``codecs/share_offsets.py``);
 - config APIs answer per resource; APIs on the cluster answer
   CLUSTER_AUTHORIZATION_FAILED in their top-level error; a refusal with no
   field to say it in (and a request the proxy cannot decode) closes the
@@ -45,7 +47,7 @@ attribute check. Until the ACLs have been read once, requests wait unread.
 import logging
 
 from ...codecs import acl_requests as wire
-from ...codecs import apis, group_answers, share_topics, streams_topology
+from ...codecs import apis, group_answers, share_offsets, share_topics, streams_topology
 from ...codecs.acl_requests import (
     CLUSTER,
     CLUSTER_NAME,
@@ -86,14 +88,14 @@ CLUSTER_APIS = {
 GROUP_APIS = {11: READ, 12: READ, 13: READ, 14: READ}
 # APIs the proxy passes through without a kafka-python schema whose request's
 # first field is the group (a compact string): KIP-848, KIP-932, KIP-1071
-FIRST_FIELD_GROUP = {68: READ, 76: READ, 78: READ, 79: READ, 88: READ, 91: ALTER, 92: DELETE,
+FIRST_FIELD_GROUP = {68: READ, 76: READ, 78: READ, 79: READ, 88: READ, 91: READ, 92: DELETE,
                      93: READ}
 DESCRIBE_SHARE_GROUP_OFFSETS = 90  # groups and their topics, each to describe
 STREAMS_GROUP_HEARTBEAT = 88  # KIP-1071: DESCRIBE on its topology's topics too
 # share-group APIs whose topics (by id) need READ, checked each (KIP-932)
 SHARE_DATA_APIS = frozenset({78, 79})
-# share-group APIs naming topics the proxy does not read: READ on every topic for now
-SHARE_APIS = frozenset({91})
+# share-group offset APIs whose topics (by name) need READ, checked each (KIP-932)
+SHARE_OFFSET_APIS = frozenset({91, 92})
 # describe APIs without a schema whose first field is an array of groups
 GROUP_ARRAY_FIRST = {69: DESCRIBE, 77: DESCRIBE, 89: DESCRIBE}
 # heartbeats naming the topics subscribed to: DESCRIBE on each (Kafka answers
@@ -391,11 +393,8 @@ class Authorization(Filter):
                                                       wire.TOPIC_AUTHORIZATION_FAILED)
                 if key in SHARE_DATA_APIS and not allowed.every(TOPIC, READ):
                     return self._share_topics(ctx, head, inflight, frame, allowed)
-                if key in SHARE_APIS and not allowed.every(TOPIC, READ):
-                    # the topics a share request names (by id, in a layout without a schema
-                    # here) are not read yet: only a principal that may read every topic
-                    return self._close(ctx, head, "share groups through a proxy enforcing "
-                                       "ACLs need READ on every topic for now")
+                if key in SHARE_OFFSET_APIS and not allowed.every(TOPIC, READ):
+                    return self._share_offsets(ctx, head, inflight, allowed)
                 return None
             if key == DESCRIBE_SHARE_GROUP_OFFSETS:
                 groups = _share_offsets_groups(frame, head.body_offset)
@@ -404,7 +403,7 @@ class Authorization(Filter):
                         else all(allowed(TOPIC, t, DESCRIBE) for t in topics))
                        for g, topics in groups):
                     return None
-                return self._close(ctx, head, "a group or topic it names is refused")
+                return self._describe_share_offsets(ctx, head, inflight, allowed)
             if key in GROUP_ARRAY_FIRST:
                 op = GROUP_ARRAY_FIRST[key]
                 groups = _first_compact_strings(frame, head)
@@ -437,9 +436,11 @@ class Authorization(Filter):
     def _refuse_top_level(self, ctx, head, error):
         key, version = head.api_key, head.api_version
         if key in GROUP_ANSWERED:
+            # Kafka's answer of 91 and 92 carries the error's message too
+            message = share_offsets.MESSAGES.get(error) if key in SHARE_OFFSET_APIS else None
             try:
                 return Answer(group_answers.error_response(key, version, head.correlation_id,
-                                                           error))
+                                                           error, message))
             except ValueError:  # a version the proxy has no layout of
                 return self._close(ctx, head, "refused, in a version the proxy cannot answer")
         if wire.has_field(key, version, "error_code"):
@@ -537,6 +538,10 @@ class Authorization(Filter):
             return frame
         if key in GROUP_ARRAY_FIRST:
             return group_answers.add_described_groups(frame, answered)
+        if key in share_offsets.KEYS:
+            response = share_offsets.decode_response(key, inflight.api_version, frame)
+            answered.into(response)
+            return share_offsets.encode_response(response, inflight.correlation_id)
         if answered.__class__ is _Merge:
             response = wire.decode_response(key, inflight.api_version, frame)
             answered.into(response)
@@ -612,6 +617,88 @@ class Authorization(Filter):
         ctx.gather_response(inflight)
         return Replace(share_topics.request_without(key, version, frame, body,
                                                     lambda topic_id: topic_id not in dropped))
+
+    def _share_offsets(self, ctx, head, inflight, allowed):
+        """AlterShareGroupOffsets, DeleteShareGroupOffsets (group already
+        allowed): READ on each topic; the refused ones are left out of the
+        request and answered first in the broker's answer, as Kafka does. The
+        request goes on even with no topic left, as Kafka's coordinator is
+        asked (it still answers for the group: not found, not empty)."""
+        key, version = head.api_key, head.api_version
+        request = share_offsets.decode_request(key, version, head.buf)
+        topics = list(request.topics or [])
+        refused = [t for t in topics if not allowed(TOPIC, t.topic_name or "", READ)]
+        if not refused:
+            return None
+        error = wire.TOPIC_AUTHORIZATION_FAILED
+        if key == share_offsets.ALTER_OFFSETS:
+            ids = {}
+            for topic_id, name in self.topic_names.items():
+                ids.setdefault(name, topic_id)
+            answered = [share_offsets.refused_altered_topic(t, ids.get(t.topic_name), error)
+                        for t in refused]
+        else:
+            answered = [share_offsets.refused_deleted_topic(t, error) for t in refused]
+
+        def into(response):
+            if not response.error_code:  # a top-level error is the whole answer
+                response.responses = answered + list(response.responses or [])
+
+        request.topics = [t for t in topics if t not in refused]
+        _later(ctx, inflight, _Merge(into))
+        return Replace(share_offsets.encode_request(request, head.correlation_id,
+                                                    head.client_id))
+
+    def _describe_share_offsets(self, ctx, head, inflight, allowed):
+        """DescribeShareGroupOffsets: DESCRIBE on each group and on each topic a
+        group names; refused groups and topics are left out of the request and
+        answered in their places in the broker's answer, as Kafka answers them;
+        a group naming no topics gets only those the principal may describe."""
+        version = head.api_version
+        request = share_offsets.decode_request(head.api_key, version, head.buf)
+        error = wire.TOPIC_AUTHORIZATION_FAILED
+        plan = []  # per group of the request: a refused entry, or (refused topics, see all)
+        kept = []
+        for group in request.groups or []:
+            if not allowed(GROUP, group.group_id or "", DESCRIBE):
+                plan.append(share_offsets.refused_group(version, group.group_id,
+                                                        wire.GROUP_AUTHORIZATION_FAILED))
+                continue
+            refused = []
+            if group.topics is not None:
+                topics = list(group.topics)
+                refused = [t for t in topics if not allowed(TOPIC, t.topic_name or "", DESCRIBE)]
+                group.topics = [t for t in topics if t not in refused]
+            plan.append(([share_offsets.refused_described_topic(version, t, error)
+                          for t in refused], group.topics is None))
+            kept.append(group)
+        if not kept:
+            return Answer(share_offsets.response(head.api_key, version, head.correlation_id,
+                                                 groups=plan))
+
+        def into(response):
+            answers = iter(list(response.groups or []))
+            groups = []
+            for step in plan:
+                if not isinstance(step, tuple):
+                    groups.append(step)
+                    continue
+                group = next(answers, None)
+                if group is None:
+                    break
+                refused, every = step
+                if every:
+                    group.topics = [t for t in group.topics or []
+                                    if allowed(TOPIC, t.topic_name or "", DESCRIBE)]
+                elif refused and not group.error_code:
+                    group.topics = list(group.topics or []) + refused
+                groups.append(group)
+            response.groups = groups + list(answers)
+
+        request.groups = kept
+        _later(ctx, inflight, _Merge(into))
+        return Replace(share_offsets.encode_request(request, head.correlation_id,
+                                                    head.client_id))
 
     def _assignment(self, inflight, frame, allowed):
         """A heartbeat's answer without the assigned topics the principal may
