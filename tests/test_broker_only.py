@@ -49,11 +49,11 @@ def test_it_is_always_on_and_looks_at_nothing_else():
     f = BrokerOnlyApis()
     h = Harness(filters=[f])
     for api_key in (apis.PRODUCE, apis.METADATA, 24, 27, 55, 64, 80, 81):
-        assert h.conn.table.lookup(api_key, 0)[1] == ()
-    assert h.conn.table.lookup(4, 7)[1] == ((f, 0),)
+        assert h.conn.table.lookup(api_key, 0).request_filters == ()
+    assert h.conn.table.lookup(4, 7).request_filters == ((f, 0),)
     # a Fetch's head (replica_id up to v14, the ReplicaState tag at its end from v15),
     # on the short way
-    assert h.conn.table.lookup(apis.FETCH, 15)[1] == ((f, 0),)
+    assert h.conn.table.lookup(apis.FETCH, 15).request_filters == ((f, 0),)
     for version in (11, 15, 17):
         assert (apis.FETCH, version) in h.conn.table.quick
         assert (apis.FETCH, version) not in h.conn.table.plain

@@ -199,8 +199,8 @@ def test_an_api_not_listed_is_not_even_looked_at():
     f = ForbiddenApiKeys({19})
     h = Harness(filters=[f])
     table = h.conn.table
-    assert table.lookup(apis.PRODUCE, 8)[1] == ()
-    assert table.lookup(19, 3)[1] == ((f, 0),)
+    assert table.lookup(apis.PRODUCE, 8).request_filters == ()
+    assert table.lookup(19, 3).request_filters == ((f, 0),)
     h.client(raw_request(5, 20, 4, b"\x00\x00\x00\x00\x00\x00\x03\xe8"))  # DeleteTopics
     assert req_cids(h.take_broker()) == [5] and h.closed is None
 

@@ -663,15 +663,16 @@ def test_a_producers_requests_within_its_lease_are_counted_when_it_is_settled():
     frame_len = len(produce_req(1, nbytes=1000))
     assert (produce.total, request.total) == (frame_len, 1)
     # an eighth of what the buckets hold: 10 MB and 1000 requests, less the first
-    assert lease[3] == int((1e7 - frame_len) / 8) and lease[4] == int(999 / 8)
-    assert (produce.leased, request.leased) == (lease[3], lease[4])
+    assert lease.bytes_given == int((1e7 - frame_len) / 8) and lease.requests_given == int(999 / 8)
+    assert (produce.leased, request.leased) == (lease.bytes_given, lease.requests_given)
     h.client(produce_req(2, nbytes=1000))  # one read: the short way
     h.client(produce_req(3, nbytes=1000) + produce_req(4, nbytes=1000))  # the loop
     h.client(produce_req(5, nbytes=1000))
     assert h.log.count("pass_request") == 4 and h.to_broker == b"".join(
         produce_req(c, nbytes=1000) for c in range(1, 6))
     assert (produce.total, request.total) == (frame_len, 1)  # taken from the lease
-    assert (lease[0], lease[1]) == (lease[3] - 4 * frame_len, lease[4] - 4)
+    assert (lease.bytes_left, lease.requests_left) == (lease.bytes_given - 4 * frame_len,
+                                                       lease.requests_given - 4)
     assert bucket_totals(h)[PRODUCED] == 5 * frame_len  # settled: counted
     assert bucket_totals(h)[REQUESTED] == 5
     assert (produce.leased, request.leased) == (0, 0)
@@ -683,13 +684,13 @@ def test_a_lease_ends_when_it_runs_out_its_time_passes_or_the_connection_closes(
     h = Harness(LEASED)
     frame_len = len(produce_req(1, nbytes=1000))
     h.client(produce_req(1, nbytes=1000))
-    given = h.conn._lease[4]
+    given = h.conn._lease.requests_given
     for cid in range(2, given + 4):  # the lease's requests and two more
         h.client(produce_req(cid, nbytes=1000))
     request = h.manager.buckets[REQUESTED]
     # one judged, the lease's, then one judged past it (the lease settled, a
     # new one taken, which the last is in)
-    assert request.total == 2 + given and request.leased == h.conn._lease[4]
+    assert request.total == 2 + given and request.leased == h.conn._lease.requests_given
     h.now += LEASE_SECONDS  # its time is over: the next request is judged
     h.client(produce_req(99, nbytes=1000))
     assert request.total == given + 4  # the last lease's one request, and this one
@@ -1378,8 +1379,8 @@ def test_the_table_sends_a_filter_only_what_it_asked_for():
     h.client(produce_req(1) + metadata_req(2) + fetch_req(3) + metadata_req(4, client_id="x"))
     assert rec.requests == [(apis.METADATA, 2, "app-1"), (apis.METADATA, 4, "x")]
     table = h.conn.table
-    assert table.lookup(apis.PRODUCE, 8)[1] == ()
-    assert table.lookup(apis.METADATA, 8)[1] == ((rec, 0),)  # the filter and its place
+    assert table.lookup(apis.PRODUCE, 8).request_filters == ()
+    assert table.lookup(apis.METADATA, 8).request_filters == ((rec, 0),)  # the filter and its place
 
 
 class Handshake(Filter):

@@ -478,11 +478,11 @@ def test_the_leases_of_a_bucket_together_stay_within_what_it_holds():
     assert quotas.on_produce(1000, 0.0) is None  # 7000 bytes left in the bucket
     leases = [quotas.lease_produce(100, 0.0) for _ in range(3)]
     # an eighth of what is held and not leased yet, each: 875, 765, 670
-    assert [lease[3] for lease in leases] == [875, 765, 670]
-    assert sum(lease[3] for lease in leases) <= 7000
+    assert [lease.bytes_given for lease in leases] == [875, 765, 670]
+    assert sum(lease.bytes_given for lease in leases) <= 7000
     assert quotas.lease_produce(1000, 0.0) is None  # not 4 requests' worth left to lease
-    leases[0][0] -= 800  # what the connections took
-    leases[1][0] -= 100
+    leases[0].bytes_left -= 800  # what the connections took
+    leases[1].bytes_left -= 100
     # half a second on, the bucket is full again (8000), then what they took
     manager.settle_leases(0.5)
     assert manager.buckets[(PRODUCE, "", "c")].leased == 0

@@ -336,7 +336,7 @@ def test_without_an_authenticator_the_table_has_no_authenticating_cost():
     conn = Connection(table, 1 << 20)
     conn.broker_connected(0.0)
     assert conn.phase is Phase.READY
-    assert table.lookup(apis.PRODUCE, 7)[1] == ()
+    assert table.lookup(apis.PRODUCE, 7).request_filters == ()
 
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])

@@ -72,7 +72,7 @@ class FrameCutter:
     """
 
     __slots__ = ("on_head", "on_whole", "max_frame_size", "min_frame_size",
-                 "stop_after_frame", "rest", "_head", "_need", "_mode", "_left", "_whole",
+                 "stop_after_frame", "rest", "head", "_need", "mode", "left", "_whole",
                  "_frame_out", "_frame_len")
 
     def __init__(self, on_head, on_whole, max_frame_size=DEFAULT_MAX_FRAME_SIZE,
@@ -81,10 +81,12 @@ class FrameCutter:
         self.on_whole = on_whole
         self.max_frame_size = max_frame_size
         self.min_frame_size = min_frame_size
-        self._head = bytearray()  # start of a frame whose head straddles reads
+        # Read freely; changed only by feed and the verbs below (went_by,
+        # pass_rest, skip):
+        self.head = bytearray()  # the start of a frame whose head straddles reads
+        self.mode = PASS  # what is done with the frame in progress
+        self.left = 0  # bytes of the frame in progress still to come
         self._need = HEAD_SIZE  # how much of the frame the head must hold
-        self._mode = PASS  # mode of the frame in progress
-        self._left = 0  # bytes of the frame in progress still to come
         self._whole = None  # a WHOLE frame being gathered
         # Set (by on_head, say) to stop at the end of the frame in progress:
         # feed then leaves the bytes after it unread, in ``rest``, for the
@@ -97,41 +99,57 @@ class FrameCutter:
     @property
     def buffered(self):
         """Bytes held back: a partial head or a partial WHOLE frame."""
-        return len(self._head) + (len(self._whole) if self._whole is not None else 0)
+        return len(self.head) + (len(self._whole) if self._whole is not None else 0)
 
     @property
     def at_boundary(self):
         """True between frames (nothing of a next frame seen yet)."""
-        return not self._left and not self._head
+        return not self.left and not self.head
 
     @property
     def passing(self):
         """Bytes still to come of the frame in progress when they are to be
         forwarded exactly as they arrive (PASS: no stream reads them, nothing
         gathers them, nothing stops after the frame); 0 otherwise."""
-        mode = self._mode
+        mode = self.mode
         if mode.__class__ is int and mode == PASS and not self.stop_after_frame:
-            return self._left
+            return self.left
         return 0
 
     def skip(self, nbytes):
         """``nbytes`` of the frame in progress were forwarded without going
         through ``feed`` (socket to socket), after ``passing`` offered them
         (a stop after the frame may have been asked for since)."""
-        mode = self._mode
-        left = self._left if mode.__class__ is int and mode == PASS else 0
+        mode = self.mode
+        left = self.left if mode.__class__ is int and mode == PASS else 0
         if not 0 <= nbytes <= left:
             raise ValueError("skip(%d) with %d bytes of a passed frame left" % (nbytes, left))
-        self._left = left - nbytes
+        self.left = left - nbytes
+
+    def went_by(self, nbytes):
+        """``nbytes`` of the frame in progress (at most ``left``) went on as
+        they came without ``feed``: a caller's short way for a frame it
+        passes on, or whose stream lets them through unchanged."""
+        self.left -= nbytes
+
+    def pass_rest(self, left, frame_len=0):
+        """A frame whose start went by without ``feed`` passes on as it
+        comes (PASS), ``left`` bytes of it still to come (0: it is through);
+        ``frame_len``: its length, for ``take_partial`` (whose output then
+        starts with the frame)."""
+        self.mode = PASS
+        self.left = left
+        self._frame_len = frame_len
+        self._frame_out = 0
 
     def take_partial(self, out, limit):
         """The bytes of a frame still in progress that ``feed`` put in
         ``out``, cut from it, when the frame is at most ``limit`` bytes long
         in all (None otherwise): for a caller that sends a frame only once it
         is whole. Give them back first in the next ``out``."""
-        if not self._left or self._whole is not None or self._frame_len > limit:
+        if not self.left or self._whole is not None or self._frame_len > limit:
             return None
-        mode = self._mode
+        mode = self.mode
         if mode == DROP:
             return None
         start = self._frame_out
@@ -145,7 +163,7 @@ class FrameCutter:
         if not self.at_boundary:
             raise ProtocolError(
                 "connection closed in the middle of a frame (%d bytes missing)"
-                % max(self._left, 1)
+                % max(self.left, 1)
             )
 
     def _size(self, buf, pos):
@@ -211,16 +229,16 @@ class FrameCutter:
             if skip < used:
                 mode.feed(whole if whole is not None and not skip else frame_start[skip:used], out)
         if used < total:
-            self._mode = mode
-            self._left = total - used
+            self.mode = mode
+            self.left = total - used
         return used
 
     def feed(self, data, out):
         view = memoryview(data)
         n = len(data)
         pos = 0
-        if self._head:
-            head = self._head
+        if self.head:
+            head = self.head
             while True:
                 want = self._need - len(head)
                 take = want if want < n - pos else n - pos
@@ -246,14 +264,14 @@ class FrameCutter:
                     break
                 # on_head asked for a longer head (self._need): gather on
         while pos < n:
-            left = self._left
+            left = self.left
             if not left and self.stop_after_frame:
                 self.stop_after_frame = False
                 self.rest = bytes(view[pos:])
                 break
             if left:
                 take = n - pos if n - pos < left else left
-                mode = self._mode
+                mode = self.mode
                 # all of ``data`` goes on as the object read: a write of it
                 # costs less than one of a view on it
                 if mode == PASS:
@@ -263,7 +281,7 @@ class FrameCutter:
                 elif mode != DROP:
                     mode.feed(data if take == n else view[pos : pos + take], out)
                 pos += take
-                self._left = left - take
+                self.left = left - take
                 if left == take and mode == WHOLE:
                     frame, self._whole = bytes(self._whole), None
                     result = self.on_whole(frame)
@@ -282,7 +300,7 @@ class FrameCutter:
                             break
                         pos += used
                         continue
-            self._head += view[pos:]
+            self.head += view[pos:]
             break
         return out
 

@@ -672,6 +672,31 @@ class Bucket:
 MAX_HELD = 4096
 
 
+class Lease:
+    """What one connection's Produce requests may take unjudged until
+    ``until`` (QuotaManager.lease): bytes and requests left of those given,
+    from the ``produce`` and ``request`` buckets (None: no quota)."""
+
+    __slots__ = ("bytes_left", "requests_left", "until", "bytes_given", "requests_given",
+                 "produce", "request")
+
+    def __init__(self, nbytes, requests, until, produce, request):
+        self.bytes_left = self.bytes_given = nbytes
+        self.requests_left = self.requests_given = requests
+        self.until = until
+        self.produce = produce
+        self.request = request
+
+    def take(self, nbytes, now):
+        """A request of ``nbytes`` at ``now`` takes from the lease and goes on
+        unjudged (True), or does not fit (False: it is judged)."""
+        if self.bytes_left >= nbytes and self.requests_left and now < self.until:
+            self.bytes_left -= nbytes
+            self.requests_left -= 1
+            return True
+        return False
+
+
 def _forget_released(held, now, settings):
     """Throttled requests let through before any window the rate can read
     (samples x window back) no longer count."""
@@ -960,9 +985,8 @@ class QuotaManager:
     def lease(self, produce, request, nbytes, now):
         """A lease for the Produce requests of one connection (``produce``
         and ``request``: its buckets, None where no quota applies) after one
-        of ``nbytes`` was judged and earned no delay, or None: a list
-        [bytes left, requests left, until, bytes given, requests given,
-        produce, request]. Until ``until``, a request that fits in what is
+        of ``nbytes`` was judged and earned no delay, or None: a Lease.
+        Until its ``until``, a request that fits in what is
         left takes it from there and goes on unjudged: none of them could
         earn a delay, as together they take no more than the buckets hold
         (tokens only come back with time). What was taken is counted in the
@@ -981,7 +1005,7 @@ class QuotaManager:
             if produce is not None:
                 produce.leased -= nbytes
             return None
-        lease = [nbytes, requests, now + LEASE_SECONDS, nbytes, requests, produce, request]
+        lease = Lease(nbytes, requests, now + LEASE_SECONDS, produce, request)
         self.leases[id(lease)] = lease
         return lease
 
@@ -993,9 +1017,11 @@ class QuotaManager:
         del self.leases[id(lease)]
         if now is None or now < self.latest:
             now = self.latest
-        nbytes, requests, _, given_bytes, given_requests, produce, request = lease
-        lease[0] = lease[1] = 0
-        lease[2] = -math.inf
+        nbytes, requests = lease.bytes_left, lease.requests_left
+        given_bytes, given_requests = lease.bytes_given, lease.requests_given
+        produce, request = lease.produce, lease.request
+        lease.bytes_left = lease.requests_left = 0
+        lease.until = -math.inf
         if request is not None:
             request.leased -= given_requests
             if requests < given_requests:

@@ -132,7 +132,7 @@ class ForwardRaw(NamedTuple):
 
 class QuickHead(NamedTuple):
     """The usual fields of a Produce or Fetch request's head, as the short
-    way reads them (Filter.quick_check, quick_judge): ``acks`` for a Produce,
+    way reads them (QuickFilter.quick_check, quick_judge): ``acks`` for a Produce,
     ``replica_id`` and ``max_bytes`` (None before v3) for a Fetch, None
     otherwise."""
 
@@ -210,9 +210,35 @@ class Filter:
         correlation_id). Returns None or a verdict."""
         return None
 
-    # The short way (Connection.pass_request, pass_response) for the requests
-    # a filter judges from their head's usual fields alone (QuickHead), and
-    # their responses, read with nothing else to do.
+    def on_response_head(self, ctx, inflight, head, frame_len):
+        """The first bytes of the response to ``inflight``; None, Throttle,
+        or Answer: its frame goes to the client in the response's place (the
+        broker's response is dropped as it comes), ``mute_ms`` muting the
+        client."""
+        return None
+
+    def stream(self, ctx, inflight):
+        """For STREAM: a fresh rewriter with ``feed(chunk, out)``, ``done``
+        and ``nodes`` (codecs.stream), an Observe of a reader that only
+        reads it, or None to leave this one alone."""
+        return None
+
+    def on_response(self, ctx, inflight, frame):
+        """For GATHER: the whole framed response; returns the frame to send
+        on (the same object when unchanged)."""
+        return frame
+
+
+class QuickFilter(Filter):
+    """A filter that takes part in the short way (Connection.pass_request,
+    pass_response) implements these as well as ``on_request`` and the
+    response hooks: the filter table detects the methods a subclass has of
+    its own, and a filter that is not a QuickFilter sends every request and
+    response it reads the long way (only ``on_request``, ``on_response_head``,
+    ``stream`` and ``on_response`` are asked)."""
+
+    # The requests a filter judges from their head's usual fields alone
+    # (QuickHead), and their responses, read with nothing else to do.
 
     def quick(self, api_key, api_version):
         """True when ``quick_judge`` (and ``quick_check``) may stand for
@@ -287,24 +313,6 @@ class Filter:
         on_response_head; the long way then sends it); keeps no ``inflight``
         (as quick_response_ready)."""
         return None
-
-    def on_response_head(self, ctx, inflight, head, frame_len):
-        """The first bytes of the response to ``inflight``; None, Throttle,
-        or Answer: its frame goes to the client in the response's place (the
-        broker's response is dropped as it comes), ``mute_ms`` muting the
-        client."""
-        return None
-
-    def stream(self, ctx, inflight):
-        """For STREAM: a fresh rewriter with ``feed(chunk, out)``, ``done``
-        and ``nodes`` (codecs.stream), an Observe of a reader that only
-        reads it, or None to leave this one alone."""
-        return None
-
-    def on_response(self, ctx, inflight, frame):
-        """For GATHER: the whole framed response; returns the frame to send
-        on (the same object when unchanged)."""
-        return frame
 
 
 class FilterContext:

@@ -60,6 +60,7 @@ from .filter import (  # noqa: F401 (the filter API, named here for the adapter 
     Gather,
     Observe,
     Pending,
+    QuickFilter,
     QuickHead,
     Refuse,
     Replace,
@@ -292,53 +293,89 @@ class _StreamObserved:
             self.conn._earned(self.inflight, verdict)
 
 
+class Route:
+    """What the filters do with requests and responses of one API key and
+    version (FilterTable): each side's need (the most any filter has) and
+    its filters, as (filter, its place in the table) pairs. A quick route
+    (FilterTable.quick: a Produce or Fetch whose filters all judge a request
+    from its head, QuickFilter) also names the filters that have a
+    quick_ready, a quick_judge and a quick_check of their own."""
+
+    __slots__ = ("request_need", "request_filters", "response_need", "response_filters",
+                 "quick", "quick_ready", "quick_judge", "quick_check")
+
+    def __init__(self, request_need, request_filters, response_need, response_filters):
+        self.request_need = request_need
+        self.request_filters = request_filters
+        self.response_need = response_need
+        self.response_filters = response_filters
+        self.quick = False
+        self.quick_ready = self.quick_judge = self.quick_check = ()
+
+    def quickened(self):
+        """This route as a quick one (a copy)."""
+        route = Route(self.request_need, self.request_filters, self.response_need,
+                      self.response_filters)
+        filters = self.request_filters
+        route.quick = True
+        route.quick_ready = _overriding(filters, "quick_ready")
+        route.quick_judge = _overriding(filters, "quick_judge")
+        route.quick_check = _overriding(filters, "quick_check")
+        return route
+
+
+class QuickResponse:
+    """The filters of a response that each read at most its head and have a
+    quick_response_ready (``readies``) or a quick_response_head (``heads``)
+    of their own (FilterTable.quick_heads)."""
+
+    __slots__ = ("readies", "heads")
+
+    def __init__(self, readies, heads):
+        self.readies = readies
+        self.heads = heads
+
+
 class FilterTable:
-    """Who looks at what, per (api key, version), built once at start-up.
-    An entry names each filter with its place in ``filters``, where the
-    connection keeps that filter's context."""
+    """Who looks at what, per (api key, version), built once at start-up:
+    a Route each."""
 
     def __init__(self, filters):
         self.filters = tuple(filters)
-        self._entries = {}
+        self._routes = {}
         self._authenticating = {}
         for api_key, newest in KNOWN_MAX_VERSION.items():
             for version in range(newest + 2):  # one past: a too-new client
-                self._entries[api_key, version] = self._build(api_key, version)
+                self._routes[api_key, version] = self._build(api_key, version)
                 self._authenticating[api_key, version] = self._build(api_key, version, True)
-        # the entries no filter reads a request of (Connection.pass_request)
-        self.plain = {key: entry for key, entry in self._entries.items()
-                      if not entry[0] and not entry[1]}
-        # and the Produce and Fetch entries whose filters all judge a request
-        # from its head's usual fields (Filter.quick); each with, after the
-        # entry's four fields, the filters that have a quick_ready, a
-        # quick_judge and a quick_check of their own (the others' say
-        # nothing, so are not asked)
-        self.quick = {key: entry + (_overriding(entry[1], "quick_ready"),
-                                    _overriding(entry[1], "quick_judge"),
-                                    _overriding(entry[1], "quick_check"))
-                      for key, entry in self._entries.items()
-                      if (key[0] == FETCH or (key[0] == PRODUCE  # checks: a Fetch's only
-                                              and not _overriding(entry[1], "quick_check")))
-                      and entry[0] == HEAD and entry[1] and all(f.quick(*key) for f, _ in entry[1])}
+        routes = self._routes
+        # the routes no filter reads a request of (Connection.pass_request)
+        self.plain = {key: route for key, route in routes.items()
+                      if not route.request_need and not route.request_filters}
+        # the Produce and Fetch routes whose filters all judge a request from
+        # its head's usual fields (QuickFilter.quick)
+        self.quick = {key: route.quickened() for key, route in routes.items()
+                      if _judged_quickly(key, route)}
         # the responses whose filters all have a check for them
-        # (Filter.quick_response_check; without one a filter would decline
-        # every one: not worth asking the rest): (key) -> those checks
+        # (QuickFilter.quick_response_check; without one a filter would
+        # decline every one: not worth asking the rest): (key) -> those checks
         self.quick_responses = {}
-        for key, entry in self._entries.items():
-            checks = tuple(f.quick_response_check(*key) for f, _ in entry[3])
+        for key, route in routes.items():
+            checks = tuple(_quick_response_check(f, key) for f, _ in route.response_filters)
             if checks and None not in checks:
                 self.quick_responses[key] = checks
         # the responses whose filters each read at most their head and have
         # a quick_response_head or a quick_response_ready of their own: the
         # first read of one takes the short way when each is ready, its size
-        # counted by the former: (key) -> (those readies, those heads)
+        # counted by the former: (key) -> QuickResponse
         self.quick_heads = {}
-        for key, entry in self._entries.items():
-            if entry[3] and entry[2] <= STREAM:
-                readies = _overriding(entry[3], "quick_response_ready")
-                heads = _overriding(entry[3], "quick_response_head")
-                if all(f in readies or f in heads for f in entry[3]):
-                    self.quick_heads[key] = readies, heads
+        for key, route in routes.items():
+            filters = route.response_filters
+            if filters and route.response_need <= STREAM:
+                readies = _overriding(filters, "quick_response_ready")
+                heads = _overriding(filters, "quick_response_head")
+                if all(f in readies or f in heads for f in filters):
+                    self.quick_heads[key] = QuickResponse(readies, heads)
 
     def _build(self, api_key, version, authenticating=False):
         if authenticating:
@@ -350,28 +387,45 @@ class FilterTable:
         needs = [(f, f.response_need(api_key, version)) for f in self.filters]
         response_filters = tuple((f, i) for i, (f, need) in enumerate(needs) if need)
         response_need = max((need for _, need in needs), default=0)
-        return request_need, request_filters, response_need, response_filters
+        return Route(request_need, request_filters, response_need, response_filters)
 
     def lookup(self, api_key, api_version):
-        entry = self._entries.get((api_key, api_version))
-        if entry is None:
+        route = self._routes.get((api_key, api_version))
+        if route is None:
             # an API or version kafka-python does not know: not kept, so that
             # a client sending garbage keys cannot grow the table
-            entry = self._build(api_key, api_version)
-        return entry
+            route = self._build(api_key, api_version)
+        return route
 
     def lookup_authenticating(self, api_key, api_version):
-        entry = self._authenticating.get((api_key, api_version))
-        if entry is None:
-            entry = self._build(api_key, api_version, True)
-        return entry
+        route = self._authenticating.get((api_key, api_version))
+        if route is None:
+            route = self._build(api_key, api_version, True)
+        return route
+
+
+def _judged_quickly(key, route):
+    """Whether requests of ``key`` take the short way judged: a Produce or a
+    Fetch (a Produce's filters have no quick_check: checks are a Fetch's)
+    read at most to its head, by quick filters only."""
+    api_key = key[0]
+    filters = route.request_filters
+    if api_key != FETCH and (api_key != PRODUCE or _overriding(filters, "quick_check")):
+        return False
+    return (route.request_need == HEAD and bool(filters)
+            and all(isinstance(f, QuickFilter) and f.quick(*key) for f, _ in filters))
+
+
+def _quick_response_check(f, key):
+    return f.quick_response_check(*key) if isinstance(f, QuickFilter) else None
 
 
 def _overriding(filters, method):
-    """Those of ``filters`` ((filter, index) pairs) whose class has its own
-    ``method``, not Filter's."""
-    default = getattr(Filter, method)
-    return tuple((f, i) for f, i in filters if getattr(type(f), method) is not default)
+    """Those of ``filters`` ((filter, index) pairs) that are quick filters
+    (QuickFilter) whose class has its own ``method``, not QuickFilter's."""
+    default = getattr(QuickFilter, method)
+    return tuple((f, i) for f, i in filters
+                 if isinstance(f, QuickFilter) and getattr(type(f), method) is not default)
 
 
 class InFlight:
@@ -415,6 +469,55 @@ class InFlight:
 
     def __repr__(self):
         return "InFlight(%d, api %d v%d)" % (self.correlation_id, self.api_key, self.api_version)
+
+
+class KnownHead:
+    """What the short way keeps of the last Produce or Fetch request head a
+    connection sent (Connection._heads), to compare the next one with: its
+    version, its bytes from the client-id's length to acks or to max_bytes
+    (``head``), whether it is answered (a Produce with acks 1 or -1, any
+    Fetch), the least frame length its reader reads it in, its quick
+    filters' judges and checks, its route, and the callable that leases
+    quota to the requests of that head (QuickFilter.quick_lease) or None."""
+
+    __slots__ = ("version", "head", "answered", "least", "judges", "checks", "route", "lessor")
+
+    def __init__(self, version, head, answered, least, judges, checks, route, lessor):
+        self.version = version
+        self.head = head
+        self.answered = answered
+        self.least = least
+        self.judges = judges
+        self.checks = checks
+        self.route = route
+        self.lessor = lessor
+
+
+class _Mark:
+    """A request of a read to judge (Connection._requests): its InFlight,
+    its head, its length and where it ends in the read."""
+
+    __slots__ = ("inflight", "known", "frame_len", "end")
+
+    def __init__(self, inflight, known, frame_len, end):
+        self.inflight = inflight
+        self.known = known
+        self.frame_len = frame_len
+        self.end = end
+
+
+class _Counting:
+    """A response's first read that pass_response left to broker_data to
+    count (FilterTable.quick_heads): the read, its InFlight, the filters
+    counting it, and the response's length."""
+
+    __slots__ = ("data", "inflight", "filters", "frame_len")
+
+    def __init__(self, data, inflight, filters, frame_len):
+        self.data = data
+        self.inflight = inflight
+        self.filters = filters
+        self.frame_len = frame_len
 
 
 class _Refused(Exception):
@@ -624,202 +727,219 @@ class Connection:
         nothing was done, call client_data (which also gives every error)."""
         cutter = self.requests_in
         if (self.phase is not _READY or self._unread is not None or self._internal
-                or self._mute_due or self._wait_due or cutter._head
+                or self._mute_due or self._wait_due or cutter.head
                 or cutter.stop_after_frame or self.raw_request is not None):
             return False
         pending = self.pending
         if pending and pending[0].answer is not None:
             return False  # client_data sends it
         n = len(data)
-        pos = cutter._left
+        pos = cutter.left
         if pos:  # the rest of a request already on its way
-            mode = cutter._mode
+            mode = cutter.mode
             if mode.__class__ is not int or mode != PASS:
                 return False
             if pos >= n:
-                cutter._left = pos - n
+                cutter.went_by(n)
                 self.bytes_from_client += n
                 return True
         elif n >= 12:
-            # the commonest read: one whole request, most often of the head
-            # read last (a producer's, or a judged consumer's: _heads), as a
-            # client sends request after request; the loop below for it,
-            # written out
-            size, api_key, api_version, correlation_id = _FRAME_HEAD.unpack_from(data)
-            if size + 4 == n and size <= cutter.max_frame_size:
-                known = self._heads[api_key] if api_key in (0, 1) else None  # PRODUCE, FETCH
-                # (a frame that holds the head meets min_frame_size; one that
-                # ends at the head or just past it goes on, as the long way
-                # passes it too)
-                if (known is not None and known[0] == api_version and known[2]
-                        and data.startswith(known[1], 12)):
-                    entry = known[6]
-                    inflight = self._spare  # (see _spare: written out, as a call costs)
-                    if inflight is None:
-                        inflight = InFlight(correlation_id, api_key, api_version, entry[2],
-                                            entry[3])
-                    else:
-                        self._spare = None
-                        inflight.again(correlation_id, api_key, api_version, entry[2], entry[3])
-                    delay = 0
-                    if len(entry) > 4:  # judged (FilterTable.quick)
-                        if now is None:
+            one = self._one_request(data, n, now)
+            if one is not None:
+                return one
+        return self._requests(data, n, pos, now)
+
+    def _one_request(self, data, n, now):
+        """pass_request's commonest read: one whole request, most often of
+        the head read last (a producer's, or a judged consumer's: _heads), as
+        a client sends request after request; written out, as a call costs.
+        None: not that read (_requests takes it)."""
+        size, api_key, api_version, correlation_id = _FRAME_HEAD.unpack_from(data)
+        if size + 4 != n or size > self.requests_in.max_frame_size:
+            return None
+        known = self._heads[api_key] if api_key in (0, 1) else None  # PRODUCE, FETCH
+        # (a frame that holds the head meets min_frame_size; one that ends at
+        # the head or just past it goes on, as the long way passes it too)
+        if (known is not None and known.version == api_version and known.answered
+                and data.startswith(known.head, 12)):
+            route = known.route
+            inflight = self._spare  # (see _spare)
+            if inflight is None:
+                inflight = InFlight(correlation_id, api_key, api_version, route.response_need,
+                                    route.response_filters)
+            else:
+                self._spare = None
+                inflight.again(correlation_id, api_key, api_version, route.response_need,
+                               route.response_filters)
+            delay = 0
+            if route.quick:  # judged (FilterTable.quick)
+                if now is None:
+                    return False
+                lease = self._lease  # a Produce's (KnownHead.lessor)
+                if lease is None or api_key or not lease.take(n, now):
+                    # not in the lease: judged
+                    if not self._ready(route):
+                        return False
+                    self.now = now  # (a check may read it)
+                    for check in known.checks:
+                        if not check(data):
                             return False
-                        lease = self._lease  # a Produce's (known[7])
-                        if (lease is not None and not api_key and lease[0] >= n and lease[1]
-                                and now < lease[2]):
-                            # it fits in the lease: no delay, counted when settled
-                            lease[0] -= n
-                            lease[1] -= 1
-                        else:
-                            contexts = self.contexts  # as the loop below
-                            for f, i in entry[4]:
-                                if not f.quick_ready(contexts[i]):
-                                    return False
-                            self.now = now  # (a check may read it)
-                            for check in known[5]:
-                                if not check(data):
-                                    return False
-                            delay = self._judged(known, inflight, n, now)
-                            if delay < 0:
-                                return False  # its quota is owed: the long way holds it
-                            if not delay and not api_key and known[7] is not None:
-                                self._renew_lease(known[7], n, now)
-                    self.bytes_from_client += n
-                    self.requests += 1
-                    pending.append(inflight)
-                    return self._mute_for(delay, data, n) if delay else True
-                if api_key != PRODUCE and size >= cutter.min_frame_size:
-                    entry = self._plain.get((api_key, api_version))
-                    if entry is not None:  # nothing reads it (a Fetch without quotas)
-                        inflight = self._spare
-                        if inflight is None:
-                            inflight = InFlight(correlation_id, api_key, api_version, entry[2],
-                                                entry[3])
-                        else:
-                            self._spare = None
-                            inflight.again(correlation_id, api_key, api_version, entry[2],
-                                           entry[3])
-                        pending.append(inflight)
-                        self.bytes_from_client += n
-                        self.requests += 1
-                        return True
+                    delay = self._judged(known, inflight, n, now)
+                    if delay < 0:
+                        return False  # its quota is owed: the long way holds it
+                    if not delay and not api_key and known.lessor is not None:
+                        self._renew_lease(known.lessor, n, now)
+            self.bytes_from_client += n
+            self.requests += 1
+            self.pending.append(inflight)
+            return self._mute_for(delay, data, n) if delay else True
+        if api_key != PRODUCE and size >= self.requests_in.min_frame_size:
+            route = self._plain.get((api_key, api_version))
+            if route is not None:  # nothing reads it (a Fetch without quotas)
+                inflight = self._spare
+                if inflight is None:
+                    inflight = InFlight(correlation_id, api_key, api_version,
+                                        route.response_need, route.response_filters)
+                else:
+                    self._spare = None
+                    inflight.again(correlation_id, api_key, api_version, route.response_need,
+                                   route.response_filters)
+                self.pending.append(inflight)
+                self.bytes_from_client += n
+                self.requests += 1
+                return True
+        return None
+
+    def _ready(self, route):
+        """Whether each quick filter of ``route`` lets its request take the
+        short way now (QuickFilter.quick_ready)."""
+        contexts = self.contexts
+        for f, i in route.quick_ready:
+            if not f.quick_ready(contexts[i]):
+                return False
+        return True
+
+    def _requests(self, data, n, pos, now):
+        """pass_request's general read, from ``pos``: whole requests and the
+        start of one, each admitted as client_data would (one quick route at
+        most per read, its requests judged in order: _judge_all)."""
+        cutter = self.requests_in
         plain = self._plain
         quick = self._quick if now is not None else None
         max_size = cutter.max_frame_size
         min_size = cutter.min_frame_size
         admitted = []
-        # the quick entry of the requests to judge (one per read)
-        judged = None
-        marks = None  # theirs: (InFlight, head known, length, end), in order
+        judged = None  # the quick route of the requests to judge (one per read)
+        marks = None  # theirs, in order
         while pos < n:
             available = n - pos
             if available < 12:
                 return False
             size, api_key, api_version, correlation_id = _FRAME_HEAD.unpack_from(data, pos)
-            entry = plain.get((api_key, api_version))
-            if entry is None:
+            route = plain.get((api_key, api_version))
+            if route is None:
                 if not quick:
                     return False
-                entry = quick.get((api_key, api_version))
-                if entry is None:
+                route = quick.get((api_key, api_version))
+                if route is None:
                     return False  # FilterTable.quick admits Produce and Fetch alone
-                if judged is not entry:
+                if judged is not route:
                     if judged is not None:
                         return False  # versions mixed in one read: the long way
-                    judged = entry
+                    judged = route
                     marks = []
             if size > max_size or size < min_size:
                 return False
             end = pos + size + 4
             if end > n and available < HEAD_SIZE:
                 return False  # the long way gathers this much first
-            inflight = InFlight(correlation_id, api_key, api_version, entry[2], entry[3])
-            if api_key == PRODUCE or entry is judged:
+            inflight = InFlight(correlation_id, api_key, api_version, route.response_need,
+                                route.response_filters)
+            if api_key == PRODUCE or route is judged:
                 # a producer's head (client-id, transactional.id, acks) is the
                 # same request after request, and a consumer's (client-id,
                 # replica_id, max_bytes): read once, then compared
                 known = self._heads[api_key]
-                if (known is None or known[0] != api_version or end < pos + known[3]
-                        or not data.startswith(known[1], pos + 12)):
+                if (known is None or known.version != api_version or end < pos + known.least
+                        or not data.startswith(known.head, pos + 12)):
                     known = self._read_head(
                         data if not pos and end == n else memoryview(data)[pos:end], api_key,
-                        api_version, entry)
+                        api_version, route)
                     if known is None:
                         return False  # unusual: the long way
-                if not known[2]:
+                if not known.answered:
                     return False  # acks=0 awaits nothing (client_data notes it)
-                if entry is judged:
-                    marks.append((inflight, known, size + 4, end))
+                if route is judged:
+                    marks.append(_Mark(inflight, known, size + 4, end))
             admitted.append(inflight)
             pos = end
         delay = 0
         if judged is not None:
-            contexts = self.contexts
-            for f, i in judged[4]:
-                if not f.quick_ready(contexts[i]):
-                    return False
-            self.now = now  # (a check may read it)
-            for mark in marks:  # Filter.quick_check (a Fetch's), before any is judged
-                checks = mark[1][5]
-                if checks:
-                    frame = memoryview(data)[mark[3] - mark[2]:mark[3]]
-                    for check in checks:
-                        if not check(frame):
-                            return False
-            # each judged request in order; one that earns a delay is the
-            # last taken now (as the long way stops after it). A Produce of
-            # the head kept last takes from its lease as on the short way
-            # above, or renews it.
-            self.now = now
-            producing = self._heads[0]
-            for k, (inflight, known, frame_len, end) in enumerate(marks):
-                if known is producing:
-                    lease = self._lease
-                    if (lease is not None and lease[0] >= frame_len and lease[1]
-                            and now < lease[2]):
-                        lease[0] -= frame_len
-                        lease[1] -= 1
-                        continue
-                    delay = self._judged(known, inflight, frame_len, now)
-                    if not delay and known[7] is not None:
-                        self._renew_lease(known[7], frame_len, now)
-                else:
-                    delay = self._judged(known, inflight, frame_len, now)
-                if delay < 0:
-                    # its quota is owed: it waits unread (as a Defer on the
-                    # long way), behind those before it, which go on
-                    if not k:
-                        return False  # nothing taken yet: the long way holds it
-                    delay = -delay
-                    end -= frame_len
-                    del admitted[admitted.index(inflight):]
-                    pos = end
-                    break
-                if delay:
-                    if end < n:  # what follows it waits for the mute's end
-                        del admitted[admitted.index(inflight) + 1:]
-                        pos = end
-                    break
+            judging = self._judge_all(judged, marks, admitted, data, now)
+            if judging is None:
+                return False
+            delay, end = judging
+            if end is not None:
+                pos = end
         self.bytes_from_client += n
         self.requests += len(admitted)
-        pending.extend(admitted)
-        if pos > n:  # the last one goes on in the next reads
-            cutter._mode = PASS
-            cutter._left = pos - n
-        else:
-            cutter._left = 0
+        self.pending.extend(admitted)
+        # the last one goes on in the next reads, or all are through
+        cutter.pass_rest(pos - n if pos > n else 0)
         return self._mute_for(delay, data, pos) if delay else True
 
+    def _judge_all(self, route, marks, admitted, data, now):
+        """_requests: judge the requests of the quick ``route`` (``marks``,
+        in order) after their checks; one that earns a delay is the last
+        taken now (as the long way stops after it), and one whose quota is
+        owed waits unread behind those before it (as a Defer on the long
+        way): cut from ``admitted``. (delay, where the read stops or None),
+        or None: the long way takes the whole read. A Produce of the head
+        kept last takes from its lease as on _one_request, or renews it."""
+        if not self._ready(route):
+            return None
+        self.now = now  # (a check may read it)
+        for mark in marks:  # QuickFilter.quick_check (a Fetch's), before any is judged
+            checks = mark.known.checks
+            if checks:
+                frame = memoryview(data)[mark.end - mark.frame_len:mark.end]
+                for check in checks:
+                    if not check(frame):
+                        return None
+        producing = self._heads[0]
+        delay = 0
+        for k, mark in enumerate(marks):
+            known, inflight, frame_len, end = mark.known, mark.inflight, mark.frame_len, mark.end
+            if known is producing:
+                lease = self._lease
+                if lease is not None and lease.take(frame_len, now):
+                    continue
+                delay = self._judged(known, inflight, frame_len, now)
+                if not delay and known.lessor is not None:
+                    self._renew_lease(known.lessor, frame_len, now)
+            else:
+                delay = self._judged(known, inflight, frame_len, now)
+            if delay < 0:
+                if not k:
+                    return None  # nothing taken yet: the long way holds it
+                del admitted[admitted.index(inflight):]
+                return -delay, end - frame_len
+            if delay:
+                if end < len(data):  # what follows it waits for the mute's end
+                    del admitted[admitted.index(inflight) + 1:]
+                    return delay, end
+                return delay, None
+        return 0, None
+
     def _judged(self, known, inflight, frame_len, now):
-        """pass_request: the delay (ms, 0 for none) the quick filters' judges
-        of a request's head ``known`` (Filter.quick_judge) give ``inflight``,
+        """The delay (ms, 0 for none) the quick filters' judges of a
+        request's head ``known`` (QuickFilter.quick_judge) give ``inflight``,
         the longest of them; a Fetch's judge also notes what its response
         counts against. Negative: a judge deferred it (Defer), counting
         nothing: minus the time it waits."""
         delay = 0
         fetch = inflight.api_key  # PRODUCE is 0
-        for judge in known[4]:
+        for judge in known.judges:
             verdict = judge(frame_len, now, inflight) if fetch else judge(frame_len, now)
             if verdict is None:
                 continue
@@ -833,9 +953,9 @@ class Connection:
         return delay
 
     def _renew_lease(self, lessor, frame_len, now):
-        """pass_request: the Produce head's lease ran out (or there was none)
-        and a request of ``frame_len`` earned no delay: what it took is
-        counted, and a new one asked for."""
+        """The Produce head's lease ran out (or there was none) and a request
+        of ``frame_len`` earned no delay: what it took is counted, and a new
+        one asked for."""
         self._drop_lease()  # (self.now is ``now``: set before the judges)
         self._lease = lessor(frame_len, now)
 
@@ -847,14 +967,11 @@ class Connection:
             self._lease = None
             self.quota_manager.settle(lease, self.now)
 
-    def _read_head(self, frame, api_key, version, entry):
-        """What pass_request keeps of a Produce or Fetch request's head
-        ``frame`` (``_heads``): (version, its bytes from the client-id's
-        length to acks or to max_bytes, acks (True for a Fetch: answered),
-        the least frame length its reader reads it in, the judges of the
-        quick filters of ``entry`` for it, their checks, ``entry``; dropped
-        when the principal is named, as its judges count for the principal);
-        None when produce_acks or fetch_head cannot read it."""
+    def _read_head(self, frame, api_key, version, route):
+        """What the short way keeps of a Produce or Fetch request's head
+        ``frame`` (a KnownHead, in ``_heads``; dropped when the principal is
+        named, as its judges count for the principal); None when
+        produce_acks or fetch_head cannot read it."""
         if api_key == PRODUCE:
             found = produce_acks(frame, version)
             if found is None:
@@ -872,22 +989,23 @@ class Connection:
             least = end
         judges = checks = ()
         lessor = None
-        if acks and len(entry) > 4:  # a quick entry (FilterTable.quick)
+        if acks and route.quick:
             contexts = self.contexts
-            judging = [(f, i, f.quick_judge(contexts[i], head)) for f, i in entry[5]]
+            judging = [(f, i, f.quick_judge(contexts[i], head)) for f, i in route.quick_judge]
             judges = tuple(judge for _, _, judge in judging if judge is not None)
             if api_key == FETCH:  # FilterTable.quick: a Produce's filters have none
                 checks = tuple(check for check in (f.quick_check(contexts[i], head)
-                                                   for f, i in entry[6]) if check is not None)
+                                                   for f, i in route.quick_check)
+                               if check is not None)
             elif (len(judges) == 1 and len(judging) == 1
-                  and all(f.quick_ready_follows_quotas for f, _ in entry[4])):
+                  and all(f.quick_ready_follows_quotas for f, _ in route.quick_ready)):
                 # one judge, and readiness that a lease's settling follows
-                f, i, _ = judging[0]
+                (f, i, _), = judging
                 lessor = f.quick_lease(contexts[i], head)
         if api_key == PRODUCE:
             self._drop_lease()  # it was for the head before
-        known = self._heads[api_key] = (version, bytes(frame[12:end]), acks, least, judges,
-                                        checks, entry, lessor)
+        known = self._heads[api_key] = KnownHead(version, bytes(frame[12:end]), bool(acks),
+                                                 least, judges, checks, route, lessor)
         return known
 
     def _mute_for(self, delay, data, end):
@@ -920,37 +1038,12 @@ class Connection:
                 or self._internal or self._gathered_for or self.phase is _CLOSED):
             return False
         cutter = self.responses_in
-        if cutter._head:
+        if cutter.head:
             return False
-        n = len(data)
+        if cutter.left:
+            return self._response_rest(data, cutter)
         pending = self.pending
-        left = cutter._left
-        if left:  # the rest of a response on its way
-            mode = cutter._mode
-            if n > left:
-                return False  # more frames follow in this read
-            if mode.__class__ is not int or mode != PASS:
-                # read by a filter; but records that a NodeEndpoints rewrite
-                # skips go on as they are
-                if mode.__class__ is not StreamRewriter or n == left or not mode.passes(n):
-                    return False
-            partial = self._partial
-            if n < left:
-                cutter._left = left - n
-                self.bytes_from_broker += n
-                if partial is None:
-                    return True
-                partial.append(data)
-                return HELD
-            if pending and pending[0].answer is not None:
-                return False  # an answer of the proxy's own follows: broker_data sends it
-            cutter._left = 0
-            self.bytes_from_broker += n
-            if partial is None:
-                return True
-            self._partial = None
-            partial.append(data)
-            return partial
+        n = len(data)
         if not pending or n < 8 or self._streaming is not None:
             return False
         inflight = pending[0]
@@ -984,14 +1077,43 @@ class Connection:
         pending.popleft()
         self._spare = inflight
         self.bytes_from_broker += n
-        cutter._mode = PASS
-        cutter._left = total - n
-        cutter._frame_len = total
-        cutter._frame_out = 0
+        cutter.pass_rest(total - n, total)
         if total > self.whole_response_max:
             return True  # streamed as it comes
         self._partial = [data]
         return HELD
+
+    def _response_rest(self, data, cutter):
+        """pass_response: ``data`` is more of the response on its way (and
+        nothing after it)."""
+        n = len(data)
+        left = cutter.left
+        if n > left:
+            return False  # more frames follow in this read
+        mode = cutter.mode
+        if mode.__class__ is not int or mode != PASS:
+            # read by a filter; but records that a NodeEndpoints rewrite
+            # skips go on as they are
+            if mode.__class__ is not StreamRewriter or n == left or not mode.passes(n):
+                return False
+        partial = self._partial
+        if n < left:
+            cutter.went_by(n)
+            self.bytes_from_broker += n
+            if partial is None:
+                return True
+            partial.append(data)
+            return HELD
+        pending = self.pending
+        if pending and pending[0].answer is not None:
+            return False  # an answer of the proxy's own follows: broker_data sends it
+        cutter.went_by(n)
+        self.bytes_from_broker += n
+        if partial is None:
+            return True
+        self._partial = None
+        partial.append(data)
+        return partial
 
     def _several_responses(self, data, n):
         """pass_response: a read of several whole responses (a producer with
@@ -1047,11 +1169,11 @@ class Connection:
         if quick is None:
             return False
         contexts = self.contexts
-        for f, i in quick[0]:
+        for f, i in quick.readies:
             if not f.quick_response_ready(contexts[i], inflight):
                 return False
-        if quick[1]:  # Filter.quick_response_head: broker_data calls them
-            self._counting = (data, inflight, quick[1], frame_len)
+        if quick.heads:  # QuickFilter.quick_response_head: broker_data calls them
+            self._counting = _Counting(data, inflight, quick.heads, frame_len)
             return False
         return True
 
@@ -1134,7 +1256,8 @@ class Connection:
         counting = self._counting
         if counting is not None:
             self._counting = None
-            if counting[0] is data and self._count_response(data, now, *counting[1:]):
+            if counting.data is data and self._count_response(
+                    data, now, counting.inflight, counting.filters, counting.frame_len):
                 return actions
         self.bytes_from_broker += len(data)
         if self.phase is Phase.CLOSED:
@@ -1433,7 +1556,7 @@ class Connection:
             entry = self.table.lookup(api_key, api_version)
         else:
             entry = self.table.lookup_authenticating(api_key, api_version)
-        request_need = entry[0]
+        request_need = entry.request_need
         if not request_need and api_key != PRODUCE:
             if api_key < 0 or api_version < 0:
                 raise ProtocolError("invalid api key %d version %d" % (api_key, api_version))
@@ -1498,12 +1621,13 @@ class Connection:
     def _admit(self, correlation_id, api_key, api_version, request, entry, acks_0):
         """Run the request's filters; PASS, DROP, or a patched head."""
         self.requests += 1
-        inflight = InFlight(correlation_id, api_key, api_version, entry[2], entry[3])
+        inflight = InFlight(correlation_id, api_key, api_version, entry.response_need,
+                            entry.response_filters)
         result = PASS
         delay = 0
         observed = None
         contexts = self.contexts
-        for f, i in entry[1]:
+        for f, i in entry.request_filters:
             verdict = f.on_request(contexts[i], request, inflight)
             if verdict is None:
                 continue
@@ -1513,20 +1637,8 @@ class Connection:
                     delay = verdict.delay_ms
                     inflight.throttle_ms = delay
                     inflight.throttle_reason = verdict.reason
-            elif cls is Forward:
-                if result.__class__ is Replace:  # a patched head on a request replaced
-                    result = Replace(verdict.head + result.frame[len(verdict.head):])
-                    request.buf = result.frame
-                else:
-                    result = verdict.head
-                    request.buf = result
-            elif cls is Replace:
-                if not self._admitting_whole:
-                    raise TypeError("filter %s replaced a request it does not have whole"
-                                    % f.name)
-                result = verdict
-                request.buf = verdict.frame
-                request.frame_len = len(verdict.frame)
+            elif cls is Forward or cls is Replace:
+                result = self._rewritten(result, verdict, request, f)
             elif cls is Answer:
                 inflight.answer = verdict.frame
                 inflight.throttle_ms = 0  # the proxy's own answer says its own
@@ -1583,6 +1695,23 @@ class Connection:
         self.pending.append(inflight)
         return result
 
+    def _rewritten(self, result, verdict, request, f):
+        """_admit: the request as a Forward (a patched head) or a Replace (a
+        new frame, of a request read whole) of filter ``f`` leaves it."""
+        if verdict.__class__ is Forward:
+            if result.__class__ is Replace:  # a patched head on a request replaced
+                result = Replace(verdict.head + result.frame[len(verdict.head):])
+                request.buf = result.frame
+            else:
+                result = verdict.head
+                request.buf = result
+            return result
+        if not self._admitting_whole:
+            raise TypeError("filter %s replaced a request it does not have whole" % f.name)
+        request.buf = verdict.frame
+        request.frame_len = len(verdict.frame)
+        return verdict
+
     def _pending_job(self, inflight, pending, ctx):
         """Pending: the answer comes from a job; nothing more is read meanwhile."""
         self._next_job += 1
@@ -1596,10 +1725,10 @@ class Connection:
         """FilterContext.gather_response: the response to ``inflight`` is read
         whole and given to ``filter_``'s on_response, whatever the filter
         table says of its API."""
-        entry = next(e for e in enumerate(self.table.filters) if e[1] is filter_)[::-1]
-        if entry not in inflight.response_filters:
-            inflight.response_filters = tuple(sorted(inflight.response_filters + (entry,),
-                                                     key=lambda e: e[1]))
+        place = self.table.filters.index(filter_)
+        if (filter_, place) not in inflight.response_filters:
+            inflight.response_filters = tuple(sorted(
+                inflight.response_filters + ((filter_, place),), key=lambda pair: pair[1]))
         if inflight.response_need < GATHER:
             inflight.response_need = GATHER
         self._gathered_for.add(inflight)

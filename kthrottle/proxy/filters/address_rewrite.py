@@ -1,10 +1,10 @@
 """Every broker address a client is given becomes the proxy's."""
 from ...codecs import apis, rewrite_response
 from ...codecs.stream import stream_rewriter, untouched_check
-from ..filter import GATHER, NOTHING, STREAM, Filter
+from ..filter import GATHER, NOTHING, STREAM, QuickFilter
 
 
-class AddressRewrite(Filter):
+class AddressRewrite(QuickFilter):
     """Every broker address a client is given becomes the proxy's, or the
     client connects around the proxy: Metadata, FindCoordinator and
     DescribeCluster are gathered and spliced; the KIP-951 NodeEndpoints at

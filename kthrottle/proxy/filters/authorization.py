@@ -63,7 +63,7 @@ from ...codecs.errors import ProtocolError
 from ...codecs.produce import produce_partitions
 from ...codecs.wire import INT32, read_string, read_uvarint, skip_tagged_fields
 from ...options import SWITCH, ConfigError, Option, Parsed, parse_duration
-from ..filter import (GATHER, GATHER_WHOLE, HEAD, NOTHING, Answer, Defer, Filter, Refuse,
+from ..filter import (GATHER, GATHER_WHOLE, HEAD, NOTHING, Answer, Defer, QuickFilter, Refuse,
                       Replace)
 
 log = logging.getLogger("kthrottle.authorization")
@@ -228,7 +228,7 @@ def _first_compact_strings(frame, head):
     return out
 
 
-class Authorization(Filter):
+class Authorization(QuickFilter):
     name = "authorization"
     options_title = "authorization"
     options = (

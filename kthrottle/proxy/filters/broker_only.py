@@ -30,7 +30,7 @@ a few microseconds), as the head cannot say.
 from ...codecs.apis import BROKER_ONLY_APIS, FETCH
 from ...codecs.errors import ProtocolError
 from ...codecs.request import fetch_replica_state
-from ..filter import GATHER_WHOLE, HEAD, NOTHING, Filter, Refuse
+from ..filter import GATHER_WHOLE, HEAD, NOTHING, QuickFilter, Refuse
 
 REFUSED_BROKER_ONLY_API = "broker_only_api"  # the refusal counter's label
 
@@ -53,7 +53,7 @@ def _replica_state_check(version, body):
     return check
 
 
-class BrokerOnlyApis(Filter):
+class BrokerOnlyApis(QuickFilter):
     name = "broker-only-apis"
 
     @classmethod

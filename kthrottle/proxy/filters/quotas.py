@@ -7,7 +7,7 @@ from ...codecs.wire import INT32
 from ...policy.entities import CONSUMER_BYTE_RATE
 from ...policy.quotas import Decision, client_quotas_apply
 from ...policy.rate import to_ms
-from ..filter import GATHER, GATHER_WHOLE, HEAD, NOTHING, Answer, Defer, Filter, Forward, Throttle
+from ..filter import GATHER, GATHER_WHOLE, HEAD, NOTHING, Answer, Defer, Forward, QuickFilter, Throttle
 
 
 # The longest a request is held while its bucket is in debt before it is
@@ -26,7 +26,7 @@ class _Waiting:
         self.since = None
 
 
-class QuotaAccounting(Filter):
+class QuotaAccounting(QuickFilter):
     """KIP-55 byte-rate and KIP-124 request-rate quotas: every request is
     counted (the policy says which are exempt), a Fetch or ShareFetch
     response counts its size, and what a client earns comes back as a
@@ -219,7 +219,7 @@ def _verdict(decision):
     return Throttle(decision.delay_ms, decision.reason) if decision.delay_ms else None
 
 
-class FetchCap(Filter):
+class FetchCap(QuickFilter):
     """A consumer's fetch asks only for what its bucket may take: the grant
     QuotaAccounting gave it (part of what the bucket holds; Kafka's cap,
     quota x window, in window mode), so the fetches in flight cannot carry

@@ -30,7 +30,7 @@ from ...codecs.fetch_topics import FetchTopicBytes, metadata_topic_ids
 from ...codecs.produce import MAX_VERSION as PRODUCE_MAX_VERSION
 from ...codecs.produce import ProducePartitions
 from ...policy.entities import CONSUMER_BYTE_RATE, DEFAULT, PRODUCER_BYTE_RATE, topic_name
-from ..filter import GATHER, HEAD, NOTHING, STREAM, Filter, Observe, Throttle
+from ..filter import GATHER, HEAD, NOTHING, STREAM, Observe, QuickFilter, Throttle
 
 log = logging.getLogger("kthrottle.quotas")
 
@@ -48,7 +48,7 @@ METADATA_ASK_VERSION = 12  # topic ids in the answer (v10+), null names allowed
 _REPLICA = "replica"  # noted on a follower's Fetch: no topic quota counts it
 
 
-class TopicQuotas(Filter):
+class TopicQuotas(QuickFilter):
     name = "topic-quotas"
 
     @classmethod
