@@ -137,6 +137,24 @@ def refused_altered_topic(topic, topic_id, error_code):
                  error_message=MESSAGES.get(error_code)) for p in topic.partitions or []])
 
 
+def refused_altered_topics(topics, topic_ids, error_code):
+    """AlterShareGroupOffsets answer entries for the request topic entries ``topics``, all
+    refused, as Kafka's answer builder makes them: one entry per topic name with every
+    partition the request names for it, none for a topic named without partitions;
+    ``topic_ids``: name -> id, for the ids known."""
+    merged = {}
+    for topic in topics:
+        partitions = list(topic.partitions or [])
+        if topic.topic_name in merged:
+            merged[topic.topic_name] += partitions
+        elif partitions:
+            merged[topic.topic_name] = partitions
+    cls = AlterShareGroupOffsetsRequest[0].AlterShareGroupOffsetsRequestTopic
+    return [refused_altered_topic(cls(topic_name=name, partitions=partitions),
+                                  topic_ids.get(name), error_code)
+            for name, partitions in merged.items()]
+
+
 def refused_deleted_topic(topic, error_code):
     """A DeleteShareGroupOffsets answer's entry for a request topic entry refused."""
     topic_cls = DeleteShareGroupOffsetsResponse[0].DeleteShareGroupOffsetsResponseTopic

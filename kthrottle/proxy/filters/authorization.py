@@ -635,8 +635,7 @@ class Authorization(QuickFilter):
             ids = {}
             for topic_id, name in self.topic_names.items():
                 ids.setdefault(name, topic_id)
-            answered = [share_offsets.refused_altered_topic(t, ids.get(t.topic_name), error)
-                        for t in refused]
+            answered = share_offsets.refused_altered_topics(refused, ids, error)
         else:
             answered = [share_offsets.refused_deleted_topic(t, error) for t in refused]
 
