@@ -32,13 +32,12 @@ import sys
 import time
 import warnings
 
-import harness
-from harness import gc_paused
-
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.filters.authorization import AclView, Authorization
 from kthrottle.proxy.pipeline import Connection, FilterTable
 from kthrottle.sources.acls import AclSnapshot
+from kthrottle_testkit import harness
+from kthrottle_testkit.harness import gc_paused
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -33,8 +33,8 @@ import time
 import uuid
 from pathlib import Path
 
-from harness import (Run, add_output_dir, check_src, markdown_table, names, output_dir, parser,
-                     write_results)
+from kthrottle_testkit.harness import (Run, add_output_dir, check_src, markdown_table, names,
+                                       output_dir, parser, write_results)
 
 
 class Group(threading.Thread):

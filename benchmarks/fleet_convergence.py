@@ -36,8 +36,8 @@ import sys
 import time
 import uuid
 
-import harness
-from quota_clients import BackgroundProducer
+from kthrottle_testkit import harness
+from kthrottle_testkit.clients import BackgroundProducer
 
 KEY = ("producer_byte_rate", "", "fleet-app")  # the bucket's sharing key
 

@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness import NON_BINDING_QUOTAS, REPO, Run, SourceTree, tree_cpu_seconds
+from kthrottle_testkit.harness import (NON_BINDING_QUOTAS, REPO, Run, SourceTree,
+                                       tree_cpu_seconds)
 
 CONFIGS = ("no quota file", "quota file")
 

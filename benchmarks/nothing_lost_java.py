@@ -36,8 +36,8 @@ import subprocess
 import sys
 import time
 
-import harness
-from harness import (
+from kthrottle_testkit import harness
+from kthrottle_testkit.harness import (
     Run,
     add_output_dir,
     add_rounds,

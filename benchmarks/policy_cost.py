@@ -40,9 +40,6 @@ import statistics
 import sys
 import time
 
-import harness
-from harness import gc_paused, rank_percentile
-
 from kthrottle.policy.entities import (
     CONSUMER_BYTE_RATE,
     DEFAULT,
@@ -52,6 +49,8 @@ from kthrottle.policy.entities import (
 )
 from kthrottle.policy.quota_callback import DefaultQuotaCallback
 from kthrottle.policy.quotas import ClientQuotas, QuotaManager, QuotaSettings
+from kthrottle_testkit import harness
+from kthrottle_testkit.harness import gc_paused, rank_percentile
 
 MODES = ("token-bucket", "window", "token-bucket+callback", "window+callback")
 DEFAULT_MODES = ("token-bucket", "window")

@@ -96,7 +96,7 @@ BENCH_EXTRA = "scripts/setup bench"
 
 try:
     import psutil
-    from harness import (
+    from kthrottle_testkit.harness import (
         MB,
         NON_BINDING_QUOTAS,
         REPO,

@@ -79,7 +79,7 @@ requests go out at most ``--max-request-rate``/s per technique, producers stop a
 broker, the relay, each proxy) is stopped by its PID, on Ctrl-C and on errors too.
 
 ``--broker kafka`` runs the same techniques through a proxy in front of Apache Kafka: a
-node of its own (tests/kafka_cluster.py: Kafka 4.4.0, KRaft, one node, on free ports, its
+node of its own (kthrottle/kafka_kit.py: Kafka 4.4.0, KRaft, one node, on free ports, its
 jars fetched into .cache/ by scripts/kafka-jars; stopped by its PID at the end, on Ctrl-C and
 errors too), or with ``--bootstrap HOST:PORT`` a broker already running there (topics made
 with the admin API). Every proxy gets a port of its own for each node id (--node-ports). The
@@ -116,7 +116,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-import harness
 import psutil
 
 with warnings.catch_warnings():  # kafka.protocol warns about its own deprecations
@@ -125,6 +124,8 @@ with warnings.catch_warnings():  # kafka.protocol warns about its own deprecatio
     from kafka.protocol.metadata import MetadataRequest, MetadataResponse
     from kafka.protocol.producer import ProduceRequest
     from kafka.record.memory_records import MemoryRecordsBuilder
+
+from kthrottle_testkit import harness
 
 NAME = "quota_escapes"
 MIB = 1024 * 1024
@@ -1232,7 +1233,7 @@ class ShareConsoleConsumer:
     record of the topic has --fill-record value bytes, counted as it is printed."""
 
     def __init__(self, ctx, group, lib, index):
-        import kafka_cluster
+        from kthrottle import kafka_kit
 
         self.ctx = ctx
         log4j = ctx.run.path("tools-log4j2.properties")
@@ -1240,10 +1241,10 @@ class ShareConsoleConsumer:
             log4j.write_text(TOOLS_LOG4J2)
         self.log_path = ctx.run.path("%s-consumer-%d.log" % (ctx.tech.name, index))
         self.command = [
-            kafka_cluster.java_binary(), "-Xmx256m", "-XX:+UseSerialGC",
+            kafka_kit.java_binary(), "-Xmx256m", "-XX:+UseSerialGC",
             "-Djava.awt.headless=true", "-Dlog4j2.configurationFile=%s" % log4j,
-            *kafka_cluster.IPV4_ONLY_JVM_ARGS, "-cp", str(Path(lib) / "*"),
-            kafka_cluster.CONSOLE_SHARE_CONSUMER,
+            *kafka_kit.IPV4_ONLY_JVM_ARGS, "-cp", str(Path(lib) / "*"),
+            kafka_kit.CONSOLE_SHARE_CONSUMER,
             "--bootstrap-server", ctx.bootstrap, "--topic", ctx.topic, "--group", group,
             "--command-property", "client.id=%s" % ctx.client_id,
             "--formatter-property", "print.value=false",
@@ -1431,7 +1432,7 @@ BY_NAME = {t.name: t for t in TECHNIQUES}
 
 class Cluster:
     """The broker side: a Tansu broker behind the counting relay; or (--broker kafka) an
-    Apache Kafka node, started here with tests/kafka_cluster.py unless --bootstrap names one
+    Apache Kafka node, started here with kthrottle/kafka_kit.py unless --bootstrap names one
     already running (no relay then: nothing counted at the broker).
 
     ``bootstrap`` is where the set-up (topics, fills, group configs) goes, straight to the
@@ -1456,7 +1457,7 @@ class Cluster:
                   % (self.broker.proc.pid, self.broker.bootstrap, self.relay.proc.pid,
                      self.bootstrap), flush=True)
             return
-        import kafka_cluster
+        from kthrottle import kafka_kit
 
         if args.bootstrap:
             self.bootstrap = self.upstream = args.bootstrap
@@ -1465,10 +1466,10 @@ class Cluster:
             print("broker at %s (--broker kafka --bootstrap: started by someone else)"
                   % self.bootstrap, flush=True)
         else:
-            self.lib = kafka_cluster.fetch_kafka_lib()
-            kafka = kafka_cluster.KafkaBroker(
+            self.lib = kafka_kit.fetch_kafka_lib()
+            kafka = kafka_kit.KafkaBroker(
                 workdir=run.path("kafka"), lib=self.lib, log_path=run.path("kafka.log"),
-                ipv6_listener=kafka_cluster.ipv6_loopback(), heap="1g")
+                ipv6_listener=kafka_kit.ipv6_loopback(), heap="1g")
             # stopped by its PID with the run (and by start itself if it fails)
             run.procs.on_stop(lambda: kafka.stop(keep=False))
             began = time.monotonic()
@@ -1485,15 +1486,15 @@ class Cluster:
                      " and %s" % kafka.bootstrap_ipv6 if kafka.bootstrap_ipv6 else "",
                      time.monotonic() - began, kafka.log_path), flush=True)
         host, port = self.bootstrap.rsplit(":", 1)
-        brokers, _controller = kafka_cluster.metadata_brokers(host, int(port), timeout=10)
+        brokers, _controller = kafka_kit.metadata_brokers(host, int(port), timeout=10)
         self.node_ids = sorted(b[0] for b in brokers)
 
     def kafka_lib(self):
         """Kafka's jars (fetched by scripts/kafka-jars if need be)."""
         if self.lib is None:
-            import kafka_cluster
+            from kthrottle import kafka_kit
 
-            self.lib = kafka_cluster.fetch_kafka_lib()
+            self.lib = kafka_kit.fetch_kafka_lib()
         return self.lib
 
     def proxy_args(self):
@@ -1909,7 +1910,7 @@ def parse_args(argv=None):
                    "--proxy-args='--quota-mode window')")
     p.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
                    help="tansu: start one (in memory) behind a counting relay; kafka: start "
-                   "an Apache Kafka 4.4 node (KRaft, tests/kafka_cluster.py, jars through "
+                   "an Apache Kafka 4.4 node (KRaft, kthrottle/kafka_kit.py, jars through "
                    "scripts/kafka-jars), or use the broker already running at --bootstrap "
                    "(nothing is counted at the broker then)")
     p.add_argument("--bootstrap", metavar="HOST:PORT",

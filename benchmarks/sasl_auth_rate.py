@@ -33,7 +33,7 @@ from collections import Counter
 
 import psutil
 
-from harness import (
+from kthrottle_testkit.harness import (
     Run,
     SourceTree,
     Workers,

@@ -73,7 +73,7 @@ from pathlib import Path
 import psutil
 from scramp import ScramClient
 
-from harness import (
+from kthrottle_testkit.harness import (
     MB,
     MIB,
     REPO,

@@ -83,7 +83,7 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-from harness import (
+from kthrottle_testkit.harness import (
     MB,
     MIB,
     MP,

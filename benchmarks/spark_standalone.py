@@ -47,8 +47,6 @@ from pathlib import Path
 
 import psutil
 
-import harness
-
 from kthrottle.policy.fleet import BucketUsage, UsageReport, parse_shares_document
 from kthrottle.policy.storage import (
     PAUSE,
@@ -60,6 +58,7 @@ from kthrottle.policy.storage import (
     parse_limit,
 )
 from kthrottle.spark_sync import job as job_module
+from kthrottle_testkit import harness
 
 SUBMIT_FILE = str(Path(job_module.__file__).with_name("submit.py"))
 SOFT, HARD = parse_limit("ConsumedSpace:500"), parse_limit("ConsumedSpace:1000")

@@ -42,8 +42,6 @@ import sys
 import time
 import uuid
 
-import harness
-
 from kthrottle.policy.storage import (
     BrokerReport,
     VolumeReport,
@@ -52,6 +50,7 @@ from kthrottle.policy.storage import (
     parse_limit,
 )
 from kthrottle.spark_sync import job as job_module
+from kthrottle_testkit import harness
 
 GB = 10 ** 9
 
@@ -283,7 +282,7 @@ def run_backlog(run, args, out):
     interval's new reports."""
     import tempfile
 
-    from zookeeper import ZooKeeperServer
+    from kthrottle_testkit.zookeeper import ZooKeeperServer
 
     # the shares of 1,000 proxies are megabytes a cycle (each document lists the whole
     # fleet): more than the tests' 128 MB heap holds in ZooKeeper's in-memory commit log

@@ -39,8 +39,6 @@ import time
 import uuid
 import warnings
 
-import harness
-
 from kthrottle.policy.storage import (
     OPEN_STATE,
     THROTTLE,
@@ -51,6 +49,7 @@ from kthrottle.policy.storage import (
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.filters.storage import StorageThrottle
 from kthrottle.proxy.pipeline import Connection, FilterTable
+from kthrottle_testkit import harness
 
 WALL = 1_800_000_000.0
 

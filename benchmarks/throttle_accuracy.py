@@ -17,7 +17,7 @@ quota size three clients run at once against that proxy, each with its own clien
   ``max_partition_fetch_bytes=--fetch-bytes`` (consumer_byte_rate).
 
 ``--broker kafka``: an Apache Kafka 4.4 KRaft cluster of ``--kafka-nodes`` (3) nodes started
-here (tests/kafka_cluster.py; jars through scripts/kafka-jars), and two more clients, Kafka's own
+here (kthrottle/kafka_kit.py; jars through scripts/kafka-jars), and two more clients, Kafka's own
 perf tools on the Java client:
 
 * ``java-producer`` - ProducerPerformance, --throughput -1, 1 KiB records, acks=1, otherwise the
@@ -79,8 +79,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import harness
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from kthrottle_testkit import harness
 
 MODES = ("token-bucket", "window")
 BROKERS = ("tansu", "kafka")
@@ -198,7 +199,7 @@ def quota_label(quota):
 
 class Brokers:
     """The broker side: one Tansu broker (in memory), or (--broker kafka) an Apache Kafka
-    KRaft cluster of --kafka-nodes nodes (tests/kafka_cluster.py), started here on 127.0.0.1
+    KRaft cluster of --kafka-nodes nodes (kthrottle/kafka_kit.py), started here on 127.0.0.1
     and free ports and stopped by their own PIDs with the run (on Ctrl-C and errors too)."""
 
     def __init__(self, run, args):
@@ -213,10 +214,10 @@ class Brokers:
             print("Tansu broker pid %d on %s; logs and quota file in %s"
                   % (self.tansu.proc.pid, self.bootstrap, run.log_dir), flush=True)
             return
-        import kafka_cluster
+        from kthrottle import kafka_kit
 
-        lib = kafka_cluster.fetch_kafka_lib()
-        self.cluster = kafka_cluster.KafkaCluster(run.path("kafka"), n=args.kafka_nodes,
+        lib = kafka_kit.fetch_kafka_lib()
+        self.cluster = kafka_kit.KafkaCluster(run.path("kafka"), n=args.kafka_nodes,
                                                   lib=lib, log_dir=run.log_dir)
         run.procs.on_stop(lambda: self.cluster.stop(keep=False))  # start stops it if it fails
         began = time.monotonic()
@@ -348,9 +349,9 @@ def start_proxy(run, brokers, quota_file, mode, args):
         extra += ["--bootstrap-server", node.bootstrap]
     extra += ["--node-ports", ",".join("%d=%d" % item for item in ports.items())]
     proxy = run.kthrottle(nodes[0].bootstrap, extra, admin=True, name=name, probe=False)
-    import kafka_cluster
+    from kthrottle import kafka_kit
 
-    named = {b[0]: (b[1], b[2]) for b in kafka_cluster.metadata_brokers(
+    named = {b[0]: (b[1], b[2]) for b in kafka_kit.metadata_brokers(
         "127.0.0.1", proxy.port, timeout=10)[0]}
     if named != {n: ("127.0.0.1", p) for n, p in ports.items()}:
         run.procs.stop(proxy.proc)
@@ -1298,7 +1299,7 @@ def parse_args(argv=None):
                             "throttle_accuracy.md and throttle_accuracy.png are written")
     p.add_argument("--broker", choices=BROKERS, default="tansu",
                    help="tansu: one Tansu broker (in memory); kafka: an Apache Kafka 4.4 KRaft "
-                   "cluster of --kafka-nodes nodes (tests/kafka_cluster.py, jars through "
+                   "cluster of --kafka-nodes nodes (kthrottle/kafka_kit.py, jars through "
                    "scripts/kafka-jars), started here")
     p.add_argument("--enforcers", "--enforcer", default=None,
                    help="comma-separated: kthrottle (the quota file, the clients through a "
@@ -1426,9 +1427,9 @@ def measure_all(run, args, runs, failures, kafka):
     quota_file = run.path("quotas.toml")
     write_quota_file(quota_file, args.quotas, args.clients)
     if brokers.cluster is not None:
-        import kafka_cluster
+        from kthrottle import kafka_kit
 
-        kafka.update(description=brokers.description, java=kafka_cluster.java_version(),
+        kafka.update(description=brokers.description, java=kafka_kit.java_version(),
                      leaders_by_topic=brokers.leaders)  # filled as topics are made
     run_id = uuid.uuid4().hex[:6]
     consumers = [kind for kind in args.clients if QUOTA_KEY[kind] == "consumer_byte_rate"]

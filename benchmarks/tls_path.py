@@ -293,7 +293,7 @@ from pathlib import Path  # noqa: E402
 
 import psutil  # noqa: E402
 
-from harness import (  # noqa: E402
+from kthrottle_testkit.harness import (  # noqa: E402
     CLIENT_TLS,
     MB,
     NON_BINDING_QUOTAS,

@@ -26,7 +26,7 @@ import uuid
 
 import psutil
 
-from harness import (
+from kthrottle_testkit.harness import (
     CLIENT_TLS,
     Endpoint,
     Run,

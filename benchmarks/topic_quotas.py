@@ -33,14 +33,13 @@ import uuid
 import warnings
 import time
 
-import harness
-
 from kthrottle.codecs import apis
 from kthrottle.policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from kthrottle.policy.quotas import QuotaManager
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.filters.topic_quotas import TopicQuotas
 from kthrottle.proxy.pipeline import Connection, FilterTable
+from kthrottle_testkit import harness
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

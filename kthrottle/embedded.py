@@ -11,7 +11,6 @@ is given an ``s3://`` storage URL; ``MotoS3Server`` is a local S3 server (moto's
 server mode) for that, so that a broker can be killed and started again with
 its records kept.
 """
-import ctypes
 import os
 import shutil
 import socket
@@ -19,6 +18,8 @@ import subprocess
 import sys
 import time
 from importlib import resources
+
+from .processes import _die_with_parent, free_port, stop_process
 
 
 LOCAL_EXTRA_INSTALL = "scripts/setup local"
@@ -50,31 +51,6 @@ def tansu_binary():
     return path
 
 
-def _die_with_parent():
-    """Linux: the child gets SIGTERM when the process that started it dies,
-    so a broker never outlives a proxy or test that was killed outright."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
-    except OSError:
-        pass
-
-
-_PORTS_GIVEN = set()
-
-
-def free_port(host="127.0.0.1"):
-    """A port nothing listens on now, and one this process has not handed
-    out before: the kernel may give the same free port to two binds in a
-    row, and two servers told to use it would collide once both start."""
-    while True:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port not in _PORTS_GIVEN:
-            _PORTS_GIVEN.add(port)
-            return port
-
-
 def wait_for_port(host, port, timeout=15.0, proc=None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -86,17 +62,6 @@ def wait_for_port(host, port, timeout=15.0, proc=None):
         except OSError:
             time.sleep(0.05)
     raise TimeoutError("nothing listening on %s:%d after %.0f s" % (host, port, timeout))
-
-
-def stop_process(proc, grace=5.0):
-    """SIGTERM, then SIGKILL if ``proc`` is still there ``grace`` seconds later."""
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 class TansuBroker:

@@ -44,7 +44,7 @@ import uuid
 from collections import namedtuple
 from pathlib import Path
 
-from .embedded import _PORTS_GIVEN, _die_with_parent, free_port, stop_process
+from .processes import _PORTS_GIVEN, _die_with_parent, free_port, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: .cache/ and scripts/ are there
 KAFKA_VERSION = "4.4.0"  # the default of pom.xml

@@ -20,6 +20,8 @@ from kthrottle.policy.acls import (
     parse_super_users,
 )
 
+pytestmark = pytest.mark.unit
+
 LIT, PRE = PatternType.LITERAL, PatternType.PREFIXED
 ALLOW, DENY = Permission.ALLOW, Permission.DENY
 ALICE, BOB = "User:alice", "User:bob"

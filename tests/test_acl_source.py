@@ -13,8 +13,7 @@ import time
 
 import pytest
 
-from conftest import _started_kafka
-from kafka_cluster import Listener
+from kthrottle.kafka_kit import Listener
 from kthrottle.embedded import free_port
 from kthrottle.security import KafkaClientSecurity
 from kthrottle.sources.acls import (
@@ -23,8 +22,9 @@ from kthrottle.sources.acls import (
     KafkaAclSource,
     parse_super_users,
 )
+from kthrottle_testkit.brokers import started_kafka
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
 USERS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret",
          "carol": "carol-secret"}
@@ -41,7 +41,7 @@ DENY, ALLOW = 2, 3
 def kafka_acl(tmp_path_factory):
     """One Apache Kafka node with StandardAuthorizer; super users admin and
     ANONYMOUS (the PLAINTEXT listener), USERS on SASL_PLAINTEXT with PLAIN."""
-    kafka = _started_kafka(tmp_path_factory, "kafka-acls", users=USERS, authorizer=True,
+    kafka = started_kafka(tmp_path_factory, "kafka-acls", users=USERS, authorizer=True,
                            listeners=[Listener(SASL, SASL, ("PLAIN",))])
     yield kafka
     kafka.stop()

@@ -24,11 +24,14 @@ import psutil
 import pytest
 import trustme
 
-from conftest import ROOT, ProxyProcess
 from kthrottle.config import parse_admin_listen
 from kthrottle.embedded import free_port, wait_for_port
 from kthrottle.proxy import admin as admin_module
 from kthrottle.proxy.admin import AdminServer
+from kthrottle_testkit import ROOT
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 TOKEN = "s3cret-token"
 PRINCIPAL = "User:alice"

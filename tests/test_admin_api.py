@@ -13,8 +13,9 @@ import warnings
 
 import pytest
 
-from conftest import ProxyProcess
-from quota_clients import BackgroundProducer, scram_credentials_file, scram_login, wait_until
+from kthrottle_testkit.clients import (BackgroundProducer, scram_credentials_file, scram_login,
+                                       wait_until)
+from kthrottle_testkit.proxy import ProxyProcess
 
 from kthrottle.proxy.filters.admin_api import AdminApi
 from kthrottle.proxy.filters import standard_filters
@@ -41,6 +42,8 @@ with warnings.catch_warnings():
         SaslHandshakeRequest,
         SaslHandshakeResponse,
     )
+
+pytestmark = pytest.mark.integration
 
 ADMIN_APIS = {48: (0, 1), 49: (0, 1), 50: (0, 0), 51: (0, 0)}
 

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ProxyProcess
-from kafka_cluster import IPV4_ONLY_JVM_ARGS, KafkaMissing, compile_java
+from kthrottle.kafka_kit import IPV4_ONLY_JVM_ARGS, KafkaMissing, compile_java
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 # not swept: ApiVersions itself (read first), the SASL exchange (a state machine of its own:
 # test_sasl*), and the requests the proxy refuses by design, tested where they are refused

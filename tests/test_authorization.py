@@ -7,11 +7,12 @@ import uuid
 
 import pytest
 
-from conftest import ProxyProcess, _started_kafka
-from kafka_cluster import Listener
-from quota_clients import scram_credentials_file, wait_until
+from kthrottle.kafka_kit import Listener
+from kthrottle_testkit.brokers import started_kafka
+from kthrottle_testkit.clients import scram_credentials_file, wait_until
+from kthrottle_testkit.proxy import ProxyProcess
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
 SASL = "SASL_PLAINTEXT"
 USERS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
@@ -32,7 +33,7 @@ def acl(resource_type, name, principal, operation, pattern="PREFIXED", allow=Tru
 
 @pytest.fixture(scope="module")
 def kafka_acl(tmp_path_factory):
-    kafka = _started_kafka(tmp_path_factory, "kafka-authz", users=USERS, authorizer=True,
+    kafka = started_kafka(tmp_path_factory, "kafka-authz", users=USERS, authorizer=True,
                            listeners=[Listener(SASL, SASL, ("PLAIN", "SCRAM-SHA-512"))])
     admin = kafka.admin(**kafka.client_config(SASL, "PLAIN", "admin"))
     for topic in (ALICE_TOPIC, BOB_TOPIC):
@@ -165,7 +166,7 @@ def java_tool(kafka, proxy, tmp_path, user, main_class, *args, stdin=""):
     """One of Kafka's tools as ``user`` through the proxy: (exit code, stdout + stderr)."""
     import subprocess
 
-    from kafka_cluster import IPV4_ONLY_JVM_ARGS
+    from kthrottle.kafka_kit import IPV4_ONLY_JVM_ARGS
 
     config = tmp_path / ("%s.properties" % user)
     config.write_text("".join("%s=%s\n" % kv for kv in kafka.java_client_config(

@@ -15,7 +15,7 @@ from kthrottle.policy.acls import PatternType, Permission, ResourceType
 from kthrottle.proxy import filters as registry
 from kthrottle.proxy.filters.authorization import AclView, Authorization
 from kthrottle.sources.acls import AclSnapshot
-from kafka_frames import frame_response
+from kthrottle_testkit.frames import frame_response
 from test_pipeline import Harness, advertise, cids, frames_of, raw_request, req_cids
 
 with warnings.catch_warnings():
@@ -28,6 +28,8 @@ with warnings.catch_warnings():
     from kafka.protocol.metadata import (FindCoordinatorRequest, FindCoordinatorResponse,
                                          MetadataRequest, MetadataResponse)
     from kafka.protocol.producer import ProduceRequest, ProduceResponse
+
+pytestmark = pytest.mark.unit
 
 TOPIC_AUTHORIZATION_FAILED = 29
 UNKNOWN_TOPIC_ID = 100
@@ -705,7 +707,7 @@ def test_a_pipelined_refusal_is_answered_in_request_order():
 
 
 def test_the_broker_answer_frames_are_kafka_frames():
-    # sanity of the helpers: a frame built here reads back with kafka_frames' framing
+    # sanity of the helpers: a frame built here reads back with kthrottle_testkit.frames' framing
     frame = frame_response(0, 9, ProduceResponse[9](throttle_time_ms=0, responses=[]).encode(), 5)
     assert frame == produce_answer(5, {})
 

@@ -5,6 +5,8 @@ import struct
 import uuid
 import warnings
 
+import pytest
+
 from kthrottle.codecs import FrameReader
 from kthrottle.config import ProxyConfig
 from kthrottle.embedded import free_port
@@ -14,6 +16,8 @@ from kthrottle.proxy.connection import WRITE_HIGH_WATER
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from kafka.protocol.consumer import FetchRequest
+
+pytestmark = pytest.mark.integration
 
 RECORD = b"r" * 1024
 REQUESTS = 40

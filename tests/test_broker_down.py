@@ -10,15 +10,20 @@ import struct
 import time
 import urllib.request
 
-from conftest import BROKER_NODE_ID, ProxyProcess
-from kafka_cluster import KafkaBroker
+import pytest
+
+from kthrottle.kafka_kit import KafkaBroker
+from kthrottle_testkit import BROKER_NODE_ID
+from kthrottle_testkit.proxy import ProxyProcess
 
 from kthrottle.embedded import free_port
+
+pytestmark = pytest.mark.integration
 
 
 # After a kill -9 the controller (in the same JVM) takes the restarted node's registration only
 # once the old one's session has expired (DUPLICATE_BROKER_REGISTRATION until then): 4 s, not
-# the default 9 s, as tests/kafka_cluster.py's cluster_settings have it.
+# the default 9 s, as kthrottle/kafka_kit.py's cluster_settings have it.
 QUICK_REREGISTRATION = {"broker.session.timeout.ms": "4000", "broker.heartbeat.interval.ms": "500"}
 
 

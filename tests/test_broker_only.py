@@ -6,11 +6,11 @@ import struct
 
 import pytest
 
-from kafka_frames import advertise
 from kthrottle.codecs import apis
 from kthrottle.config import build_config
 from kthrottle.proxy.filters import REGISTERED, build_filters, standard_filters
 from kthrottle.proxy.filters.broker_only import BROKER_ONLY_APIS, BrokerOnlyApis
+from kthrottle_testkit.frames import advertise
 from test_pipeline import (
     Harness,
     cids,
@@ -22,6 +22,8 @@ from test_pipeline import (
     raw_request,
     req_cids,
 )
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.mark.parametrize("api_key", sorted(BROKER_ONLY_APIS))
@@ -148,7 +150,7 @@ def test_through_the_proxy_leader_and_isr_is_refused_and_clients_carry_on(broker
 
     from aiokafka import AIOKafkaProducer
 
-    from conftest import ProxyProcess
+    from kthrottle_testkit.proxy import ProxyProcess
 
     proxy = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log").start()
     try:

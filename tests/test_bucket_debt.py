@@ -25,6 +25,8 @@ from test_pipeline import (
 
 from kafka.protocol.consumer import FetchRequest
 
+pytestmark = pytest.mark.unit
+
 
 def another(h, short_way=True):
     """A second connection of the same proxy: its quota buckets are h's."""
@@ -371,8 +373,8 @@ def test_a_share_fetch_asks_for_its_grant_and_waits_for_its_buckets_debt():
 
 
 def _share_resp(cid):
-    """A ShareFetch v1 response with records (tests/kafka_frames.py)."""
-    from kafka_frames import share_fetch
+    """A ShareFetch v1 response with records (kthrottle_testkit/frames.py)."""
+    from kthrottle_testkit.frames import share_fetch
 
     payload = struct.pack(">i", cid) + b"\x00" + share_fetch(1, with_endpoints=False,
                                                             record_sizes=(20000,))

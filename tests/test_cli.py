@@ -10,9 +10,11 @@ import time
 import psutil
 import pytest
 
-from conftest import ROOT, TANSU_NODE_ID
 from kthrottle.config import ConfigError, ProxyConfig, build_config, load_toml
 from kthrottle.embedded import free_port
+from kthrottle_testkit import ROOT, TANSU_NODE_ID
+
+pytestmark = pytest.mark.integration
 
 
 def kthrottle(*args, timeout=30):
@@ -328,3 +330,13 @@ def test_local_with_kafka_and_no_jars_says_how_to_get_them(tmp_path):
     assert done.returncode == 1
     assert done.stderr.strip() == ("kthrottle local: error: KTHROTTLE_KAFKA_LIB=%s has no Kafka "
                                    "jars (kafka_2.13-*.jar)" % tmp_path), done.stderr
+
+
+def test_a_callback_that_cannot_be_loaded_stops_the_start_with_a_clear_error(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "kthrottle", "proxy", "--bootstrap-server", "127.0.0.1:1",
+         "--listen", "127.0.0.1:0", "--quota-callback", "no_such_module_x:Quotas"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode != 0
+    assert "quota callback no_such_module_x:Quotas: cannot import no_such_module_x" \
+        in result.stderr, result.stderr

@@ -3,19 +3,6 @@ import random
 
 import pytest
 
-from kafka_frames import (
-    BROKERS,
-    advertise,
-    api_versions,
-    describe_cluster,
-    fetch,
-    find_coordinator,
-    frame_response,
-    metadata,
-    produce,
-    produce_request,
-    proxied,
-)
 from kthrottle.codecs.frames import DROP, HEAD_SIZE, MIN_REQUEST_SIZE, PASS, WHOLE, FrameCutter, NeedHead
 from kthrottle.codecs import (
     FrameReader,
@@ -29,6 +16,21 @@ from kthrottle.codecs import (
 from kthrottle.codecs.request import MAX_HEAD_SIZE, capped_fetch_head
 from kthrottle.codecs import apis
 from kthrottle.codecs._kafka import ApiVersionsResponse
+from kthrottle_testkit.frames import (
+    BROKERS,
+    advertise,
+    api_versions,
+    describe_cluster,
+    fetch,
+    find_coordinator,
+    frame_response,
+    metadata,
+    produce,
+    produce_request,
+    proxied,
+)
+
+pytestmark = pytest.mark.unit
 
 ALL_NODES = [Node(n, h, p) for n, h, p, _ in BROKERS]
 

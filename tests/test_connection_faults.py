@@ -4,10 +4,14 @@ connection instead of leaving a paused client and two sockets open."""
 import asyncio
 import logging
 
+import pytest
+
 from kthrottle.config import ProxyConfig
 from kthrottle.embedded import free_port
 from kthrottle.proxy.server import ProxyServer
 from test_pipeline import api_versions_req
+
+pytestmark = pytest.mark.integration
 
 
 async def _one_connection(broker, body):

@@ -13,13 +13,15 @@ import uuid
 
 import pytest
 
-from conftest import ProxyProcess
 from kthrottle.embedded import free_port
 from kthrottle.policy.entities import CONNECTION_CREATION_RATE, OBSERVE_ONLY
 from kthrottle.policy.quotas import WINDOW, QuotaManager, QuotaSettings
 from kthrottle.proxy.limits import ConnectionRate, HeldConnections, entity_name
-from quota_clients import admin_get, produce_then_consume, wait_until
+from kthrottle_testkit.clients import admin_get, produce_then_consume, wait_until
+from kthrottle_testkit.proxy import ProxyProcess
 from test_pipeline import api_versions_req
+
+pytestmark = pytest.mark.integration
 
 RATE = CONNECTION_CREATION_RATE
 

@@ -37,6 +37,8 @@ with warnings.catch_warnings():
     )
     from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
+pytestmark = pytest.mark.unit
+
 CLIENT = "admin-tool"
 
 

@@ -14,9 +14,11 @@ import warnings
 
 import pytest
 
-from conftest import ProxyProcess
 from kthrottle.embedded import free_port
-from quota_clients import scram_credentials_file
+from kthrottle_testkit.clients import scram_credentials_file
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 RATE = 5.0  # partitions per second; the token bucket lets a burst of 1 s of it
 PARTITIONS = 2  # per topic created

@@ -12,7 +12,6 @@ import uuid
 import pytest
 from scramp import ScramClient, ScramException, ScramMechanism
 
-import zookeeper as zk_server
 from kthrottle.sources import QuotaStoreError
 from kthrottle.sources.credentials import (
     MECHANISMS,
@@ -27,7 +26,10 @@ from kthrottle.sources.credentials import (
     verify_password,
 )
 from kthrottle.sources.zookeeper import ZooKeeperQuotaSource
-from quota_clients import kthrottle_quotas
+from kthrottle_testkit import zookeeper as zk_server
+from kthrottle_testkit.clients import kthrottle_quotas
+
+pytestmark = pytest.mark.integration
 
 needs_zookeeper = pytest.mark.skipif(not zk_server.available(),
                                      reason="scripts/test installs ZooKeeper")

@@ -9,8 +9,10 @@ import re
 import pytest
 import yaml  # PyYAML: Prometheus rule files are YAML
 
-from conftest import ROOT
 from kthrottle.proxy.admin import METRICS
+from kthrottle_testkit import ROOT
+
+pytestmark = pytest.mark.unit
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "kthrottle-dashboard.json"
 ALERTS = ROOT / "deploy" / "prometheus" / "kthrottle-alerts.yml"

@@ -8,12 +8,13 @@ import uuid
 
 import pytest
 
-from conftest import ProxyProcess, _started_kafka
-from kafka_cluster import Listener
-from quota_clients import scram_credentials_file
+from kthrottle.kafka_kit import Listener
+from kthrottle_testkit.brokers import started_kafka
+from kthrottle_testkit.clients import scram_credentials_file
+from kthrottle_testkit.proxy import ProxyProcess
 from test_authorization import acl, produce  # as alice or bob, through a proxy
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
 SASL = "SASL_PLAINTEXT"
 USERS = {"admin": "admin-secret", "tokens": "tokens-secret", "alice": "alice-secret",
@@ -24,7 +25,7 @@ ALICE_TOPIC, BOB_TOPIC = "alice-dt-%s" % RUN, "bob-dt-%s" % RUN
 
 @pytest.fixture(scope="module")
 def kafka_tokens(tmp_path_factory):
-    kafka = _started_kafka(
+    kafka = started_kafka(
         tmp_path_factory, "kafka-tokens", users=USERS, authorizer=True,
         listeners=[Listener(SASL, SASL, ("PLAIN", "SCRAM-SHA-512"))],
         config={"delegation.token.secret.key": "kthrottle-test-secret-%s" % RUN})

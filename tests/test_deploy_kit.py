@@ -21,10 +21,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, TANSU_NODE_ID
 from kthrottle.cli import _flag_values, make_parser
 from kthrottle.config import DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_LISTEN, build_config, load_toml
 from kthrottle.embedded import free_port, tansu_binary, wait_for_port
+from kthrottle_testkit import ROOT, TANSU_NODE_ID
+
+pytestmark = pytest.mark.integration
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 CONSOLE_SCRIPT = "kthrottle"

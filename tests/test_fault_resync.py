@@ -24,10 +24,8 @@ import uuid
 
 import pytest
 
-import zookeeper as zk_server
-from conftest import BROKER_NODE_ID, ROOT, ProxyProcess
 from kthrottle.config import build_config
-from kafka_cluster import KafkaBroker
+from kthrottle.kafka_kit import KafkaBroker
 from kthrottle.embedded import free_port
 from kthrottle.policy.fleet import ProxyShares, encode_shares_document, shares_document
 from kthrottle.policy.quotas import QuotaManager
@@ -48,7 +46,12 @@ from kthrottle.proxy.filters.storage import StorageThrottle
 from kthrottle.sources.cluster_state import DEFAULT_ZNODE, shares_znode
 from kthrottle.sources.kafka_publisher import PublishError
 from kthrottle.sources.outage import Outage
-from quota_clients import BackgroundProducer, admin_get, produce_quotas, wait_until
+from kthrottle_testkit import BROKER_NODE_ID, ROOT
+from kthrottle_testkit import zookeeper as zk_server
+from kthrottle_testkit.clients import BackgroundProducer, admin_get, produce_quotas, wait_until
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 P = "producer_byte_rate"
 WALL = 1_800_000_000.0

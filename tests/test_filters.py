@@ -15,7 +15,7 @@ from kthrottle.proxy import filters as registry
 from kthrottle.proxy.filter import Filter, FilterContext
 from kthrottle.proxy.filters.forbidden_api_keys import ForbiddenApiKeys, parse_api_keys
 from kthrottle.proxy.pipeline import HEAD, Phase
-from kafka_frames import api_versions, frame_response
+from kthrottle_testkit.frames import api_versions, frame_response
 from test_pipeline import (
     Harness,
     advertise,
@@ -32,6 +32,8 @@ from test_pipeline import (
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from kafka.protocol.admin import CreateTopicsRequest
+
+pytestmark = pytest.mark.integration
 
 FILTERS_DIR = Path(registry.__file__).parent
 
@@ -228,7 +230,7 @@ def test_through_the_proxy_admin_calls_are_refused_and_records_still_flow(broker
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import KafkaError
 
-    from conftest import ProxyProcess
+    from kthrottle_testkit.proxy import ProxyProcess
     from test_api_sweep import CLOSED, api_ranges, exchange
 
     proxy = ProxyProcess(broker.bootstrap, tmp_path / "proxy.log",
@@ -302,6 +304,7 @@ def test_each_filter_reads_only_the_options_it_declares(tmp_path):
              upstream_sasl_password_file=str(password)),
         dict(base, zookeeper="127.0.0.1:2181", storage_scope="cluster"),
         dict(base, admin_principals=frozenset({"admin"})),
+        dict(base, client_id_required=True),
     ]
     read = {cls: set() for cls in registry.REGISTERED}
     built = set()

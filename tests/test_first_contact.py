@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TANSU_NODE_ID
 from kthrottle.embedded import free_port
+from kthrottle_testkit import ROOT, TANSU_NODE_ID
+
+pytestmark = pytest.mark.integration
 
 README = (ROOT / "README.md").read_text()
 CLIENTS = {"aiokafka": "from aiokafka ", "confluent-kafka": "from confluent_kafka ",
@@ -263,12 +265,8 @@ def test_the_benchmark_names_a_missing_extra_before_anything_starts():
 
 
 def test_a_benchmark_run_writes_to_a_fresh_ignored_directory(tmp_path, monkeypatch):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import harness
-        import proxy_overhead
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    from kthrottle_testkit import harness, load_benchmark
+    proxy_overhead = load_benchmark("proxy_overhead")
     first = proxy_overhead.fresh_output_dir(tmp_path)
     second = proxy_overhead.fresh_output_dir(tmp_path)
     assert first != second and first.is_dir() and second.is_dir()
@@ -378,8 +376,7 @@ def test_no_benchmark_builds_a_path_into_the_committed_results():
 
 PINNED_CHILDREN = r'''
 import json, os, sys, time
-sys.path.insert(0, "benchmarks")
-from harness import Processes
+from kthrottle_testkit.harness import Processes
 procs = Processes(sys.argv[1])
 said = procs.pin_proxies({int(sys.argv[2])})
 show = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]

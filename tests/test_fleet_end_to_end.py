@@ -8,13 +8,14 @@ import uuid
 
 import pytest
 
-import zookeeper as zk_server
-from conftest import ProxyProcess
-from quota_clients import BackgroundProducer, kthrottle_quotas
+from kthrottle_testkit import zookeeper as zk_server
+from kthrottle_testkit.clients import BackgroundProducer, kthrottle_quotas
+from kthrottle_testkit.proxy import ProxyProcess
 from test_storage_end_to_end import Process
 
-pytestmark = pytest.mark.skipif(not zk_server.available(),
-                                reason="scripts/test installs ZooKeeper")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not zk_server.available(),
+                                 reason="scripts/test installs ZooKeeper")]
 pytest.importorskip("pyspark", reason="scripts/test installs PySpark")
 
 @pytest.fixture(scope="module")

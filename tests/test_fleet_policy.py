@@ -27,6 +27,8 @@ from kthrottle.policy.fleet import (
 )
 from kthrottle.policy.storage import COMPRESS_ABOVE
 
+pytestmark = pytest.mark.unit
+
 Q = 1_048_576.0
 NOW = 1_795_440_000.0
 
@@ -515,66 +517,6 @@ def test_a_shares_document_dated_beyond_the_clock_skew_is_refused():
 def test_corrupt_gzip_shares_document():
     with pytest.raises(ValueError, match="corrupt"):
         parse_shares_document(gzip.compress(b"{}")[:-6])
-
-
-# the proxy's side, with a real ZooKeeper: a shares document dated ahead is refused as a
-# malformed one is (a log line, the rejected counter), and the last good one stays
-
-def _zookeeper_available():
-    import zookeeper as zk_server
-
-    return zk_server.available()
-
-
-@pytest.mark.skipif(not _zookeeper_available(), reason="scripts/test installs ZooKeeper")
-def test_a_shares_document_dated_ahead_is_refused_and_the_last_good_one_stays(zookeeper, caplog):
-    import asyncio
-    import logging
-    import uuid
-
-    from kazoo.client import KazooClient
-
-    from kthrottle.proxy.fleet import SharesWatch
-
-    caplog.set_level(logging.INFO, logger="kthrottle.storage")
-    path = "/fleet-policy-%s/shares/a" % uuid.uuid4().hex[:8]
-
-    async def until(predicate, what):
-        for _ in range(250):
-            if predicate():
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError("timed out waiting for %s" % what)
-
-    async def scenario(writer):
-        seen = []
-        writer.create(path, json.dumps(shares_doc(generated_at=time.time(), cycle=1)).encode(),
-                      makepath=True)
-        watch = SharesWatch(zookeeper.hosts, path, "a")
-        await watch.start(seen.append)
-        try:
-            await until(lambda: len(seen) == 1, "the first document")
-            writer.set(path, json.dumps(shares_doc(generated_at=time.time() + 3600,
-                                                   cycle=2)).encode())
-            await until(lambda: watch.rejected == 1, "the document dated ahead refused")
-            assert any("refused the quota shares in %s" % path in r.getMessage()
-                       and "generated_at is 3600 s ahead of this machine's clock" in r.getMessage()
-                       for r in caplog.records)
-            await asyncio.sleep(0.05)
-            assert [d.cycle for d in seen] == [1]  # the last good shares stay
-            writer.set(path, json.dumps(shares_doc(generated_at=time.time(), cycle=3)).encode())
-            await until(lambda: len(seen) == 2, "the next good document")
-            assert [d.cycle for d in seen] == [1, 3] and watch.rejected == 1
-        finally:
-            await watch.stop()
-
-    writer = KazooClient(hosts=zookeeper.hosts)
-    writer.start(timeout=10)
-    try:
-        asyncio.run(scenario(writer))
-    finally:
-        writer.stop()
-        writer.close()
 
 
 # how long the job's driver would take ----------------------------------------------------------

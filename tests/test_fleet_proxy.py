@@ -3,13 +3,12 @@ components: a Tansu broker, a ZooKeeper holding the quota (set with
 ``kthrottle quotas``) and the shares, and a producer through the proxy. The
 test plays the Spark job: it reads the usage reports from the topic and
 writes the proxy's shares znode by hand, so that each case is reached on cue."""
+import json
 import time
 import uuid
 
 import pytest
 
-import zookeeper as zk_server
-from conftest import ProxyProcess
 from kthrottle.embedded import free_port, wait_for_port
 from kthrottle.policy.fleet import (
     ProxyShares,
@@ -19,7 +18,8 @@ from kthrottle.policy.fleet import (
 )
 from kthrottle.policy.quotas import CAPACITY_USER
 from kthrottle.sources.cluster_state import shares_znode
-from quota_clients import (
+from kthrottle_testkit import zookeeper as zk_server
+from kthrottle_testkit.clients import (
     BackgroundProducer,
     admin_get,
     kthrottle_quotas,
@@ -27,9 +27,12 @@ from quota_clients import (
     scram_credentials_file,
     wait_until,
 )
+from kthrottle_testkit.proxy import ProxyProcess
+from test_fleet_policy import shares_doc
 
-pytestmark = pytest.mark.skipif(not zk_server.available(),
-                                reason="scripts/test installs ZooKeeper")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not zk_server.available(),
+                                 reason="scripts/test installs ZooKeeper")]
 
 @pytest.fixture(scope="module")
 def broker(own_kafka):
@@ -274,7 +277,7 @@ def test_a_proxy_id_without_zookeeper_is_a_clear_error(broker, tmp_path):
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from kthrottle_testkit import ROOT
 
     out = subprocess.run([sys.executable, "-m", "kthrottle", "proxy", "--bootstrap-server",
                           broker.bootstrap, "--listen", "127.0.0.1:%d" % free_port(),
@@ -317,3 +320,57 @@ def test_a_shared_capacity_is_reported_as_one_bucket_and_the_fleets_share_of_it_
         after = producer.rate(applied + 2, applied + 8)
         assert 0.6 * capacity / 4 < after < 1.4 * capacity / 4, (before, after)
     assert producer.error is None
+
+
+# the proxy's watch alone, with a real ZooKeeper (the shares documents of test_fleet_policy.py):
+# a shares document dated ahead is refused as a malformed one is (a log line, the rejected
+# counter), and the last good one stays
+
+def test_a_shares_document_dated_ahead_is_refused_and_the_last_good_one_stays(zookeeper, caplog):
+    import asyncio
+    import logging
+    import uuid
+
+    from kazoo.client import KazooClient
+
+    from kthrottle.proxy.fleet import SharesWatch
+
+    caplog.set_level(logging.INFO, logger="kthrottle.storage")
+    path = "/fleet-policy-%s/shares/a" % uuid.uuid4().hex[:8]
+
+    async def until(predicate, what):
+        for _ in range(250):
+            if predicate():
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("timed out waiting for %s" % what)
+
+    async def scenario(writer):
+        seen = []
+        writer.create(path, json.dumps(shares_doc(generated_at=time.time(), cycle=1)).encode(),
+                      makepath=True)
+        watch = SharesWatch(zookeeper.hosts, path, "a")
+        await watch.start(seen.append)
+        try:
+            await until(lambda: len(seen) == 1, "the first document")
+            writer.set(path, json.dumps(shares_doc(generated_at=time.time() + 3600,
+                                                   cycle=2)).encode())
+            await until(lambda: watch.rejected == 1, "the document dated ahead refused")
+            assert any("refused the quota shares in %s" % path in r.getMessage()
+                       and "generated_at is 3600 s ahead of this machine's clock" in r.getMessage()
+                       for r in caplog.records)
+            await asyncio.sleep(0.05)
+            assert [d.cycle for d in seen] == [1]  # the last good shares stay
+            writer.set(path, json.dumps(shares_doc(generated_at=time.time(), cycle=3)).encode())
+            await until(lambda: len(seen) == 2, "the next good document")
+            assert [d.cycle for d in seen] == [1, 3] and watch.rejected == 1
+        finally:
+            await watch.stop()
+
+    writer = KazooClient(hosts=zookeeper.hosts)
+    writer.start(timeout=10)
+    try:
+        asyncio.run(scenario(writer))
+    finally:
+        writer.stop()
+        writer.close()

@@ -19,6 +19,8 @@ from kthrottle.policy.quotas import TOKEN_BUCKET, WINDOW, QuotaManager, QuotaSet
 from kthrottle.proxy.fleet import SharesFollower, UsageTracker
 from kthrottle.sources.cluster_state import shares_znode
 
+pytestmark = pytest.mark.unit
+
 PRODUCE = 0  # API key
 P = "producer_byte_rate"
 F = "consumer_byte_rate"

@@ -16,9 +16,11 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, TANSU_NODE_ID
 from kthrottle.embedded import free_port
+from kthrottle_testkit import ROOT, TANSU_NODE_ID
 from test_first_contact import confluent_roundtrip
+
+pytestmark = pytest.mark.integration
 
 INSTALL_TIMEOUT = 900  # seconds: a cold pip cache on a slow link
 

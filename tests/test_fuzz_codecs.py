@@ -39,22 +39,10 @@ import tracemalloc
 import uuid
 import warnings
 
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from kafka_frames import (
-    api_versions,
-    describe_cluster,
-    fetch,
-    fetch_many,
-    filled_response,
-    find_coordinator,
-    metadata,
-    produce,
-    produce_many,
-    with_top_level_tags,
-    _fill,
-)
 from kthrottle.codecs import ProtocolError, apis, response_correlation_id, rewrite_response
 from kthrottle.codecs import unsupported_api_versions_response
 from kthrottle.codecs.frames import (
@@ -90,6 +78,19 @@ from kthrottle.codecs.throttle import (
 )
 from kthrottle.codecs import wire
 from kthrottle.codecs.versions import api_versions_answer, parse_api_versions
+from kthrottle_testkit.frames import (
+    api_versions,
+    describe_cluster,
+    fetch,
+    fetch_many,
+    filled_response,
+    find_coordinator,
+    metadata,
+    produce,
+    produce_many,
+    with_top_level_tags,
+    _fill,
+)
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -110,6 +111,8 @@ with warnings.catch_warnings():
         SaslHandshakeRequest,
         SaslHandshakeResponse,
     )
+
+pytestmark = pytest.mark.unit
 
 INT32 = struct.Struct(">i")
 
@@ -144,7 +147,7 @@ RESPONSE_CLASSES = {
 
 def filled_request(api_key, version, repeat=1, correlation_id=7, client_id="app-1", **values):
     """A framed request of ``api_key`` at ``version`` with every field set
-    (kafka_frames._fill, as filled_response does for responses)."""
+    (kthrottle_testkit.frames._fill, as filled_response does for responses)."""
     cls = REQUEST_CLASSES[api_key]
     request = cls[version](**_fill(cls, version, values, repeat))
     request.with_header(correlation_id=correlation_id, client_id=client_id)
@@ -192,7 +195,7 @@ def _build_responses():
         for version in range(cls.min_version, cls.max_version + 1):
             for repeat in (1, 2):
                 out.append((api_key, version, filled_response(cls, version, repeat=repeat)))
-    # realistic three-broker answers (tests/kafka_frames.py)
+    # realistic three-broker answers (kthrottle_testkit/frames.py)
     for version in range(MetadataResponse.max_version + 1):
         out.append((apis.METADATA, version, _frame(apis.METADATA, version, metadata(version))))
     for version in range(FindCoordinatorResponse.max_version + 1):

@@ -38,7 +38,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kafka_frames import filled_response
 from kthrottle.codecs import apis
 from kthrottle.policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE
 from kthrottle.policy.quotas import QuotaManager
@@ -73,6 +72,7 @@ from kthrottle.proxy.pipeline import (
 )
 from kthrottle.proxy.filters.storage import StorageThrottle
 from kthrottle.sources.credentials import Credentials, scram_from_password
+from kthrottle_testkit.frames import filled_response
 from test_fuzz_codecs import (
     ANY_RESPONSES,
     INT32,
@@ -85,6 +85,8 @@ from test_fuzz_codecs import (
     with_huge_count,
 )
 from test_sasl import authenticate, handshake, plain
+
+pytestmark = pytest.mark.unit
 
 MAX_FRAME = 1 << 20
 MECHANISMS = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]

@@ -15,6 +15,8 @@ from kthrottle.codecs.group_answers import (
     subscribed_topics,
 )
 
+pytestmark = pytest.mark.integration
+
 CORRELATION_ID = 7  # GroupAnswers.java's
 MESSAGE = "refused by kthrottle \u00e9"  # GroupAnswers.java's ErrorMessage
 ERROR_KEYS = (68, 76, 78, 79, 88, 91, 92)

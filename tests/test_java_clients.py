@@ -24,11 +24,15 @@ import time
 import urllib.request
 import uuid
 
-from conftest import ProxyProcess
+import pytest
+
+from kthrottle_testkit.proxy import ProxyProcess
 # (in the kit, so that benchmarks run Kafka's tools the same way; other test modules
 # import them from here)
-from kafka_cluster import TOOL_LOG4J2, JavaTool
+from kthrottle.kafka_kit import TOOL_LOG4J2, JavaTool
 from kthrottle.embedded import free_port
+
+pytestmark = pytest.mark.integration
 
 PRODUCER_PERFORMANCE = "org.apache.kafka.tools.ProducerPerformance"
 CONSUMER_PERFORMANCE = "org.apache.kafka.tools.ConsumerPerformance"

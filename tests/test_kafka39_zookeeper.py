@@ -8,10 +8,14 @@ Kafka docs, "Quotas" and "Authentication using SASL/SCRAM"; KIP-55 (quotas), KIP
 import time
 import uuid
 
-from conftest import ProxyProcess
-from kafka_cluster import CONFIG_COMMAND
+import pytest
+
+from kthrottle.kafka_kit import CONFIG_COMMAND
 from kthrottle.embedded import free_port
-from quota_clients import BackgroundProducer, admin_get, produce_quotas, wait_until
+from kthrottle_testkit.clients import BackgroundProducer, admin_get, produce_quotas, wait_until
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 NODE_ID = 1  # the fixture's broker.id: the proxy serves it on node_port_base + 1
 QUOTA = 100_000  # bytes/s

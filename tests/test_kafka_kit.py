@@ -1,4 +1,4 @@
-"""The Apache Kafka test kit itself (tests/kafka_cluster.py), on real brokers: the three-node
+"""The Apache Kafka test kit itself (kthrottle/kafka_kit.py), on real brokers: the three-node
 KRaft cluster (replication, kill -9 of a leader, restart, leader elections), the SASL and TLS
 listeners (PLAIN, SCRAM, OAUTHBEARER unsecured and JWKS-checked, SASL_SSL), the authorizer
 switch, and Kafka 3.9 in ZooKeeper mode with SCRAM credentials kept in ZooKeeper."""
@@ -7,10 +7,11 @@ import uuid
 
 import pytest
 
-from conftest import KAFKA_USERS
-from kafka_cluster import (SCRAM, KafkaBroker, Listener, VERIFIABLE_PRODUCER, metadata_brokers)
+from kthrottle.kafka_kit import (SCRAM, KafkaBroker, Listener, VERIFIABLE_PRODUCER,
+                                 metadata_brokers)
+from kthrottle_testkit.brokers import KAFKA_USERS
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
 QUIET = {"log_level": 0}  # librdkafka: no "Connect failed" lines for a node killed on purpose
 
@@ -177,7 +178,7 @@ def test_oauthbearer_tokens_checked_against_the_jwks(kafka_secure):
 
 
 def test_a_java_client_logs_in_with_the_kits_java_settings(kafka_secure, tmp_path):
-    """kafka_cluster.java_client_config for Kafka's own tools (VerifiableProducer here)."""
+    """kafka_kit.java_client_config for Kafka's own tools (VerifiableProducer here)."""
     topic = _topic("kit-java")
     kafka_secure.create_topic(topic)
     props = tmp_path / "client.properties"
@@ -227,7 +228,7 @@ def test_the_authorizer_switch(tmp_path):
 
 
 def _login(conf, timeout):
-    from kafka_cluster import _try_login
+    from kthrottle.kafka_kit import _try_login
 
     return _try_login(conf, timeout)
 

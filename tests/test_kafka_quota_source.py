@@ -14,12 +14,15 @@ import warnings
 
 import pytest
 
-from conftest import ROOT, ProxyProcess
 from kthrottle.config import build_config
 from kthrottle.embedded import free_port
 from kthrottle.options import ConfigError
 from kthrottle.sources.kafka_quotas import snapshot_from_entries
-from quota_clients import BackgroundProducer, metric, produce_quotas, wait_until
+from kthrottle_testkit import ROOT
+from kthrottle_testkit.clients import BackgroundProducer, metric, produce_quotas, wait_until
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 REFRESH = "0.5s"
 CLIENT = "kq-app"

@@ -28,10 +28,12 @@ import uuid
 import psutil
 import pytest
 
-from conftest import ProxyProcess
-from kafka_cluster import IPV4_ONLY_JVM_ARGS, KafkaMissing, compile_java
+from kthrottle.kafka_kit import IPV4_ONLY_JVM_ARGS, KafkaMissing, compile_java
 from kthrottle.embedded import _die_with_parent, free_port
-from quota_clients import admin_get, wait_until
+from kthrottle_testkit.clients import admin_get, wait_until
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 CONFIG_COMMAND = "org.apache.kafka.tools.ConfigCommand"  # bin/kafka-configs.sh
 GROUP_COMMAND = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"

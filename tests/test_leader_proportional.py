@@ -31,9 +31,9 @@ import uuid
 
 import pytest
 
-from conftest import ProxyProcess
+from kthrottle_testkit.proxy import ProxyProcess
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
 QUOTA = 1048576  # producer_byte_rate of users/<default>: every ANONYMOUS client together
 RECORD = b"x" * 1024

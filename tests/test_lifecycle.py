@@ -14,10 +14,11 @@ import warnings
 import pytest
 import trustme
 
-from conftest import ProxyProcess
 from kthrottle.config import ConfigError, build_config, load_toml
 from kthrottle.embedded import free_port
-from quota_clients import produce_quotas, scram_credentials_file, scram_login, wait_until
+from kthrottle_testkit.clients import (produce_quotas, scram_credentials_file, scram_login,
+                                       wait_until)
+from kthrottle_testkit.proxy import ProxyProcess
 from test_pipeline import (
     Harness,
     api_versions_req,
@@ -31,6 +32,8 @@ from test_pipeline import (
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from kafka.protocol.consumer import FetchRequest
+
+pytestmark = pytest.mark.integration
 
 
 def fetch_req(topic, correlation_id, max_wait_ms):

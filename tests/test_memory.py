@@ -6,7 +6,10 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT, ProxyProcess
+from kthrottle_testkit import ROOT
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 # a fresh interpreter allocates a 1 MiB block and says how much of the
 # memory malloc holds is mmapped (glibc's mallinfo2().hblkhd). memory.py is

@@ -5,9 +5,11 @@ import uuid
 
 import pytest
 
-from kafka_frames import MetadataResponse, frame_response
 from kthrottle.codecs import ProtocolError, apis
 from kthrottle.codecs.metadata_leaders import MAX_VERSION, metadata_leaders
+from kthrottle_testkit.frames import MetadataResponse, frame_response
+
+pytestmark = pytest.mark.unit
 
 
 def _frame(version, topics):

@@ -19,13 +19,16 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import zookeeper as zk_server
-from conftest import ROOT, ProxyProcess
 from kthrottle.embedded import free_port, wait_for_port
 from kthrottle.policy.quotas import QuotaManager, QuotaSettings
 from kthrottle.proxy.admin import METRICS, ProxyCollector, metrics_reference
+from kthrottle_testkit import ROOT
+from kthrottle_testkit import zookeeper as zk_server
+from kthrottle_testkit.clients import kthrottle_quotas, scram_credentials_file, wait_until
+from kthrottle_testkit.proxy import ProxyProcess
 from test_admin import pki  # noqa: F401 (a fixture)
-from quota_clients import kthrottle_quotas, scram_credentials_file, wait_until
+
+pytestmark = pytest.mark.integration
 
 P = "producer_byte_rate"
 QUOTA = 204_800.0  # 200 KiB/s
@@ -167,15 +170,14 @@ def test_collected_families_are_as_metrics_says_and_entities_are_bounded():
 # -- the README ------------------------------------------------------------------------
 
 def test_the_readme_carries_the_metrics_reference_as_generated():
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "reference" / "metrics.md").read_text()  # the site's page
     for m in METRICS:
         assert "`%s`" % m.name in readme, m.name
-    section = readme.split("## Metrics reference\n", 1)[1]
+    section = readme.split("# Metrics reference\n", 1)[1]
     generated = metrics_reference()
     assert generated in section, (
-        "README's Metrics reference is not what METRICS makes: paste the output of\n"
-        "  .venv/bin/python -c 'from kthrottle.proxy.admin import metrics_reference; "
-        "print(metrics_reference(), end=\"\")'")
+        "docs/reference/metrics.md is not what METRICS makes: run "
+        "scripts/config-reference --write")
 
 
 # -- a real proxy, real clients ----------------------------------------------------

@@ -18,16 +18,20 @@ import uuid
 
 import pytest
 
-from conftest import ROOT, TANSU_NODE_ID, ProxyProcess
-from kafka_frames import describe_cluster, fetch, find_coordinator, frame_response, metadata
 from kthrottle.codecs import apis, rewrite_response
 from kthrottle.config import ConfigError, ProxyConfig, build_config, load_toml, parse_node_ports
 from kthrottle.embedded import free_port, wait_for_port
 from kthrottle.proxy.addressing import NodePorts, UnmappedNode
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.server import ProxyServer
-from quota_clients import produce_then_consume, scram_credentials_file
+from kthrottle_testkit import ROOT, TANSU_NODE_ID
+from kthrottle_testkit.clients import produce_then_consume, scram_credentials_file
+from kthrottle_testkit.frames import (describe_cluster, fetch, find_coordinator, frame_response,
+                                      metadata)
+from kthrottle_testkit.proxy import ProxyProcess
 from test_pipeline import Harness, api_versions_req, fetch_req, metadata_req
+
+pytestmark = pytest.mark.integration
 
 # a KRaft cluster's node ids: large and sparse
 KRAFT = [(1001, "kafka-a.internal.example", 9092, "rack-a"),

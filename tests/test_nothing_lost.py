@@ -1,25 +1,23 @@
-"""Nothing lost, at a small size: the scenario of benchmarks/nothing_lost.py (imported, not
-copied). Sequence-numbered records go through one kthrottle proxy from an idempotent
-confluent-kafka producer (acks=all) while its client-id is held to a produce quota below what
-it offers, a storage PAUSE holds it, the broker (one Apache Kafka node, the benchmark's
---broker kafka) is killed with SIGKILL and started again on its data while it does, and the
-pause is released; an aiokafka consumer reads through the same proxy meanwhile. Neither client
-nor the proxy is restarted: they must recover on their own."""
+"""Nothing lost, at a small size: the scenario of benchmarks/nothing_lost.py (the test kit's
+kthrottle_testkit.nothing_lost, which the benchmark runs too). Sequence-numbered records go
+through one kthrottle proxy from an idempotent confluent-kafka producer (acks=all) while its
+client-id is held to a produce quota below what it offers, a storage PAUSE holds it, the
+broker (one Apache Kafka node, the benchmark's --broker kafka) is killed with SIGKILL and
+started again on its data while it does, and the pause is released; an aiokafka consumer
+reads through the same proxy meanwhile. Neither client nor the proxy is restarted: they must
+recover on their own."""
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
 
-import zookeeper as zk_server
+from kthrottle_testkit import nothing_lost
+from kthrottle_testkit import zookeeper as zk_server
 
-pytestmark = [pytest.mark.skipif(not zk_server.available(),
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not zk_server.available(),
                                  reason="scripts/test installs ZooKeeper"),
               pytest.mark.kafka]  # an Apache Kafka node of its own
 pytest.importorskip("confluent_kafka")
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import nothing_lost  # noqa: E402
 
 
 def test_every_acknowledged_record_is_read_back_once_in_order_through_throttle_pause_and_restart(

@@ -6,10 +6,14 @@ still holds its clients."""
 import time
 import uuid
 
-from conftest import ProxyProcess
+import pytest
+
 from kthrottle.embedded import free_port
-from quota_clients import BackgroundProducer, admin_get, wait_until
+from kthrottle_testkit.clients import BackgroundProducer, admin_get, wait_until
+from kthrottle_testkit.proxy import ProxyProcess
 from test_fault_resync import metric
+
+pytestmark = pytest.mark.integration
 
 QUOTA = 100 * 1024  # bytes/s
 SECONDS = 4.0

@@ -10,6 +10,8 @@ from kthrottle.config import ConfigError, ProxyConfig, build_config, load_toml
 from kthrottle.options import INTEGER, NAMES, Option, OptionGroup, arg_type
 from kthrottle.security import ClientSecurityOptions, KafkaClientSecurity
 
+pytestmark = pytest.mark.unit
+
 
 class Example:
     """A component reading two options of its own."""

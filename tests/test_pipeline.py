@@ -7,7 +7,6 @@ import warnings
 
 import pytest
 
-from kafka_frames import advertise, api_versions, fetch, frame_response, metadata, produce
 from kthrottle.codecs import apis
 from kthrottle.codecs.frames import HEAD_SIZE
 from kthrottle.codecs.request import fetch_head
@@ -37,12 +36,16 @@ from kthrottle.proxy.pipeline import (
     SendToClient,
     Throttle,
 )
+from kthrottle_testkit.frames import (advertise, api_versions, fetch, frame_response, metadata,
+                                      produce)
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from kafka.protocol.consumer import FetchRequest
     from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
     from kafka.protocol.producer import ProduceRequest, ProduceResponse
+
+pytestmark = pytest.mark.unit
 
 MAX_FRAME = 100 * 1024 * 1024
 

@@ -16,6 +16,8 @@ from kthrottle.policy.entities import (
 from kthrottle.policy.quotas import TOKEN_BUCKET, WINDOW, QuotaConfig, QuotaManager, QuotaSettings
 from kthrottle.policy.rate import SampledRate, TokenBucket, throttle_seconds
 
+pytestmark = pytest.mark.unit
+
 
 def q(produce, fetch):
     return {PRODUCE: float(produce), FETCH: float(fetch)}

@@ -8,6 +8,8 @@ from kthrottle.policy.capacity import ACTIVE_SECONDS, SharedCapacity, water_leve
 from kthrottle.policy.entities import OBSERVE_ONLY, PRODUCER_BYTE_RATE as PRODUCE
 from kthrottle.policy.quotas import CAPACITY_USER, QuotaManager, capacity_sharing_key
 
+pytestmark = pytest.mark.unit
+
 MB = 1e6
 STEP = 0.01  # the fake clock's tick
 REQUEST = 50_000  # a greedy producer's request size

@@ -20,6 +20,8 @@ from kthrottle.policy.entities import (
 )
 from kthrottle.policy.quotas import WINDOW, QuotaManager, QuotaSettings
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("path, entity", [
     ("users/alice", {"user": "alice"}),

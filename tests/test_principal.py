@@ -11,6 +11,8 @@ from cryptography.x509.oid import NameOID
 
 from kthrottle.policy.principal import NoMatchingRule, PrincipalMapper, parse_rules
 
+pytestmark = pytest.mark.unit
+
 SERVICE = "CN=serviceuser,OU=ServiceUsers,O=Unknown,L=Unknown,ST=Unknown,C=Unknown"
 ADMIN = "CN=adminUser,OU=Admin,O=Unknown,L=Unknown,ST=Unknown,C=Unknown"
 
@@ -108,7 +110,7 @@ def certificate_der():
 
 @pytest.mark.parametrize("subject,java", SUBJECTS)
 def test_certificate_subject_is_javas_x500_principal_name(certificate_der, subject, java):
-    from kthrottle.proxy.server import certificate_subject
+    from kthrottle.proxy.tls import certificate_subject
 
     assert certificate_subject(certificate_der(subject)) == java
 
@@ -121,7 +123,7 @@ def test_x500_principal_name_of_a_name_as_built(subject, java):
 
 
 def test_a_rule_written_for_kafka_maps_a_subject_with_an_email_address(certificate_der):
-    from kthrottle.proxy.server import certificate_subject
+    from kthrottle.proxy.tls import certificate_subject
 
     rules = r"RULE:^1\.2\.840\.113549\.1\.9\.1=#16[0-9a-f]+,CN=([^,]+),OU=team,O=org,C=US$/$1/L"
     assert PrincipalMapper(rules).principal(certificate_subject(certificate_der(EMAIL))) == "alice"

@@ -15,6 +15,8 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from kafka.protocol.producer import ProduceRequest
 
+pytestmark = pytest.mark.unit
+
 VERSIONS = range(0, MAX_VERSION + 1)
 FLEXIBLE = range(9, MAX_VERSION + 1)
 

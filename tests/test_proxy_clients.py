@@ -10,6 +10,8 @@ import pytest
 
 from kthrottle.codecs import FrameReader
 
+pytestmark = pytest.mark.integration
+
 
 def topic_name(prefix):
     return "%s-%s" % (prefix, uuid.uuid4().hex[:8])
@@ -227,7 +229,7 @@ def test_acks_0_produce_is_held_to_the_request_quota(broker, tmp_path):
     owes the time, so its records reach the broker at the quota's pace."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-    from conftest import ProxyProcess
+    from kthrottle_testkit.proxy import ProxyProcess
 
     quotas = tmp_path / "quotas.toml"
     quotas.write_text('[clients."acks0"]\nrequest_rate = 5\n')
@@ -347,7 +349,7 @@ def test_too_new_api_versions_request_gets_unsupported_version(proxy):
 
 
 def test_unreachable_broker_closes_the_client_with_a_reason(tmp_path):
-    from conftest import ProxyProcess
+    from kthrottle_testkit.proxy import ProxyProcess
     from kthrottle.embedded import free_port
 
     dead = free_port()
@@ -370,7 +372,7 @@ def test_unreachable_broker_closes_the_client_with_a_reason(tmp_path):
 def test_a_blackholed_bootstrap_address_is_given_up_on_and_the_next_one_serves(broker, tmp_path):
     import time
 
-    from conftest import ProxyProcess
+    from kthrottle_testkit.proxy import ProxyProcess
 
     # a listener whose accept queue is full: the kernel drops further SYNs,
     # so a connect to it hangs as one to a firewalled host does

@@ -21,7 +21,6 @@ import trustme
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import ProxyProcess
 from kthrottle.codecs import ProtocolError
 from kthrottle.codecs.proxy_protocol import (
     MAX_SIZE,
@@ -34,6 +33,9 @@ from kthrottle.codecs.proxy_protocol import (
     v2_header,
 )
 from kthrottle.embedded import free_port
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 # the "ci" profile (tests/conftest.py): these counts; KTHROTTLE_FUZZ_EXAMPLES=N: N, randomized
 LONG_EXAMPLES = int(os.environ.get("KTHROTTLE_FUZZ_EXAMPLES") or 0)
@@ -332,7 +334,7 @@ def test_a_connection_without_a_valid_header_is_refused(proxy, source, first_byt
 
 
 def test_aiokafka_produces_and_consumes_through_a_relay_that_prepends_the_header(proxy, broker):
-    from quota_clients import produce_then_consume
+    from kthrottle_testkit.clients import produce_then_consume
 
     topic = "pp-%s" % uuid.uuid4().hex[:8]
     broker.create_topic(topic, partitions=1)

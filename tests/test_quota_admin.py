@@ -17,6 +17,8 @@ with warnings.catch_warnings():
     from kafka.protocol.admin import AlterClientQuotasRequest, DescribeClientQuotasRequest
     from kafka.protocol.metadata import ApiVersionsResponse
 
+pytestmark = pytest.mark.unit
+
 SNAPSHOT = {
     "users/alice": {"producer_byte_rate": 1000.0},
     "users/alice/clients/app": {"consumer_byte_rate": 2000.0},

@@ -37,6 +37,8 @@ from kthrottle.policy.quotas import (
     member_pattern,
 )
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "quota_callback.py"
 

@@ -11,10 +11,14 @@ import uuid
 
 import pytest
 
-from conftest import ROOT, ProxyProcess
 from kthrottle.embedded import free_port
-from quota_clients import BackgroundProducer, admin_get, scram_credentials_file, wait_until
+from kthrottle_testkit import ROOT
+from kthrottle_testkit.clients import (BackgroundProducer, admin_get, scram_credentials_file,
+                                       wait_until)
+from kthrottle_testkit.proxy import ProxyProcess
 from test_fault_resync import metric
+
+pytestmark = pytest.mark.integration
 
 KIB, MIB = 1024, 1024 * 1024
 # the SASL users of these tests (PLAIN, checked against their SCRAM credentials)

@@ -1,12 +1,11 @@
 """--quota-callback and the shared capacities as options: a flag, a TOML string
-or a [quota-callback] table with its config; what is refused, and why."""
-import subprocess
-import sys
-
+or a [quota-callback] table with its config; what is refused, and why (a proxy that cannot
+load its callback: test_cli.py)."""
 import pytest
 
-from conftest import ROOT
 from kthrottle.config import ConfigError, build_config, load_toml
+
+pytestmark = pytest.mark.unit
 
 BOOT = {"bootstrap_servers": [("127.0.0.1", 9092)]}
 
@@ -61,13 +60,3 @@ def test_a_shared_capacity_needs_quotas_to_weigh_by_and_a_positive_rate(tmp_path
     config = build_config(dict(BOOT), {"shared_produce_capacity": 3e6,
                                        "quota_file": str(tmp_path / "q.toml")})
     assert config.shared_produce_capacity == 3e6 and config.shared_fetch_capacity is None
-
-
-def test_a_callback_that_cannot_be_loaded_stops_the_start_with_a_clear_error(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "kthrottle", "proxy", "--bootstrap-server", "127.0.0.1:1",
-         "--listen", "127.0.0.1:0", "--quota-callback", "no_such_module_x:Quotas"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert result.returncode != 0
-    assert "quota callback no_such_module_x:Quotas: cannot import no_such_module_x" \
-        in result.stderr, result.stderr

@@ -23,6 +23,8 @@ from kthrottle.policy.quota_file import (
 from kthrottle.policy.quotas import QuotaConfig
 from kthrottle.sources.file import FileQuotaSource, FileQuotaStore
 
+pytestmark = pytest.mark.integration
+
 FILE = """
 [users.alice]
 controller_mutation_rate = 2.5
@@ -171,7 +173,7 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import uuid  # noqa: E402
 
-import zookeeper as zk_server  # noqa: E402
+from kthrottle_testkit import zookeeper as zk_server  # noqa: E402
 from test_sources import Updates, until  # noqa: E402
 
 from kthrottle.sources.zookeeper import ZooKeeperQuotaSource, ZooKeeperQuotaStore  # noqa: E402
@@ -300,8 +302,8 @@ def test_the_zookeeper_store_writes_ips_for_kafka_and_topics_apart(zk_chroot):
 
 # kthrottle quotas: every entity type, against ZooKeeper and the admin API -----------
 
-from conftest import ProxyProcess  # noqa: E402
-from quota_clients import kthrottle_quotas  # noqa: E402
+from kthrottle_testkit.clients import kthrottle_quotas  # noqa: E402
+from kthrottle_testkit.proxy import ProxyProcess  # noqa: E402
 
 
 def _ok(*args):

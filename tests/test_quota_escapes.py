@@ -9,8 +9,12 @@ import threading
 import time
 import uuid
 
+import pytest
+
 from kthrottle.codecs import FrameReader
 from test_proxy_clients import topic_name
+
+pytestmark = pytest.mark.integration
 
 QUOTA = 102400  # B/s, consumer_byte_rate of the client-id "hostile"
 SECONDS = 6.0
@@ -105,7 +109,7 @@ def _run(threads):
 
 
 def _proxy(broker, tmp_path):
-    from conftest import ProxyProcess
+    from kthrottle_testkit.proxy import ProxyProcess
 
     quotas = tmp_path / "quotas.toml"
     quotas.write_text('[clients."hostile"]\nconsumer_byte_rate = %d\n' % QUOTA)
@@ -165,7 +169,7 @@ def test_many_producers_of_one_client_id_share_one_quota(broker, tmp_path):
     they took about twice the quota."""
     import confluent_kafka
 
-    from conftest import ProxyProcess
+    from kthrottle_testkit.proxy import ProxyProcess
 
     quotas = tmp_path / "quotas.toml"
     quotas.write_text('[clients."hostile-p"]\nproducer_byte_rate = %d\n' % QUOTA)

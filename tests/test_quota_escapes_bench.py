@@ -5,13 +5,14 @@ through: that is what the benchmark reports."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import quota_escapes as qe  # noqa: E402
+from kthrottle_testkit import ROOT, load_benchmark
+
+pytestmark = pytest.mark.integration
+
+qe = load_benchmark("quota_escapes")
 
 
 def _requests():

@@ -6,18 +6,20 @@ import uuid
 
 import pytest
 
-import zookeeper as zk_server
-from conftest import ProxyProcess
 from kthrottle.embedded import free_port
-from quota_clients import (
+from kthrottle_testkit import zookeeper as zk_server
+from kthrottle_testkit.clients import (
     BackgroundProducer,
     kthrottle_quotas,
     metric,
     produce_quotas,
     wait_until,
 )
+from kthrottle_testkit.proxy import ProxyProcess
 
-pytestmark = pytest.mark.skipif(not zk_server.available(), reason="scripts/test installs ZooKeeper")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not zk_server.available(),
+                                 reason="scripts/test installs ZooKeeper")]
 
 SLOW = 50_000  # bytes/s
 FAST = 20_000_000
@@ -233,7 +235,7 @@ def test_a_bad_quota_file_stops_the_proxy_with_a_clear_error(tmp_path, text, mes
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from kthrottle_testkit import ROOT
 
     quota_file = tmp_path / "quotas.toml"
     quota_file.write_text(text)

@@ -2,17 +2,21 @@
 (examples/quota_callback.py), word for word, and it loads as a callback."""
 import re
 
-from conftest import ROOT
+import pytest
+
 from kthrottle.policy.quota_callback import ClientQuotaCallback, load_callback
+from kthrottle_testkit import ROOT
+
+pytestmark = pytest.mark.unit
 
 EXAMPLE = ROOT / "examples" / "quota_callback.py"
 
 
 def _readme_callback():
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "guide" / "quota-callbacks.md").read_text()  # the site's page
     blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
     found = [b for b in blocks if "class TeamQuotas" in b]
-    assert len(found) == 1, "the README shows TeamQuotas once"
+    assert len(found) == 1, "docs/guide/quota-callbacks.md shows TeamQuotas once"
     return found[0]
 
 

@@ -15,11 +15,16 @@ import types
 import urllib.error
 import urllib.request
 
-from conftest import BROKER_NODE_ID, ProxyProcess
-from kafka_cluster import KafkaBroker
+import pytest
+
+from kthrottle.kafka_kit import KafkaBroker
 from kthrottle.embedded import free_port, wait_for_port
 from kthrottle.proxy import health
+from kthrottle_testkit import BROKER_NODE_ID
+from kthrottle_testkit.proxy import ProxyProcess
 from test_admin import StandIn, running
+
+pytestmark = pytest.mark.integration
 
 
 def get(port, path, **headers):
@@ -261,9 +266,12 @@ def test_every_degraded_condition_leaves_readyz_at_200_and_is_named():
     credentials = _Source("credentials file /etc/kthrottle/credentials.toml")
     cluster_state = types.SimpleNamespace(healthy=True, rejected=0)
     proxy = StandIn()
-    proxy.storage = types.SimpleNamespace(
-        reason=None, current=types.SimpleNamespace(state="OPEN", factor=1.0),
-        policy=types.SimpleNamespace(state=None), deferred=0, throttled=0)
+    from kthrottle.policy.storage import StoragePolicy
+    from kthrottle.proxy.filters.storage import StorageThrottle
+
+    storage = StorageThrottle(StoragePolicy("cluster", "PAUSE", 120.0, "cluster"))
+    storage.cluster_state = cluster_state  # what its start() takes from the services
+    proxy.filters = (storage,)
     fleet = types.SimpleNamespace(
         fail_safe_active=False, follower=types.SimpleNamespace(reason=None),
         shares_age=lambda now: None, reports=0, errors=0, rejected=0)
@@ -279,7 +287,7 @@ def test_every_degraded_condition_leaves_readyz_at_200_and_is_named():
 
         assert readyz() == (200, "ready\n", {"ready": True, "reasons": [], "degraded": []})
         source.healthy = credentials.healthy = cluster_state.healthy = False
-        proxy.storage.reason = "no cluster state yet"
+        storage.reason = "no cluster state yet"
         fleet.fail_safe_active = True
         fleet.follower.reason = "no quota shares for proxy p1 yet"
         degraded = [

@@ -9,11 +9,13 @@ import sys
 
 import pytest
 
-import zookeeper as zk_server
-from conftest import ROOT
 from kthrottle import recommendations
 from kthrottle.policy.fleet import BucketUsage, UsageReport
 from kthrottle.policy.storage import encode_snapshot
+from kthrottle_testkit import ROOT
+from kthrottle_testkit import zookeeper as zk_server
+
+pytestmark = pytest.mark.integration
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 pytest.importorskip("pyarrow", reason="Python data sources need pyarrow (the spark extra)")

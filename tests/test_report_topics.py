@@ -39,6 +39,8 @@ from kthrottle.sources.kafka_publisher import (
     refusal_warning,
 )
 
+pytestmark = pytest.mark.integration
+
 LOGGER = "kthrottle.publisher"
 
 

@@ -5,7 +5,6 @@ import struct
 import pytest
 from scramp import ScramClient
 
-from kafka_frames import advertise
 from kthrottle.codecs import apis
 from kthrottle.policy.entities import PRODUCER_BYTE_RATE
 from kthrottle.policy.quotas import QuotaManager
@@ -18,10 +17,13 @@ from kthrottle.proxy.filters.sasl_terminate import SaslTerminate
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.pipeline import Connection, FilterTable, Phase
 from kthrottle.sources.credentials import Credentials, scram_from_password
+from kthrottle_testkit.frames import advertise
 from test_pipeline import Harness, api_versions_req, cids, frames_of, produce_req, req_cids
 
 from kthrottle.proxy.filters.sasl import SaslAuthenticateRequest, SaslAuthenticateResponse
 from kthrottle.proxy.filters.sasl import SaslHandshakeRequest, SaslHandshakeResponse
+
+pytestmark = pytest.mark.unit
 
 USERS = {"alice": "alice-secret", "bob": "bob-secret"}
 

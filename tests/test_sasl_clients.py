@@ -8,8 +8,11 @@ import uuid
 
 import pytest
 
-from conftest import ProxyProcess
-from quota_clients import kthrottle_quotas, scram_credentials_file, scram_login
+from kthrottle_testkit import zookeeper as zk_server
+from kthrottle_testkit.clients import kthrottle_quotas, scram_credentials_file, scram_login
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 USERS = {"alice": "alice-secret", "bob": "bob-secret"}
 MECHANISMS = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -171,7 +174,7 @@ def test_a_produce_before_authentication_closes_and_reaches_no_broker(sasl_proxy
     assert "connection %s opened" % conn_id not in sasl_proxy.log()
 
 
-@pytest.mark.skipif(not __import__("zookeeper").available(),
+@pytest.mark.skipif(not zk_server.available(),
                     reason="scripts/test installs ZooKeeper")
 def test_credentials_from_zookeeper_are_followed_live(broker, zookeeper, tmp_path):
     """Terminate mode with the SCRAM credentials Kafka keeps in ZooKeeper:

@@ -7,13 +7,13 @@ import struct
 import pytest
 from scramp import ScramClient
 
-from kafka_frames import advertise
 from kthrottle.policy.entities import PRODUCER_BYTE_RATE
 from kthrottle.policy.quotas import QuotaManager
 from kthrottle.proxy.filters.sasl import UNSUPPORTED_SASL_MECHANISM
 from kthrottle.proxy.filters.sasl_passthrough import SaslPassthrough, sasl_user
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.pipeline import ANONYMOUS, Phase
+from kthrottle_testkit.frames import advertise
 from test_pipeline import Harness, api_versions_req, frames_of, produce_req, req_cids
 from test_sasl import (
     SaslHandshakeResponse,
@@ -23,6 +23,8 @@ from test_sasl import (
     handshake,
     plain,
 )
+
+pytestmark = pytest.mark.unit
 
 MECHANISMS = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 

@@ -8,9 +8,11 @@ import uuid
 
 import pytest
 
-from conftest import ProxyProcess
 from kthrottle.embedded import free_port
-from quota_clients import roundtrip_aiokafka, scram_credentials_file
+from kthrottle_testkit.clients import roundtrip_aiokafka, scram_credentials_file
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 USERS = {"alice": "alice-secret", "bob": "bob-secret"}
 

@@ -24,17 +24,21 @@ import psutil
 import pytest
 import trustme
 
-from conftest import ROOT, ProxyProcess
 from kthrottle.embedded import free_port, wait_for_port
 from kthrottle.proxy.connection import FAILED_AUTHENTICATION_LINGER
 from kthrottle.proxy.limits import RefusalLog
-from quota_clients import admin_get, roundtrip_aiokafka, scram_credentials_file, wait_until
+from kthrottle_testkit import ROOT
+from kthrottle_testkit.clients import (admin_get, roundtrip_aiokafka, scram_credentials_file,
+                                       wait_until)
+from kthrottle_testkit.proxy import ProxyProcess
 from test_pipeline import api_versions_req, metadata_req
 from test_sasl import authenticate, decode_authenticate, handshake, plain
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from kafka.protocol.sasl import SaslHandshakeResponse
+
+pytestmark = pytest.mark.integration
 
 MiB = 1024 * 1024
 ALICE_PW = "S3cret-alice-pw"

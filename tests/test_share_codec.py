@@ -3,21 +3,11 @@ plain field after the responses, become the proxy's addresses, at the same lengt
 records stream (kthrottle/codecs/stream.py) and spliced when gathered (rewrite.py); their
 throttle_time_ms is patched (throttle.py). kafka-python has no schema for them: the frames
 are built byte by byte from Kafka's ShareFetchResponse.json and ShareAcknowledgeResponse.json
-(tests/kafka_frames.py) and read back by a parser of the test's own (parse_share_tail)."""
+(kthrottle_testkit/frames.py) and read back by a parser of the test's own (parse_share_tail)."""
 import struct
 
 import pytest
 
-from kafka_frames import (
-    BROKERS,
-    advertise,
-    frame_response,
-    parse_share_tail,
-    proxied,
-    share_acknowledge_parts,
-    share_fetch_parts,
-    tagged_field,
-)
 from kthrottle.codecs import Node, ProtocolError, rewrite_response
 from kthrottle.codecs.frames import HEAD_SIZE
 from kthrottle.codecs.stream import stream_rewriter, untouched_check
@@ -31,8 +21,20 @@ from kthrottle.codecs.throttle import (
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.filters.address_rewrite import AddressRewrite
 from kthrottle.proxy.pipeline import NOTHING, STREAM
+from kthrottle_testkit.frames import (
+    BROKERS,
+    advertise,
+    frame_response,
+    parse_share_tail,
+    proxied,
+    share_acknowledge_parts,
+    share_fetch_parts,
+    tagged_field,
+)
 from test_pipeline import Harness, cids, req_cids
 from test_stream_rewrite import chunkings, longer, same_length
+
+pytestmark = pytest.mark.unit
 
 SHARE_FETCH, SHARE_ACKNOWLEDGE = 78, 79
 CASES = [(SHARE_FETCH, 1), (SHARE_FETCH, 2), (SHARE_ACKNOWLEDGE, 1), (SHARE_ACKNOWLEDGE, 2)]

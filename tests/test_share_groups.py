@@ -21,9 +21,11 @@ import uuid
 import psutil
 import pytest
 
-from conftest import ProxyProcess
-from kafka_cluster import CONSOLE_SHARE_CONSUMER, IPV4_ONLY_JVM_ARGS
+from kthrottle.kafka_kit import CONSOLE_SHARE_CONSUMER, IPV4_ONLY_JVM_ARGS
 from kthrottle.embedded import _die_with_parent, free_port
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 QUOTA = 100_000  # consumer_byte_rate, bytes per second
 WINDOW = 15.0  # seconds of share consumption measured against the quota

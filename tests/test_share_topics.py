@@ -20,6 +20,8 @@ from kthrottle.codecs.share_topics import (
 )
 from kthrottle.kafka_kit import KafkaMissing, java_program_output
 
+pytestmark = pytest.mark.integration
+
 CORRELATION_ID = 7  # ShareTopics.java's
 VERSIONS = {78: (1, 2), 79: (1, 2)}  # exactly those Kafka 4.4's client jar knows
 CASES = {"acks", "plain", "wide", "dup", "empty", "many"}

@@ -23,12 +23,14 @@ import uuid
 import pytest
 import trustme
 
-from conftest import BROKER_NODE_ID
 from kthrottle.codecs.proxy_protocol import v1_header, v2_header
 from kthrottle.config import ConfigError, ProxyConfig
 from kthrottle.embedded import free_port
 from kthrottle.proxy.addressing import SniPattern
+from kthrottle_testkit import BROKER_NODE_ID
 from test_node_ports import MappedProxy
+
+pytestmark = pytest.mark.integration
 
 PATTERN = "broker-$(nodeId).kafka.example.com"
 BOOTSTRAP_NAME = "kafka.example.com"
@@ -292,7 +294,7 @@ def test_a_node_whose_broker_is_down_closes_its_connections_with_a_line(pki, tmp
     each connection routed to that node is refused, said and counted. The
     broker: an Apache Kafka node of the test's own, stopped and started again
     on its data and on the same port."""
-    from kafka_cluster import KafkaBroker
+    from kthrottle.kafka_kit import KafkaBroker
 
     own = KafkaBroker(node_id=BROKER_NODE_ID, workdir=tmp_path / "kafka",
                       log_path=tmp_path / "kafka.log", keep=True)

@@ -17,6 +17,8 @@ from kthrottle.embedded import free_port
 from kthrottle.proxy.server import ProxyServer
 from test_pipeline import api_versions_req, metadata_req
 
+pytestmark = pytest.mark.integration
+
 TANSU_NODE_ID = 111
 LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 

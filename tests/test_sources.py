@@ -11,11 +11,13 @@ import uuid
 
 import pytest
 
-import zookeeper as zk_server
 from kthrottle.embedded import free_port
 from kthrottle.sources import QUOTA_SOURCES, QuotaStoreError, build_source
 from kthrottle.sources.file import FileQuotaSource
 from kthrottle.sources.zookeeper import ZooKeeperQuotaSource, ZooKeeperQuotaStore
+from kthrottle_testkit import zookeeper as zk_server
+
+pytestmark = pytest.mark.integration
 
 needs_zookeeper = pytest.mark.skipif(not zk_server.available(),
                                      reason="scripts/test installs ZooKeeper")

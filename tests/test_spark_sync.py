@@ -13,8 +13,6 @@ import uuid
 
 import pytest
 
-import zookeeper as zk_server
-from conftest import ROOT, TANSU_NODE_ID, ProxyProcess
 from kthrottle.embedded import free_port
 from kthrottle.policy.storage import (
     PAUSE,
@@ -26,6 +24,11 @@ from kthrottle.policy.storage import (
     VolumeReport,
     parse_limit,
 )
+from kthrottle_testkit import ROOT, TANSU_NODE_ID
+from kthrottle_testkit import zookeeper as zk_server
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed")
 pytest.importorskip("pyarrow", reason="Python data sources need pyarrow (the spark extra)")
@@ -353,7 +356,7 @@ def test_a_cycle_over_sasl_ssl_with_a_client_certificate(
     """Through a kthrottle proxy terminating SASL_SSL (mutual TLS required)
     in front of Tansu: the driver and the executors alike use the flags' CA,
     client certificate and SCRAM credentials (handed over as text)."""
-    from quota_clients import kthrottle_quotas
+    from kthrottle_testkit.clients import kthrottle_quotas
 
     creds = tmp_path / "creds.toml"
     done = kthrottle_quotas("alter", "--credentials-file", str(creds), "--entity-type", "users",

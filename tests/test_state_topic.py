@@ -21,8 +21,6 @@ import warnings
 
 import pytest
 
-from conftest import ROOT, ProxyProcess
-from quota_clients import produce_rate
 from kthrottle.config import ConfigError, build_config
 from kthrottle.policy.fleet import parse_shares_document
 from kthrottle.policy.storage import (
@@ -48,6 +46,11 @@ from kthrottle.sources.state_topic import (
     shares_key,
 )
 from kthrottle.spark_sync import job
+from kthrottle_testkit import ROOT
+from kthrottle_testkit.clients import produce_rate
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 SOFT = parse_limit("MinFreeBytes:2GB")
 HARD = parse_limit("MinFreeBytes:1GB")
@@ -657,7 +660,7 @@ def test_fleet_shares_flow_through_the_state_topic_without_zookeeper(apache_kafk
     """Two fleet proxies, the same client-id quota Q in each one's quota file,
     a producer through each: with the job's shares (in the state topic)
     they hold Q together."""
-    from quota_clients import BackgroundProducer
+    from kthrottle_testkit.clients import BackgroundProducer
 
     kafka = apache_kafka
     q = 200_000

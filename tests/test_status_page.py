@@ -18,13 +18,15 @@ import uuid
 
 import pytest
 
-import zookeeper as zk_server
-from conftest import ProxyProcess
 from kthrottle.embedded import free_port, wait_for_port
 from kthrottle.policy.entities import PRODUCER_BYTE_RATE
 from kthrottle.policy.quotas import QuotaManager, QuotaSettings
 from kthrottle.proxy.status import History
-from quota_clients import BackgroundProducer, kthrottle_quotas, wait_until
+from kthrottle_testkit import zookeeper as zk_server
+from kthrottle_testkit.clients import BackgroundProducer, kthrottle_quotas, wait_until
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 CHROMIUM = "/usr/bin/chromium"
 TOKEN = "status-page-token"

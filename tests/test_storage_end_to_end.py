@@ -16,13 +16,15 @@ import uuid
 
 import pytest
 
-import zookeeper as zk_server
-from conftest import ROOT, TANSU_NODE_ID, ProxyProcess
 from kthrottle.embedded import stop_process
-from quota_clients import produce_rate
+from kthrottle_testkit import ROOT, TANSU_NODE_ID
+from kthrottle_testkit import zookeeper as zk_server
+from kthrottle_testkit.clients import produce_rate
+from kthrottle_testkit.proxy import ProxyProcess
 
-pytestmark = pytest.mark.skipif(not zk_server.available(),
-                                reason="scripts/test installs ZooKeeper")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not zk_server.available(),
+                                 reason="scripts/test installs ZooKeeper")]
 
 pyspark = pytest.importorskip("pyspark", reason="scripts/test installs PySpark")
 

@@ -2,7 +2,6 @@
 clock, the cluster state set by hand as the ZooKeeper source would."""
 import pytest
 
-from kafka_frames import advertise
 from kthrottle.codecs.frames import DEFER, FrameCutter
 from kthrottle.policy.entities import PRODUCER_BYTE_RATE
 from kthrottle.policy.quotas import QuotaManager
@@ -18,7 +17,10 @@ from kthrottle.policy.storage import (
 )
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.filters.storage import BEHIND_RELEASE_SECONDS, StorageThrottle
+from kthrottle_testkit.frames import advertise
 from test_pipeline import Harness, fetch_req, produce_req, produce_resp, req_cids
+
+pytestmark = pytest.mark.unit
 
 WALL = 1_800_000_000.0
 

@@ -23,6 +23,8 @@ from kthrottle.policy.storage import (
     volume_state,
 )
 
+pytestmark = pytest.mark.integration
+
 GB = 10 ** 9
 NOW = 1_800_000_000.0
 
@@ -312,7 +314,7 @@ def test_a_large_snapshot_is_stored_compressed_and_read_back():
 # malformed one is (a log line, the rejected counter), and the last good one stays
 
 def _zookeeper_available():
-    import zookeeper as zk_server
+    from kthrottle_testkit import zookeeper as zk_server
 
     return zk_server.available()
 

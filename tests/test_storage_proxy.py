@@ -10,8 +10,6 @@ import uuid
 
 import pytest
 
-import zookeeper as zk_server
-from conftest import ProxyProcess
 from kthrottle.embedded import free_port
 from kthrottle.policy.storage import (
     BrokerReport,
@@ -19,10 +17,13 @@ from kthrottle.policy.storage import (
     cluster_snapshot,
     parse_limit,
 )
-from quota_clients import admin_get
+from kthrottle_testkit import zookeeper as zk_server
+from kthrottle_testkit.clients import admin_get
+from kthrottle_testkit.proxy import ProxyProcess
 
-pytestmark = pytest.mark.skipif(not zk_server.available(),
-                                reason="scripts/test installs ZooKeeper")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not zk_server.available(),
+                                 reason="scripts/test installs ZooKeeper")]
 GB = 10 ** 9
 
 

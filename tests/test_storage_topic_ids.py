@@ -10,11 +10,15 @@ import time
 import uuid
 import warnings
 
-from conftest import ProxyProcess
+import pytest
+
 from kthrottle.embedded import free_port
 from kthrottle.policy.storage import PAUSE, SNAPSHOT_FORMAT, SNAPSHOT_VERSION, encode_snapshot
 from kthrottle.sources.state_topic import STATE_KEY
+from kthrottle_testkit.proxy import ProxyProcess
 from test_java_clients import metrics
+
+pytestmark = pytest.mark.integration
 
 PERF = "org.apache.kafka.tools.ProducerPerformance"
 RECORDS = 3000

@@ -5,7 +5,9 @@ import warnings
 
 import pytest
 
-from kafka_frames import (
+from kthrottle.codecs import Node, ProtocolError, apis, rewrite_response
+from kthrottle.codecs.stream import _padding, stream_rewriter, untouched_check
+from kthrottle_testkit.frames import (
     BROKERS,
     advertise,
     fetch,
@@ -17,13 +19,13 @@ from kafka_frames import (
     with_partition_unknown_tag,
     with_top_level_tags,
 )
-from kthrottle.codecs import Node, ProtocolError, apis, rewrite_response
-from kthrottle.codecs.stream import _padding, stream_rewriter, untouched_check
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from kafka.protocol.consumer import FetchResponse
     from kafka.protocol.producer import ProduceResponse
+
+pytestmark = pytest.mark.unit
 
 ALL_NODES = [Node(n, h, p) for n, h, p, _ in BROKERS]
 BROKER_HOSTS = [h.encode() for _, h, _, _ in BROKERS]

@@ -20,6 +20,8 @@ from kthrottle.codecs.streams_topology import (
 )
 from kthrottle.codecs.wire import encode_string, write_uvarint
 
+pytestmark = pytest.mark.integration
+
 VERSIONS = (0, 1)  # StreamsGroupHeartbeat's in Kafka 4.4's client jar
 CASES = ("null", "full", "empty", "regexes", "internal", "invalid", "plain")
 LONG_NAME = "t" * 200  # StreamsTopology.java's

@@ -6,13 +6,14 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import throttle_accuracy as ta  # noqa: E402
+from kthrottle_testkit import ROOT, load_benchmark
+
+pytestmark = pytest.mark.integration
+
+ta = load_benchmark("throttle_accuracy")
 
 
 def test_tansu_stays_the_default_and_kafka_brings_the_java_clients_and_its_own_quotas():

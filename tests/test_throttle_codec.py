@@ -1,11 +1,10 @@
 """throttle_time_ms in every response that has one (kthrottle/codecs/throttle.py),
 checked on real responses: kafka-python's schema classes filled generically
-(tests/kafka_frames.filled_response), every field set, arrays non-empty."""
+(kthrottle_testkit.frames.filled_response), every field set, arrays non-empty."""
 import random
 
 import pytest
 
-from kafka_frames import filled_response
 from kthrottle.codecs import ProtocolError, apis, unsupported_api_versions_response
 from kthrottle.codecs.frames import HEAD_SIZE
 from kthrottle.codecs.throttle import (
@@ -18,6 +17,9 @@ from kthrottle.codecs.throttle import (
     throttle_time_patch,
 )
 from kthrottle.codecs.wire import INT32
+from kthrottle_testkit.frames import filled_response
+
+pytestmark = pytest.mark.unit
 
 THROTTLE = 12345
 OTHER = 0x0A0B0C0D  # differs from THROTTLE in each of its 4 bytes

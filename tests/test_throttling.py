@@ -13,8 +13,10 @@ import uuid
 
 import pytest
 
-from conftest import ProxyProcess
 from kthrottle.embedded import free_port
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 QUOTA = 100_000  # bytes per second
 REQUESTS_PER_SECOND = 20

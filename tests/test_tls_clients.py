@@ -7,9 +7,11 @@ import uuid
 import pytest
 import trustme
 
-from conftest import ProxyProcess
 from kthrottle.embedded import free_port
-from quota_clients import kthrottle_quotas, principals_of_roundtrip
+from kthrottle_testkit.clients import kthrottle_quotas, principals_of_roundtrip
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +195,7 @@ def test_a_bad_certificate_file_is_a_clear_error(tmp_path, pki):
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from kthrottle_testkit import ROOT
 
     out = subprocess.run(
         [sys.executable, "-m", "kthrottle", "proxy", "--bootstrap-server", "127.0.0.1:1",

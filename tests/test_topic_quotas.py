@@ -9,7 +9,6 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from kafka_frames import BROKERS, advertise, fetch_many, frame_response
 from test_fuzz_codecs import (
     RESPONSES,
     examples,
@@ -33,12 +32,15 @@ from kthrottle.policy.entities import CONSUMER_BYTE_RATE, OBSERVE_ONLY, PRODUCER
 from kthrottle.proxy.filter import Filter, HEAD, Observe, Throttle
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.filters.topic_quotas import TopicQuotas
+from kthrottle_testkit.frames import BROKERS, advertise, fetch_many, frame_response
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from kafka.protocol.consumer import FetchResponse
     from kafka.protocol.metadata import MetadataRequest, MetadataResponse
     from kafka.protocol.producer import ProduceRequest
+
+pytestmark = pytest.mark.unit
 
 ORDERS_ID = uuid.UUID(int=0x0DE5)
 CLICKS_ID = uuid.UUID(int=0xC11C)

@@ -18,10 +18,12 @@ import uuid
 
 import pytest
 
-from conftest import ProxyProcess
 from kthrottle.embedded import free_port
+from kthrottle_testkit.proxy import ProxyProcess
 from test_throttling import RECORD, aiokafka_producer
 from test_throttling import aiokafka_consumer as _consumer
+
+pytestmark = pytest.mark.integration
 
 QUOTA = 100_000  # bytes/s
 STEADY_FROM, STEADY_TO = 2.0, 9.0

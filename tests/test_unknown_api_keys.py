@@ -15,11 +15,11 @@ import warnings
 
 import pytest
 
-from kafka_frames import advertise, api_versions, frame_response
 from kthrottle.codecs import apis
 from kthrottle.codecs.versions import api_versions_answer
 from kthrottle.codecs.wire import write_uvarint
 from kthrottle.proxy.filters import standard_filters
+from kthrottle_testkit.frames import advertise, api_versions, frame_response
 from test_pipeline import (
     Harness,
     api_versions_req,
@@ -35,6 +35,8 @@ from test_sasl import SaslHarness, Versions
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from kafka.protocol.metadata import ApiVersionsResponse
+
+pytestmark = pytest.mark.integration
 
 # Client APIs of Kafka 4.4 (a listener "broker"), by key
 KAFKA_CLIENT_APIS = set(range(0, 4)) | set(range(8, 52)) | {
@@ -234,7 +236,7 @@ def test_through_the_proxy_unknown_keys_are_refused_and_clients_see_none(broker,
     from aiokafka import AIOKafkaProducer
     from aiokafka.conn import create_conn
 
-    from conftest import ProxyProcess
+    from kthrottle_testkit.proxy import ProxyProcess
     from kthrottle.embedded import free_port
 
     admin_port = free_port()
@@ -288,7 +290,7 @@ def test_through_the_proxy_apache_kafka_offers_clients_its_client_apis_alone(apa
     a client behind the proxy is offered every client API the broker has, and none of them."""
     from aiokafka.conn import create_conn
 
-    from conftest import ProxyProcess
+    from kthrottle_testkit.proxy import ProxyProcess
 
     async def versions(host, port):
         conn = await create_conn(host, port)

@@ -12,9 +12,13 @@ twice (what idempotence, KIP-98, promises across the retries a leader change cau
 The scenario itself is the kit's (``VerifiableRun``), which benchmarks/nothing_lost_java.py
 runs too.
 """
-from conftest import ProxyProcess
-from kafka_cluster import VerifiableRun
+import pytest
+
+from kthrottle.kafka_kit import VerifiableRun
+from kthrottle_testkit.proxy import ProxyProcess
 from test_java_clients import metric, metrics
+
+pytestmark = pytest.mark.integration
 
 RECORDS = 50_000  # at most: the producer is stopped AFTER seconds after the election
 THROUGHPUT = 1_000  # records a second

@@ -17,13 +17,16 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from conftest import BROKER_NODE_ID, ROOT, ProxyProcess
-from kafka_cluster import KafkaBroker
+from kthrottle.kafka_kit import KafkaBroker
 from kthrottle.embedded import free_port
 from kthrottle.policy.storage import Limit, parse_limit, parse_report, volume_state
 from kthrottle.sources.kafka_publisher import _LastKafkaError
 from kthrottle.spark_sync import agent
-from quota_clients import kthrottle_quotas, wait_until
+from kthrottle_testkit import BROKER_NODE_ID, ROOT
+from kthrottle_testkit.clients import kthrottle_quotas, wait_until
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 SOFT, HARD = "MinFreePercentage:20", "MinFreeBytes:1GiB"
 @pytest.fixture(scope="module")

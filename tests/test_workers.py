@@ -16,12 +16,15 @@ import uuid
 
 import pytest
 
-import zookeeper as zk_server
-from conftest import ROOT, TANSU_NODE_ID, ProxyProcess
 from kthrottle.embedded import free_port
 from kthrottle.policy.quotas import QuotaManager, QuotaSettings
 from kthrottle.proxy.workers import UsageOutbox, add_usage
-from quota_clients import admin_get, wait_until
+from kthrottle_testkit import ROOT, TANSU_NODE_ID
+from kthrottle_testkit import zookeeper as zk_server
+from kthrottle_testkit.clients import admin_get, wait_until
+from kthrottle_testkit.proxy import ProxyProcess
+
+pytestmark = pytest.mark.integration
 
 QUOTA = 100_000  # bytes/s, the shared client-id's producer_byte_rate
 RECORD = b"x" * 1024
@@ -403,7 +406,7 @@ def test_hostile_clients_meet_every_worker_as_one_process(broker, tmp_path):
     reaches the log, and a good client then produces."""
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaError
-    from quota_clients import scram_credentials_file
+    from kthrottle_testkit.clients import scram_credentials_file
     from test_pipeline import produce_req
 
     creds = scram_credentials_file(tmp_path / "credentials.toml", {"alice": "alice-secret"})

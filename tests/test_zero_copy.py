@@ -9,12 +9,12 @@ import urllib.request
 
 import pytest
 
-from conftest import ProxyProcess
 from kthrottle.codecs import apis
 from kthrottle.codecs.frames import PASS, WHOLE, FrameCutter
 from kthrottle.embedded import free_port
 from kthrottle.policy.entities import PRODUCER_BYTE_RATE
 from kthrottle.proxy.pipeline import WHOLE_RESPONSE_MAX
+from kthrottle_testkit.proxy import ProxyProcess
 from test_pipeline import (
     Harness,
     api_versions_req,
@@ -24,7 +24,8 @@ from test_pipeline import (
     produce_resp,
 )
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "splice"), reason="splice(2) is Linux only")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not hasattr(os, "splice"), reason="splice(2) is Linux only")]
 
 
 # the cutter ---------------------------------------------------------------------------

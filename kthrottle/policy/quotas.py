@@ -43,7 +43,7 @@ from .entities import (
     REQUEST_RATE,
     sanitize,
 )
-from .quota_callback import (
+from .callback_api import (
     QUOTA_TYPE_OF_KEY,
     Cluster,
     KafkaPrincipal,

@@ -110,3 +110,50 @@ class SniPattern:
             return None
         node_id = int(m.group(1))
         return node_id if node_id <= MAX_NODE_ID else None
+
+
+class Advertised:
+    """The address a client is given for each of the cluster's nodes: the
+    advertised host and the node's port, or with SNI routing the node's host
+    name on the one listen port (known once the bootstrap listener is bound:
+    ``listening_on``)."""
+
+    def __init__(self, config):
+        self.host = config.effective_advertised_host
+        # the port of each node id (--node-ports, --node-port-base)
+        self.node_ports = NodePorts(config.node_ports, config.effective_node_port_base,
+                                    config.listen[1])
+        # SNI routing: node N is a host name on the one listen port
+        self.sni = SniPattern(config.sni_broker_pattern) if config.sni_broker_pattern else None
+        self.sni_port = None  # the port given with those names (set at start)
+
+    def listening_on(self, port):
+        """The bootstrap listener is bound to ``port``."""
+        self.node_ports.bootstrap_port = port
+        self.sni_port = self.sni.port if self.sni is not None and self.sni.port else port
+
+    def advertise(self, node_id):
+        """The address clients are given for upstream node ``node_id``;
+        UnmappedNode (a ValueError: the connection whose response named it
+        is closed, counted as refused) when it has no port."""
+        if self.sni is not None:
+            return self.sni.host(node_id), self.sni_port
+        return self.host, self.node_ports.port(node_id)
+
+    def unmapped(self, nodes):
+        """The UnmappedNode errors of ``nodes`` (none with SNI routing)."""
+        if self.sni is not None:
+            return []
+        errors = []
+        for node in nodes:
+            try:
+                self.node_ports.port(node.node_id)
+            except UnmappedNode as exc:
+                errors.append(exc)
+        return errors
+
+    def describe(self):
+        """The layout, for the start's log line."""
+        if self.sni is not None:
+            return "every node on this port by TLS server name %s" % self.sni.text
+        return self.node_ports.describe() or "no node port"

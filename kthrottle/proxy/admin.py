@@ -425,7 +425,6 @@ class ProxyCollector:
             for result in ("completed", "failed"):
                 tls.add_metric([result], handshakes.get(result, 0))
             yield tls
-        yield from _sasl_metrics(getattr(server, "filters", {}).values())
         if self.source is not None:
             yield family("kthrottle_quota_source_healthy", 1 if self.source.healthy else 0)
             yield family("kthrottle_quota_source_rejected_total", self.source.rejected)
@@ -436,9 +435,7 @@ class ProxyCollector:
             ("quotas", self.source), ("credentials", self.credentials),
             ("cluster_state", self.cluster_state),
             ("quota_shares", getattr(self.fleet, "watch", None))))
-        storage = getattr(server, "storage", None)
-        if storage is not None:
-            yield from _storage_metrics(storage, self.cluster_state)
+        yield from filter_metrics(getattr(server, "filters", ()))
         if self.fleet is not None:
             yield from _fleet_metrics(self.fleet, shown)
         zero_copy = getattr(server, "zero_copy", None)
@@ -508,16 +505,8 @@ class ProxyCollector:
         if credentials is not None and not credentials.healthy:
             lines.append("credentials: %s is not readable or not current; the last known "
                          "credentials stay in force" % credentials.describe)
-        storage = getattr(self.server, "storage", None)
-        if storage is not None:
-            cluster_state = self.cluster_state
-            if cluster_state is not None and not cluster_state.healthy:
-                lines.append("cluster state: %s" % getattr(
-                    cluster_state, "unhealthy",
-                    "the ZooKeeper session following it is not connected"))
-            if storage.reason is not None:
-                lines.append("cluster state: %s; the storage fail-safe applies"
-                             % (storage.reason,))
+        for f in getattr(self.server, "filters", ()):
+            lines.extend(f.degraded())
         fleet = self.fleet
         if fleet is not None and fleet.fail_safe_active:
             lines.append("fleet shares: %s; the share fail-safe applies"
@@ -644,22 +633,18 @@ def _observed_seconds(bucket):
     return (bucket.observed_ms_total + bucket.others_observed_ms) / 1000.0
 
 
-def _sasl_metrics(filters):
-    """Logins by mechanism, from the SASL filter of the listeners (the
-    terminating or the passthrough one; the filters count them)."""
-    counting = [f for f in filters if hasattr(f, "failed_logins")]
-    if not counting:
-        return
-    successful = family("kthrottle_successful_authentication_total")
-    failed = family("kthrottle_failed_authentication_total")
-    for f in counting:
-        mechanisms = list(f.mechanisms) + sorted(set(f.failed_logins) - set(f.mechanisms))
-        for mechanism in mechanisms:
-            if mechanism in f.mechanisms:
-                successful.add_metric([mechanism], f.successful_logins.get(mechanism, 0))
-            failed.add_metric([mechanism], f.failed_logins.get(mechanism, 0))
-    yield successful
-    yield failed
+def filter_metrics(filters):
+    """The filters' own families (Filter.metrics), those of one name from
+    several filters merged into one."""
+    merged = {}
+    for f in filters:
+        for fam in f.metrics(family):
+            seen = merged.get(fam.name)
+            if seen is None:
+                merged[fam.name] = fam
+            else:
+                seen.samples.extend(fam.samples)
+    return merged.values()
 
 
 def _zookeeper_metrics(followers):
@@ -696,40 +681,6 @@ def _fleet_metrics(fleet, shown):
     yield family("kthrottle_usage_reports_total", fleet.reports)
     yield family("kthrottle_usage_report_errors_total", fleet.errors)
     yield family("kthrottle_fleet_shares_rejected_total", fleet.rejected)
-
-
-_STATE_VALUE = {"OPEN": 0, "THROTTLE": 1, "PAUSE": 2, "UNKNOWN": 3}
-
-
-def _storage_metrics(storage, source):
-    current = storage.current
-    state = family("kthrottle_storage_state")
-    factor = family("kthrottle_storage_factor")
-    state.add_metric(["cluster", "", ""], _STATE_VALUE[current.state])
-    factor.add_metric(["cluster", "", ""], current.factor)
-    snapshot = storage.policy.state
-    if snapshot is not None:
-        for broker, entry in sorted(snapshot.brokers.items()):
-            if not isinstance(entry, dict):
-                continue
-            state.add_metric(["broker", str(broker), ""],
-                             _STATE_VALUE.get(entry.get("state"), 3))
-            for volume in entry.get("volumes") or ():
-                # volumes past their soft limit only: a fleet has thousands
-                if isinstance(volume, dict) and volume.get("state") != "OPEN":
-                    tags = ["volume", str(broker), str(volume.get("name"))]
-                    state.add_metric(tags, _STATE_VALUE.get(volume.get("state"), 3))
-                    factor.add_metric(tags, float(volume.get("factor", 1.0)))
-    yield state
-    yield factor
-    yield family("kthrottle_storage_fail_safe", 1 if storage.reason else 0)
-    if snapshot is not None:
-        yield family("kthrottle_cluster_state_age_seconds",
-                     max(0.0, time.time() - snapshot.generated_at))
-    yield family("kthrottle_storage_deferred_requests_total", storage.deferred)
-    yield family("kthrottle_storage_throttled_requests_total", storage.throttled)
-    if source is not None:
-        yield family("kthrottle_cluster_state_rejected_total", source.rejected)
 
 
 def quotas_report(server, source=None):
@@ -947,7 +898,7 @@ class AdminServer:
 
     def use_tls(self, loaded):
         """New admin connections are served with ``loaded.context`` (a
-        certificate, key or CA reloaded: server.TlsFiles); live ones keep
+        certificate, key or CA reloaded: tls.TlsFiles); live ones keep
         theirs. The listening socket keeps the context it started with, whose
         SNI callback (OpenSSL calls it in every handshake, whether or not the
         client names a server) hands the handshake to the current one."""

@@ -4,7 +4,6 @@ membership), started in order, and stopped in reverse however the run ends."""
 import asyncio
 import logging
 import signal
-import time
 
 from ..config import ConfigError
 
@@ -47,12 +46,7 @@ async def _serve(config, on_ready, stack, worker=None):
     this ends (an error at start, a signal). With ``worker`` other than the
     primary, the cluster state and the fleet shares come from the primary
     through the hub, and the admin endpoint is the primary's."""
-    from ..policy.quotas import QuotaManager
-    from ..sources import CREDENTIAL_STORES, QUOTA_SOURCES, build_source
-    from .admin import AdminServer
     from .filter import Services
-    from .health import BrokerContact
-    from .server import ProxyServer
 
     followed = []  # what SIGHUP re-reads at once (files; ZooKeeper sends its changes)
     reload = _on_sighup(stack, followed)
@@ -62,6 +56,37 @@ async def _serve(config, on_ready, stack, worker=None):
         stack.push_async_callback(worker.close)
         worker.on_reload = reload
     services = Services()
+    await _start_quotas(config, services, stack, followed, worker, primary)
+    await _start_credentials(config, services, stack, followed)
+    await _start_acls(config, services, stack)
+    server = _proxy_server(config, services, worker)
+    fleet = await _follow_cluster(config, services, server.filters, stack, worker, primary)
+    for f in server.filters:  # the filters' own tasks, once what they follow is in force
+        stack.push_async_callback(f.stop)
+        await f.start(services)
+    stack.push_async_callback(server.close)
+    tls = server.tls_files()
+    if tls is not None:  # the certificate, key and CA just loaded, followed from now on
+        await _started(stack, tls, tls.start, server.use_tls)
+        followed.append(tls)
+    await _start_listening(config, server, services, fleet, stack, followed, primary)
+    stop = _stop_on_signals(server, worker, services.quotas)
+    if fleet is not None:
+        fleet.start_reports(server)
+    if on_ready is not None:
+        on_ready(server)
+    stack.callback(logging.getLogger("kthrottle").info, "shutting down")
+    await _tick_until(stop, services.quotas, fleet)
+    await server.drain(config.drain_timeout_ms / 1000.0, stop.why)
+
+
+async def _start_quotas(config, services, stack, followed, worker, primary):
+    """The proxy's own upstream token (OAUTHBEARER), the quota source and
+    the quota callback, in force before the first client is accepted
+    (``services.quotas``: the QuotaManager, or None)."""
+    from ..policy.quotas import QuotaManager
+    from ..sources import QUOTA_SOURCES, build_source
+
     if (config.upstream_security_protocol or "").startswith("SASL_") and not config.passthrough \
             and config.upstream_sasl_mechanism == "OAUTHBEARER":
         from ..sources.oauth_token import ClientCredentialsToken
@@ -101,9 +126,15 @@ async def _serve(config, on_ready, stack, worker=None):
     services.quota_source = source
     if worker is not None:  # the other workers' usage counts from now on
         worker.manager = services.quotas
+
+
+async def _start_credentials(config, services, stack, followed):
+    """The store the terminating filter verifies clients with, or the users
+    the admin API manages for other proxies (none with OAUTHBEARER alone);
+    the JWKS keys OAUTHBEARER tokens are checked against."""
+    from ..sources import CREDENTIAL_STORES, build_source
+
     terminate = config.sasl_enabled and config.sasl_mode == "terminate"
-    # the store the terminating filter verifies clients with, or the users the
-    # admin API manages for other proxies (none with OAUTHBEARER alone)
     credentials = (build_source(CREDENTIAL_STORES, config)
                    if terminate or config.admin_principals else None)
     if credentials is not None or terminate:
@@ -124,62 +155,46 @@ async def _serve(config, on_ready, stack, worker=None):
                                  config.sasl_oauthbearer_jwks_endpoint_refresh_ms)
         await _started(stack, services.jwks, services.jwks.start)
         followed.append(services.jwks)
-    await _start_acls(config, services, stack)
+
+
+def _proxy_server(config, services, worker):
+    """The filters the configuration asks for, built here from the registry
+    with what the listeners own (ServerParts), and the server given them."""
+    from .filters import build_filters
+    from .server import ProxyServer, ServerParts
+
     try:
-        server = ProxyServer(config, services)
+        parts = ServerParts(config)
+        filters = build_filters(config, parts.provide(services))
+        server = ProxyServer(config, filters, services.quotas, parts)
     except ValueError as exc:  # the TLS files
         raise SystemExit("kthrottle: error: %s" % exc) from None
     if worker is not None:
         server.reuse_port = True
-    manager, storage, cluster_state = services.quotas, server.storage, None
+    return server
+
+
+async def _follow_cluster(config, services, filters, stack, worker, primary):
+    """The cluster state, for the filters that take it (follows_cluster_state:
+    ``services.cluster_state``), and the fleet shares (returned: the
+    FleetMember, ForwardedShares or None), in force before the first client
+    is accepted; with --workers the primary's, handed to the others."""
+    followers = [f for f in filters if f.follows_cluster_state]
     state_topic = None  # one consumer of --cluster-state-topic for the state and the shares
-    if config.cluster_state_topic and primary and (storage is not None or config.fleet_enabled):
+    if config.cluster_state_topic and primary and (followers or config.fleet_enabled):
         from ..sources.state_topic import reader_for
 
         try:
             state_topic = reader_for(config, token=services.upstream_token)
         except ValueError as exc:  # the upstream TLS files
             raise SystemExit("kthrottle: error: %s" % exc) from None
-    if storage is not None:
-        from ..policy.storage import ClusterState
-        from ..sources.cluster_state import ClusterStateSource
-        from .workers import CLUSTER_STATE
-
-        def new_state(state):
-            storage.policy.update(state)
-            storage.refresh(time.time(), asyncio.get_running_loop().time())
-
-        if primary:
-            if state_topic is not None:
-                from ..sources.state_topic import ClusterStateTopic
-
-                cluster_state = ClusterStateTopic(state_topic)
-            else:
-                cluster_state = ClusterStateSource(config.zookeeper, config.cluster_state_znode)
-            if worker is not None:
-                cluster_state.forward = worker.forwarder(CLUSTER_STATE)
-            await _started(stack, cluster_state, cluster_state.start, new_state)
-        else:
-            worker.follow(CLUSTER_STATE, ClusterState.from_json, new_state)
+    if followers:
+        await _follow_cluster_state(config, services, followers, stack, worker, primary,
+                                    state_topic)
     fleet = None
     if config.fleet_enabled:
-        from .fleet import FleetMember
-        from .workers import SHARES, ForwardedShares
-
-        if primary:
-            watch = None
-            if state_topic is not None:
-                from ..sources.state_topic import SharesTopic
-
-                watch = SharesTopic(state_topic, config.proxy_id)
-            fleet = FleetMember(config, manager, token=services.upstream_token, watch=watch)
-            if worker is not None:
-                fleet.watch.forward = worker.forwarder(SHARES)
-            # the shares are in force before the first client is accepted
-            await _started(stack, fleet, fleet.start)
-        else:
-            fleet = ForwardedShares(config, manager, worker)
-    if worker is not None and (storage is not None or fleet is not None):
+        fleet = await _fleet(config, services, stack, worker, primary, state_topic)
+    if worker is not None and (followers or fleet is not None):
         from .workers import PRIMARY_STARTED
 
         if primary:
@@ -188,14 +203,59 @@ async def _serve(config, on_ready, stack, worker=None):
             await worker.primary_started()
             if fleet is not None:
                 fleet.tick()
-    if storage is not None:
-        # from now on the first snapshot is awaited: none in storage-max-age-ms is unknown
-        storage.refresh(time.time(), asyncio.get_running_loop().time())
-    stack.push_async_callback(server.close)
-    tls = server.tls_files()
-    if tls is not None:  # the certificate, key and CA just loaded, followed from now on
-        await _started(stack, tls, tls.start, server.use_tls)
-        followed.append(tls)
+    return fleet
+
+
+async def _follow_cluster_state(config, services, followers, stack, worker, primary,
+                                state_topic):
+    from ..policy.storage import ClusterState
+    from ..sources.cluster_state import ClusterStateSource
+    from .workers import CLUSTER_STATE
+
+    def new_state(state):
+        for f in followers:
+            f.on_cluster_state(state)
+
+    if not primary:
+        worker.follow(CLUSTER_STATE, ClusterState.from_json, new_state)
+        return
+    if state_topic is not None:
+        from ..sources.state_topic import ClusterStateTopic
+
+        cluster_state = ClusterStateTopic(state_topic)
+    else:
+        cluster_state = ClusterStateSource(config.zookeeper, config.cluster_state_znode)
+    if worker is not None:
+        cluster_state.forward = worker.forwarder(CLUSTER_STATE)
+    await _started(stack, cluster_state, cluster_state.start, new_state)
+    services.cluster_state = cluster_state
+
+
+async def _fleet(config, services, stack, worker, primary, state_topic):
+    from .fleet import FleetMember
+    from .workers import SHARES, ForwardedShares
+
+    if not primary:
+        return ForwardedShares(config, services.quotas, worker)
+    watch = None
+    if state_topic is not None:
+        from ..sources.state_topic import SharesTopic
+
+        watch = SharesTopic(state_topic, config.proxy_id)
+    fleet = FleetMember(config, services.quotas, token=services.upstream_token, watch=watch)
+    if worker is not None:
+        fleet.watch.forward = worker.forwarder(SHARES)
+    # the shares are in force before the first client is accepted
+    await _started(stack, fleet, fleet.start)
+    return fleet
+
+
+async def _start_listening(config, server, services, fleet, stack, followed, primary):
+    """The listeners, the proxy's own contact with the brokers (/readyz) and,
+    on the primary, the admin endpoint."""
+    from .admin import AdminServer
+    from .health import BrokerContact
+
     try:
         try:
             await server.start()
@@ -206,33 +266,44 @@ async def _serve(config, on_ready, stack, worker=None):
         contact = BrokerContact(server)
         contact.start()
         stack.push_async_callback(contact.stop)
-        if config.admin_listen and primary:  # the primary's serves the machine
-            try:  # the token file and the TLS files: start errors of their own
-                admin = AdminServer(server, *config.admin_listen, source=source,
-                                    cluster_state=cluster_state, fleet=fleet,
-                                    credentials=services.credential_source, contact=contact,
-                                    max_entities=config.metrics_max_entities,
-                                    token=config.admin_token(), ssl_cert=config.admin_ssl_cert,
-                                    ssl_key=config.admin_ssl_key, ssl_ca=config.admin_ssl_ca)
-            except (ConfigError, ValueError) as exc:
-                raise SystemExit("kthrottle: error: %s" % exc) from None
-            await admin.start()
-            stack.push_async_callback(admin.close)
-            if config.admin_ssl_cert:
-                followed.append(await _admin_tls_files(stack, config, admin))
+        if not (config.admin_listen and primary):  # the primary's serves the machine
+            return
+        try:  # the token file and the TLS files: start errors of their own
+            admin = AdminServer(server, *config.admin_listen, source=services.quota_source,
+                                cluster_state=services.cluster_state, fleet=fleet,
+                                credentials=services.credential_source, contact=contact,
+                                max_entities=config.metrics_max_entities,
+                                token=config.admin_token(), ssl_cert=config.admin_ssl_cert,
+                                ssl_key=config.admin_ssl_key, ssl_ca=config.admin_ssl_ca)
+        except (ConfigError, ValueError) as exc:
+            raise SystemExit("kthrottle: error: %s" % exc) from None
+        await admin.start()
+        stack.push_async_callback(admin.close)
+        if config.admin_ssl_cert:
+            followed.append(await _admin_tls_files(stack, config, admin))
     except OSError as exc:
         raise SystemExit("kthrottle: error: cannot listen: %s" % exc) from None
-    stop = asyncio.Event()
+
+
+class _Stop(asyncio.Event):
+    """Set by the first SIGINT or SIGTERM (or the supervisor's stop):
+    ``why`` names it."""
+
+    why = None
+
+
+def _stop_on_signals(server, worker, manager):
+    """The Event a stop sets; a second signal cuts the drain short."""
+    stop = _Stop()
     loop = asyncio.get_running_loop()
-    stopping = []  # the signal that started the drain
 
     def begin_stop(why):
-        if not stopping:
-            stopping.append(why)
+        if stop.why is None:
+            stop.why = why
             stop.set()
 
     def on_stop(sig):
-        if stopping:
+        if stop.why is not None:
             server.cut_drain(sig.name)
         else:
             begin_stop(sig.name)
@@ -243,34 +314,34 @@ async def _serve(config, on_ready, stack, worker=None):
         # the supervisor's: one stop whether or not this process got the
         # signal itself too (a terminal's Ctrl-C, systemd's control group)
         worker.on_stop = begin_stop
-        worker.on_cut = lambda why: server.cut_drain(why) if stopping else begin_stop(why)
+        worker.on_cut = lambda why: server.cut_drain(why) if stop.why else begin_stop(why)
         if worker.stop_requested is not None:
             begin_stop(worker.stop_requested)
         worker.serving(manager)
-    if fleet is not None:
-        fleet.start_reports(server)
-    if on_ready is not None:
-        on_ready(server)
-    stack.callback(logging.getLogger("kthrottle").info, "shutting down")
+    return stop
+
+
+async def _tick_until(stop, manager, fleet):
+    """Until ``stop``: once a second the quota shares age, the callback is
+    polled and shared capacity applied; idle quota buckets expire."""
+    loop = asyncio.get_running_loop()
+    callback = manager is not None and manager.callback is not None
     ticks = 0
-    every_second = (storage is not None or fleet is not None or callback is not None
+    every_second = (fleet is not None or callback
                     or bool(manager is not None and manager.capacity))
     while not stop.is_set():
-        try:  # once a second: the cluster state and the quota shares age
+        try:
             await asyncio.wait_for(stop.wait(), 1 if every_second else 60)
         except asyncio.TimeoutError:
             ticks += 1
-            if storage is not None:
-                storage.refresh(time.time(), loop.time())
             if fleet is not None:
                 fleet.tick()
-            if callback is not None:
+            if callback:
                 manager.poll_callback()
             if manager is not None and manager.capacity:
                 manager.apply_capacity(loop.time())
             if manager is not None and (not every_second or ticks % 60 == 0):
                 manager.expire(loop.time())
-    await server.drain(config.drain_timeout_ms / 1000.0, stopping[0])
 
 
 def _quota_callback(config, stack):
@@ -390,7 +461,7 @@ def _on_sighup(stack, followed):
 async def _admin_tls_files(stack, config, admin):
     """The admin endpoint's certificate, key and CA, followed live."""
     from .admin import admin_tls_context
-    from .server import TlsFiles
+    from .tls import TlsFiles
 
     cert, key, ca = config.admin_ssl_cert, config.admin_ssl_key, config.admin_ssl_ca
     files = TlsFiles("the admin endpoint's TLS", [p for p in (cert, key, ca) if p],

@@ -10,6 +10,8 @@ import asyncio
 import functools
 import logging
 import socket
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from ..policy.quota_callback import QuotaCallbackError
 from .filter import REFUSED_AUTHENTICATION
@@ -31,6 +33,7 @@ from .pipeline import (
     SendToClient,
     SessionDeadline,
 )
+from .tls import certificate_subject
 from .zero_copy import TO_BROKER, TO_CLIENT, Splice, unsupported_error
 
 log = logging.getLogger("kthrottle.proxy")
@@ -124,6 +127,36 @@ class _Move:
         self.splice = None
 
 
+@dataclass(frozen=True, slots=True)
+class ConnectionEnv:
+    """All a client connection uses of the proxy, made once by the server
+    when its loop runs (ProxyServer.start). The mutable ones are the
+    server's own objects, shared: ``nodes`` grows as the cluster names nodes,
+    ``connections`` is the set of open ones."""
+
+    loop: Any
+    filter_table: Any  # pipeline.FilterTable
+    quotas: Any  # policy QuotaManager, or None
+    max_frame_size: int
+    sasl_max_receive_size: int  # sasl.server.max.receive.size, while authenticating
+    upstream_connect_timeout: float  # seconds
+    upstream_tls: Any  # ssl.SSLContext towards the brokers, or None
+    zero_copy: Any  # zero_copy.ZeroCopy (--zero-copy, plaintext both ways), or None
+    principal_mapper: Any  # SSL listeners: policy.principal.PrincipalMapper, or None
+    sni: Any  # SNI routing: addressing.SniPattern, or None
+    nodes: dict  # node id -> the (host, port) the broker advertises
+    connections: set  # the open ClientConnections
+    limits: Any  # limits.ConnectionLimits
+    failed_logins: Any  # limits.FailedLogins
+    held: Any  # limits.HeldConnections
+    refusals: Any  # limits.RefusalLog
+    next_id: Callable  # () -> a new connection id
+    over_connection_rate: Callable  # (ip, peer, listener, close) -> held and refused?
+    over_failed_logins: Callable  # the same for the failed-login allowance
+    learn_nodes: Callable  # (nodes): route them and open their listeners
+    listener_named: Callable  # (name) -> the health.Listener, or None
+
+
 def _node_of(listener_name):
     """The node id of a node's listener ("node 3"); None for the bootstrap."""
     if listener_name.startswith("node "):
@@ -134,20 +167,19 @@ def _node_of(listener_name):
 class ClientConnection(asyncio.Protocol):
     """Protocol for a client socket accepted on one of the proxy's listeners."""
 
-    def __init__(self, server, listener_name, upstream_addresses):
-        self.server = server
+    def __init__(self, env, listener_name, upstream_addresses):
+        self.env = env  # ConnectionEnv
         self.listener_name = listener_name
         self.upstream_addresses = upstream_addresses  # tried in order
-        self.conn_id = server.next_connection_id()
-        config = server.config
-        self.pipeline = Connection(server.filter_table, config.max_frame_size, server.quotas,
-                                   config.sasl_server_max_receive_size)
+        self.conn_id = env.next_id()
+        self.pipeline = Connection(env.filter_table, env.max_frame_size, env.quotas,
+                                   env.sasl_max_receive_size)
         self.pipeline.node_id = _node_of(listener_name)
         self.client = _Side()
         self.upstream = _Side()
         self.client_tls = False  # the client's side encrypts (small writes joined)
-        self.upstream_tls = server.upstream_ssl_context is not None  # and the broker's
-        self.loop = server.loop
+        self.upstream_tls = env.upstream_tls is not None  # and the broker's
+        self.loop = env.loop
         self.peer = None
         self.address = None  # the client's IP address (connection limits)
         self.upstream_addr = None
@@ -162,8 +194,7 @@ class ClientConnection(asyncio.Protocol):
         # --zero-copy (plaintext both ways only): the ZeroCopy of the proxy,
         # and the frame moving socket to socket per direction (index: from
         # the client)
-        self.zero_copy = (getattr(server, "zero_copy", None)
-                          if server.upstream_ssl_context is None else None)
+        self.zero_copy = env.zero_copy if env.upstream_tls is None else None
         self._moves = [None, None]
 
     # what the admin endpoint reads
@@ -200,25 +231,25 @@ class ClientConnection(asyncio.Protocol):
         # uvloop starts reading right after connection_made, whatever was
         # asked there: say it again once it has
         self.loop.call_soon(self.client.reassert)
-        server = self.server
+        env = self.env
         if not self.counted and (
-                server.over_connection_rate(self.address, self.peer, self.listener_name,
-                                            transport.close)
-                or server.over_failed_logins(self.address, self.peer, self.listener_name,
-                                             transport.close)):
+                env.over_connection_rate(self.address, self.peer, self.listener_name,
+                                         transport.close)
+                or env.over_failed_logins(self.address, self.peer, self.listener_name,
+                                          transport.close)):
             # held by the server, unread (the proxy's acceptor checks its own
             # listeners before the handshake)
             self.closed = True
             transport.set_protocol(_UNREAD)
             return
-        server.connections.add(self)
+        env.connections.add(self)
         if not self.counted:  # a TLS listener's acceptor counts before the handshake
-            over = server.limits.admit(self.address)
+            over = env.limits.admit(self.address)
             if over is not None:
                 self.refuse(*over)
                 return
             self.counted = True
-        mapper = server.principal_mapper
+        mapper = env.principal_mapper
         principal = None
         if mapper is not None:
             principal = self._tls_principal(transport, mapper)
@@ -231,7 +262,6 @@ class ClientConnection(asyncio.Protocol):
         principal (without a certificate: None, ANONYMOUS as in Kafka); False
         when a certificate maps to no principal (the client is refused)."""
         from ..policy.principal import NoMatchingRule
-        from .server import certificate_subject
 
         ssl_object = transport.get_extra_info("ssl_object")
         der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
@@ -280,10 +310,10 @@ class ClientConnection(asyncio.Protocol):
 
     async def _connect_upstream(self):
         errors = []
-        timeout = self.server.config.upstream_connect_timeout_ms / 1000.0
+        timeout = self.env.upstream_connect_timeout
+        tls = self.env.upstream_tls
         for host, port in self.upstream_addresses:
             try:
-                tls = self.server.upstream_ssl_context
                 await asyncio.wait_for(
                     self.loop.create_connection(lambda: UpstreamConnection(self), host, port,
                                                 ssl=tls, server_hostname=host if tls else None),
@@ -302,7 +332,7 @@ class ClientConnection(asyncio.Protocol):
                 return
             if self.pipeline.node_id is None:  # a bootstrap connection: the node it reached
                 self.pipeline.node_id = next(
-                    (n for n, address in self.server.nodes.items() if address == (host, port)),
+                    (n for n, address in self.env.nodes.items() if address == (host, port)),
                     None)
             log.info(
                 "connection %d opened: client %s -> %s listener -> broker %s",
@@ -317,7 +347,7 @@ class ClientConnection(asyncio.Protocol):
                 self._pass_through(True)
             return
         errors = errors or ["no address known"]
-        listener = self.server.listener_named(self.listener_name)
+        listener = self.env.listener_named(self.listener_name)
         if listener is not None:
             listener.unreachable(errors)  # logged there, once for the whole outage
         if not self.closed:
@@ -563,7 +593,7 @@ class ClientConnection(asyncio.Protocol):
             elif kind is ResumeBroker:
                 self.upstream.resume("holding a throttled response")
             elif kind is NodesSeen:
-                self.server.learn_nodes(action.nodes)
+                self.env.learn_nodes(action.nodes)
             elif kind is ConnectUpstream:
                 self._start_upstream()
             elif kind is RunJob:
@@ -632,10 +662,10 @@ class ClientConnection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
-        server = self.server
-        server.connections.discard(self)
+        env = self.env
+        env.connections.discard(self)
         if self.counted:
-            server.limits.release(self.address)
+            env.limits.release(self.address)
         for timer in (self._client_timer, self._hold_timer, self._session_timer):
             if timer is not None:
                 timer.cancel()
@@ -647,7 +677,7 @@ class ClientConnection(asyncio.Protocol):
             task.cancel()
         client = self.client.transport
         if client is not None:
-            held = getattr(server, "held", None)
+            held = env.held
             if (answered and refused == REFUSED_AUTHENTICATION and held is not None
                     and not client.is_closing()):
                 # the answer goes out; the socket closes when the client closes
@@ -661,11 +691,10 @@ class ClientConnection(asyncio.Protocol):
         if self.upstream.transport is not None:
             self.upstream.transport.close()
         if refused == REFUSED_AUTHENTICATION:
-            failed_logins = getattr(server, "failed_logins", None)
-            if failed_logins is not None:
-                failed_logins.failed(self.address, self.loop.time())
+            if env.failed_logins is not None:
+                env.failed_logins.failed(self.address, self.loop.time())
         if refused is not None:
-            server.refusals.refused(self.address, "%s (connection %d, %s listener)" % (
+            env.refusals.refused(self.address, "%s (connection %d, %s listener)" % (
                 self.peer, self.conn_id, self.listener_name), refused, reason)
             return
         p = self.pipeline
@@ -687,7 +716,7 @@ class RoutedConnection(ClientConnection):
             peer = transport.get_extra_info("peername")
             self.peer = "%s:%s" % peer[:2] if peer else "?"
             self.address = peer[0] if peer else "?"
-        sni = self.server.sni
+        sni = self.env.sni
         if sni is not None:
             refusal = self._route_by_server_name(sni, transport)
             if refusal is not None:
@@ -706,9 +735,9 @@ class RoutedConnection(ClientConnection):
         node_id = sni.node_id(name)
         if node_id is None:
             return None
-        address = self.server.nodes.get(node_id)
+        address = self.env.nodes.get(node_id)
         if address is None:
-            known = sorted(self.server.nodes)
+            known = sorted(self.env.nodes)
             return ("TLS server name %s names node %d, which the cluster has not named (%s)"
                     % (name, node_id, "nodes known: %s" % ", ".join(map(str, known))
                        if known else "no node known yet"))
@@ -743,7 +772,7 @@ class UpstreamConnection(asyncio.Protocol):
     def _lost(self, reason):
         owner = self.owner
         if not owner.closed:  # the broker went first: is it still there?
-            listener = owner.server.listener_named(owner.listener_name)
+            listener = owner.env.listener_named(owner.listener_name)
             if listener is not None:
                 listener.check()
             owner.close(reason)

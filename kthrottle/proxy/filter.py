@@ -170,6 +170,53 @@ class Filter:
         """Refuse bad values of this filter's options (ConfigError saying
         which and why), when the configuration is validated."""
 
+    # Lifecycle: what the composition root (app.py), the listeners and the
+    # admin endpoint ask of every filter alike, never of one by its name.
+
+    # capabilities the core asks of the built filters (``any(...)``)
+    authenticates_clients = False  # verifies clients itself: ApiVersions is
+    # then answered before authentication from what a broker said
+    follows_cluster_state = False  # takes the cluster state (on_cluster_state)
+    # what the status page shows for this filter when the configuration
+    # builds none (None: no section)
+    status_absent = None
+
+    async def start(self, services):
+        """Once, before the first client is accepted, when what the proxy
+        follows is in force (``services``: those given to ``build``, with
+        ``cluster_state`` by now). The composition root calls ``stop`` however
+        the run ends, in reverse order."""
+
+    async def stop(self):
+        """Undo ``start``: its tasks cancelled."""
+
+    def on_cluster_state(self, state):
+        """A new cluster-state snapshot (policy.storage.ClusterState), for a
+        filter with ``follows_cluster_state``."""
+
+    def api_ranges(self, ranges):
+        """The API version ranges the proxy advertises ((api_key, min, max),
+        ...), given the broker's: the same, for a filter that neither answers
+        an API itself nor withholds one."""
+        return ranges
+
+    def metrics(self, family):
+        """This filter's metric families for /metrics: ``family(name)``
+        makes the empty family of an entry of admin.METRICS (its help and
+        labels as the reference lists them); families of one name from
+        several filters are merged."""
+        return ()
+
+    def status(self):
+        """A JSON-able dict for the status page (under the filter's name),
+        or None."""
+        return None
+
+    def degraded(self):
+        """What the filter serves without for now, one line each, for
+        /readyz (shown without making it 503)."""
+        return ()
+
     def new_state(self):
         """This filter's state on one connection, made when the connection
         is (``ctx.state``); None for a filter that keeps none."""
@@ -463,3 +510,6 @@ class Services:
         # the cluster's ACLs enforced per client principal (filters.authorization.
         # AclView), or None: not asked for (--authorization none, sasl passthrough)
         self.acls = None
+        # the cluster state followed for the filters that take it
+        # (follows_cluster_state): sources.cluster_state or state_topic, or None
+        self.cluster_state = None

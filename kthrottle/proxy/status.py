@@ -50,8 +50,6 @@ HISTORY_SECONDS = 15 * 60
 SAMPLE_INTERVAL = 5.0
 MAX_ENTITIES = 100  # charted quota buckets (points: x HISTORY_SECONDS / SAMPLE_INTERVAL)
 MAX_THROTTLED = 500  # rows of the throttled table
-MAX_BROKERS = 200  # storage rows: the brokers not OPEN first
-MAX_VOLUMES = 32  # per broker: the fullest first
 MAX_SHARES = 200  # fleet rows
 
 KIND = {PRODUCER_BYTE_RATE: "produce", CONSUMER_BYTE_RATE: "fetch", REQUEST_RATE: "request",
@@ -259,67 +257,6 @@ def throttled_report(server, now):
     return {"clients": ordered[:MAX_THROTTLED], "total": len(ordered)}
 
 
-def storage_report(storage, cluster_state, wall):
-    """The storage filter's state in force, and the snapshot's brokers and
-    volumes; ``{"configured": False}`` without the storage filter."""
-    if storage is None:
-        return {"configured": False}
-    policy = storage.policy
-    snapshot = policy.state
-    current = storage.current
-    out = {
-        "configured": True,
-        "scope": policy.scope,
-        "fail_safe": policy.fail_safe,
-        "state": current.state,
-        "factor": _number(current.factor),
-        "fail_safe_reason": str(storage.reason) if storage.reason is not None else None,
-        "max_age_s": _number(policy.max_age),
-        "snapshot_age_s": None,
-        "unknown_brokers": [],
-        "brokers": [],
-        "brokers_total": 0,
-        "source": None,
-    }
-    if cluster_state is not None:
-        out["source"] = {"connected": bool(getattr(cluster_state, "connected", False)),
-                         "rejected": getattr(cluster_state, "rejected", 0)}
-    if snapshot is None:
-        return out
-    out["snapshot_age_s"] = _number(max(0.0, wall - snapshot.generated_at), 1)
-    out["unknown_brokers"] = list(snapshot.unknown_brokers)
-    brokers = []
-    for broker, entry in snapshot.brokers.items():
-        if not isinstance(entry, dict):
-            continue
-        volumes = [v for v in entry.get("volumes") or () if isinstance(v, dict)]
-        rows = []
-        for v in volumes:
-            capacity, consumed = _number(v.get("capacity"), 0), _number(v.get("consumed"), 0)
-            rows.append({
-                "name": str(v.get("name")), "log_dir": str(v.get("log_dir") or ""),
-                "capacity": capacity, "consumed": consumed,
-                "used": _number(consumed / capacity, 4) if capacity and consumed is not None
-                else None,
-                "state": str(v.get("state")), "factor": _number(v.get("factor"))})
-        rows.sort(key=lambda r: (r["state"] == "OPEN", -(r["used"] or 0.0), r["name"]))
-        reported = entry.get("reported_at")
-        brokers.append({
-            "broker": str(broker), "state": str(entry.get("state")),
-            "factor": _number(entry.get("factor")), "reason": entry.get("reason"),
-            "report_age_s": _number(max(0.0, wall - reported), 1)
-            if isinstance(reported, (int, float)) else None,
-            "volumes": rows[:MAX_VOLUMES], "volumes_total": len(rows)})
-    brokers.sort(key=lambda b: (b["state"] == "OPEN", _broker_order(b["broker"])))
-    out["brokers"] = brokers[:MAX_BROKERS]
-    out["brokers_total"] = len(brokers)
-    return out
-
-
-def _broker_order(broker):
-    return (0, int(broker), "") if broker.isdigit() else (1, 0, broker)
-
-
 def fleet_report(fleet, manager, wall):
     """This proxy's fleet shares; ``{"configured": False}`` outside a fleet."""
     if fleet is None:
@@ -360,14 +297,33 @@ def fleet_report(fleet, manager, wall):
     return out
 
 
+def filters_report(filters):
+    """Each registered filter's section (Filter.status) under its name: the
+    built filter's, else what its class shows when none is built
+    (Filter.status_absent)."""
+    from .filters import REGISTERED
+
+    built = {type(f): f for f in filters}
+    out = {}
+    for cls in REGISTERED:
+        f = built.pop(cls, None)
+        section = f.status() if f is not None else cls.status_absent
+        if section is not None:
+            out[cls.name] = section
+    for f in built.values():  # made by hand, not registered
+        section = f.status()
+        if section is not None:
+            out[f.name] = section
+    return out
+
+
 class StatusPage:
     """The routes of the status page and the sampler behind its history."""
 
-    def __init__(self, server, deny, cluster_state=None, fleet=None,
-                 interval=SAMPLE_INTERVAL, span=HISTORY_SECONDS):
+    def __init__(self, server, deny, fleet=None, interval=SAMPLE_INTERVAL,
+                 span=HISTORY_SECONDS):
         self.server = server
         self.deny = deny  # request -> the refusal, or None (the /quotas rule)
-        self.cluster_state = cluster_state
         self.fleet = fleet
         self.history = History(span, interval)
         self.samples = 0
@@ -390,13 +346,14 @@ class StatusPage:
                   "interval_s": history.interval, "span_s": history.span,
                   "history_started_at": self.started_at, "points_since": since}
         quotas.update(history.to_json(since))
-        return {
+        report = {
             "generated_at": round(wall, 3),
             "quotas": quotas,
             "throttled": throttled_report(server, now),
-            "storage": storage_report(getattr(server, "storage", None), self.cluster_state, wall),
-            "fleet": fleet_report(self.fleet, server.quotas, wall),
         }
+        report.update(filters_report(getattr(server, "filters", ())))
+        report["fleet"] = fleet_report(self.fleet, server.quotas, wall)
+        return report
 
     # the sampler: a task on the loop, started and stopped with the endpoint
 
@@ -467,8 +424,7 @@ def add_routes(app, admin, **kwargs):
     (before it starts): ``/``, its script and style sheet, ``/status.json``
     (guarded as /quotas is), and the sampler, which runs while the app
     does. Returns the StatusPage."""
-    page = StatusPage(admin.proxy, admin._deny, getattr(admin, "cluster_state", None),
-                      getattr(admin, "fleet", None), **kwargs)
+    page = StatusPage(admin.proxy, admin._deny, getattr(admin, "fleet", None), **kwargs)
     for path in _STATIC:
         app.router.add_get(path, page.static)
     app.router.add_get("/status.json", page.data)

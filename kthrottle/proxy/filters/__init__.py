@@ -13,6 +13,7 @@ from . import (
     admin_api,
     authorization,
     broker_only,
+    client_id_required,
     controller_mutation,
     forbidden_api_keys,
     partition_leaders,
@@ -39,6 +40,8 @@ REGISTERED = (
     # so do those only brokers and controllers send
     forbidden_api_keys.ForbiddenApiKeys,
     broker_only.BrokerOnlyApis,
+    # a request without the client.id the operator requires reaches nothing else
+    client_id_required.ClientIdRequired,
     # after authentication (it needs the principal); it answers in the
     # broker's place, so before what would count or rewrite the request
     admin_api.AdminApi,

@@ -116,7 +116,7 @@ class AdminApi(Filter):
 
     def api_ranges(self, ranges):
         """The broker's ranges as the proxy advertises them (its own
-        ApiVersions answers before authentication: server.ApiVersionsCache)."""
+        ApiVersions answers before authentication: discovery.ApiVersionsCache)."""
         return with_api_ranges(ranges, self.answered, self.clamped)
 
     def on_response(self, ctx, inflight, frame):

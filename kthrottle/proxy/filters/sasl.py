@@ -83,6 +83,18 @@ class ClientSasl(Filter):
         self.count_login(self.mechanism_of(ctx.state), False)
         ctx.fail_authentication("authentication failed: %s" % reason, self.failed_delay_ms)
 
+    def metrics(self, family):
+        """Logins by mechanism (Kafka's successful- and
+        failed-authentication-total)."""
+        successful = family("kthrottle_successful_authentication_total")
+        failed = family("kthrottle_failed_authentication_total")
+        mechanisms = list(self.mechanisms) + sorted(set(self.failed_logins) - set(self.mechanisms))
+        for mechanism in mechanisms:
+            if mechanism in self.mechanisms:
+                successful.add_metric([mechanism], self.successful_logins.get(mechanism, 0))
+            failed.add_metric([mechanism], self.failed_logins.get(mechanism, 0))
+        return (successful, failed)
+
     def count_login(self, mechanism, ok):
         if ok:
             self.successful_logins[mechanism] += 1

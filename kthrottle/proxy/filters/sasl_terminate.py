@@ -95,6 +95,7 @@ class SaslTerminate(ClientSasl):
     a known one."""
 
     name = "sasl-terminate"
+    authenticates_clients = True
 
     mode = "terminate"
 

@@ -31,8 +31,11 @@ snapshot lists such partitions; the decision is made when the request has
 gone, so a PAUSE there throttles the producer for ``pause_max_ms`` after the
 request (as a broker's quota does) instead of holding it back.
 """
+import asyncio
 import functools
 import logging
+import math
+import time
 
 from ...codecs import apis
 from ...codecs.produce import ProducePartitions
@@ -56,6 +59,10 @@ BEHIND_RELEASE_SECONDS = 0.5
 REQUEST_TIMEOUT_MS = 30_000
 RATE_IDLE_SECONDS = 3600.0
 FACTOR_LOG_STEP = 0.1  # a THROTTLE factor moved this much is logged at INFO again
+REFRESH_SECONDS = 1.0  # the state in force worked out again (the snapshot ages)
+MAX_BROKERS = 200  # status page rows: the brokers not OPEN first
+MAX_VOLUMES = 32  # per broker: the fullest first
+_STATE_VALUE = {"OPEN": 0, "THROTTLE": 1, "PAUSE": 2, "UNKNOWN": 3}  # kthrottle_storage_state
 
 
 class _Held:
@@ -72,6 +79,8 @@ class _Held:
 
 class StorageThrottle(Filter):
     name = "storage"
+    follows_cluster_state = True
+    status_absent = {"configured": False}
     options_title = ("storage-aware throttling (off unless --storage-scope is given; the cluster "
                      "state kthrottle spark-sync writes to --cluster-state-topic or --zookeeper)")
     options = (
@@ -129,6 +138,8 @@ class StorageThrottle(Filter):
         self.deferred = 0  # Produce requests held back (each check counts)
         self.released_at_cap = 0
         self.throttled = 0
+        self.cluster_state = None  # the source followed (connected, healthy, rejected)
+        self._refreshing = None  # the task refreshing the state in force
 
     # the quota window is the storage rate's
     reads = ("zookeeper", "cluster_state_topic", "quota_settings")
@@ -192,6 +203,108 @@ class StorageThrottle(Filter):
 
     def new_state(self):
         return _Held()
+
+    # lifecycle ------------------------------------------------------------------
+
+    async def start(self, services):
+        """From now on the first snapshot is awaited (none in
+        storage-max-age-ms is unknown), and the state in force is worked out
+        again every REFRESH_SECONDS."""
+        self.cluster_state = services.cluster_state
+        loop = asyncio.get_running_loop()
+        self.refresh(time.time(), loop.time())
+        self._refreshing = loop.create_task(self._refresh_every_second())
+
+    async def _refresh_every_second(self):
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(REFRESH_SECONDS)
+            self.refresh(time.time(), loop.time())
+
+    async def stop(self):
+        task, self._refreshing = self._refreshing, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def on_cluster_state(self, state):
+        self.policy.update(state)
+        self.refresh(time.time(), asyncio.get_running_loop().time())
+
+    def degraded(self):
+        lines = []
+        cluster_state = self.cluster_state
+        if cluster_state is not None and not cluster_state.healthy:
+            lines.append("cluster state: %s" % getattr(
+                cluster_state, "unhealthy", "the ZooKeeper session following it is not connected"))
+        if self.reason is not None:
+            lines.append("cluster state: %s; the storage fail-safe applies" % (self.reason,))
+        return lines
+
+    def metrics(self, family):
+        current = self.current
+        state = family("kthrottle_storage_state")
+        factor = family("kthrottle_storage_factor")
+        state.add_metric(["cluster", "", ""], _STATE_VALUE[current.state])
+        factor.add_metric(["cluster", "", ""], current.factor)
+        snapshot = self.policy.state
+        if snapshot is not None:
+            for broker, entry in sorted(snapshot.brokers.items()):
+                if not isinstance(entry, dict):
+                    continue
+                state.add_metric(["broker", str(broker), ""],
+                                 _STATE_VALUE.get(entry.get("state"), 3))
+                for volume in entry.get("volumes") or ():
+                    # volumes past their soft limit only: a fleet has thousands
+                    if isinstance(volume, dict) and volume.get("state") != "OPEN":
+                        tags = ["volume", str(broker), str(volume.get("name"))]
+                        state.add_metric(tags, _STATE_VALUE.get(volume.get("state"), 3))
+                        factor.add_metric(tags, float(volume.get("factor", 1.0)))
+        yield state
+        yield factor
+        yield family("kthrottle_storage_fail_safe", 1 if self.reason else 0)
+        if snapshot is not None:
+            yield family("kthrottle_cluster_state_age_seconds",
+                         max(0.0, time.time() - snapshot.generated_at))
+        yield family("kthrottle_storage_deferred_requests_total", self.deferred)
+        yield family("kthrottle_storage_throttled_requests_total", self.throttled)
+        if self.cluster_state is not None:
+            yield family("kthrottle_cluster_state_rejected_total", self.cluster_state.rejected)
+
+    def status(self):
+        """The state in force, and the snapshot's brokers and volumes."""
+        wall = time.time()
+        policy = self.policy
+        snapshot = policy.state
+        current = self.current
+        out = {
+            "configured": True,
+            "scope": policy.scope,
+            "fail_safe": policy.fail_safe,
+            "state": current.state,
+            "factor": _number(current.factor),
+            "fail_safe_reason": str(self.reason) if self.reason is not None else None,
+            "max_age_s": _number(policy.max_age),
+            "snapshot_age_s": None,
+            "unknown_brokers": [],
+            "brokers": [],
+            "brokers_total": 0,
+            "source": None,
+        }
+        cluster_state = self.cluster_state
+        if cluster_state is not None:
+            out["source"] = {"connected": bool(getattr(cluster_state, "connected", False)),
+                             "rejected": getattr(cluster_state, "rejected", 0)}
+        if snapshot is None:
+            return out
+        out["snapshot_age_s"] = _number(max(0.0, wall - snapshot.generated_at), 1)
+        out["unknown_brokers"] = list(snapshot.unknown_brokers)
+        brokers = [_broker_status(broker, entry, wall)
+                   for broker, entry in snapshot.brokers.items() if isinstance(entry, dict)]
+        brokers.sort(key=lambda b: (b["state"] == "OPEN", _broker_order(b["broker"])))
+        out["brokers"] = brokers[:MAX_BROKERS]
+        out["brokers_total"] = len(brokers)
+        return out
 
     # the state in force -------------------------------------------------------
 
@@ -335,3 +448,39 @@ class StorageThrottle(Filter):
         return Throttle(min(delay, self.max_throttle_ms),
                         "storage THROTTLE: %.0f B/s of %.0f kept (factor %.3f)"
                         % (limit, base, state.factor))
+
+
+# the status page's rows ----------------------------------------------------------
+
+def _broker_status(broker, entry, wall):
+    volumes = [v for v in entry.get("volumes") or () if isinstance(v, dict)]
+    rows = []
+    for v in volumes:
+        capacity, consumed = _number(v.get("capacity"), 0), _number(v.get("consumed"), 0)
+        rows.append({
+            "name": str(v.get("name")), "log_dir": str(v.get("log_dir") or ""),
+            "capacity": capacity, "consumed": consumed,
+            "used": _number(consumed / capacity, 4) if capacity and consumed is not None
+            else None,
+            "state": str(v.get("state")), "factor": _number(v.get("factor"))})
+    rows.sort(key=lambda r: (r["state"] == "OPEN", -(r["used"] or 0.0), r["name"]))
+    reported = entry.get("reported_at")
+    return {
+        "broker": str(broker), "state": str(entry.get("state")),
+        "factor": _number(entry.get("factor")), "reason": entry.get("reason"),
+        "report_age_s": _number(max(0.0, wall - reported), 1)
+        if isinstance(reported, (int, float)) else None,
+        "volumes": rows[:MAX_VOLUMES], "volumes_total": len(rows)}
+
+
+def _broker_order(broker):
+    return (0, int(broker), "") if broker.isdigit() else (1, 0, broker)
+
+
+def _number(value, digits=3):
+    """A float JSON can carry (None for NaN and infinities), rounded."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return round(value, digits) if math.isfinite(value) else None

@@ -1,5 +1,6 @@
-"""Helpers for quota tests: a producer running on its own thread, the proxy's
-admin endpoint, and the ``kthrottle quotas`` command."""
+"""Clients for tests and benchmarks: a producer running on its own thread, round trips
+through a proxy (aiokafka), SCRAM logins (confluent-kafka), the proxy's admin endpoint, and
+the ``kthrottle quotas`` command."""
 import asyncio
 import json
 import subprocess
@@ -8,7 +9,7 @@ import threading
 import time
 import urllib.request
 
-from conftest import ROOT
+from kthrottle_testkit import ROOT
 
 RECORD = b"x" * 1024
 

@@ -7,7 +7,7 @@ it measures.
   address, for a relay in front of it), ZooKeeper, a local S3 server,
   ``python -m kthrottle proxy`` from this checkout or from another source tree
   (``SourceTree``: ``--baseline-src`` / ``--proxy-src``), ``tansu proxy``, the bare relay
-  (``bare_relay.py``);
+  (``benchmarks/bare_relay.py``);
 * measuring: process, process-tree and machine CPU, latency percentiles, the proxy's
   /metrics;
 * client runners: aiokafka and confluent-kafka produce / consume / fixed-rate latency
@@ -15,7 +15,8 @@ it measures.
 * reporting: Markdown tables, JSON, plots (skipped with a message when matplotlib is not
   installed), machine facts, common flags.
 
-Benchmarks run as ``python benchmarks/NAME.py``, so this module is imported as ``harness``.
+Benchmarks run as ``python benchmarks/NAME.py`` and import this module from the test kit
+(``from kthrottle_testkit.harness import ...``), as the tests import the rest of the kit.
 """
 import argparse
 import asyncio
@@ -45,11 +46,7 @@ from typing import Optional
 
 import psutil
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO / "tests") not in sys.path:
-    sys.path.append(str(REPO / "tests"))  # tests/zookeeper.py starts a real ZooKeeper
-
-from kthrottle.embedded import (  # noqa: E402
+from kthrottle.embedded import (
     MotoS3Server,
     TansuBroker,
     _die_with_parent,
@@ -57,11 +54,14 @@ from kthrottle.embedded import (  # noqa: E402
     tansu_binary,
     wait_for_port,
 )
+from kthrottle_testkit import BENCHMARKS, ROOT
+
+REPO = ROOT  # this checkout: the source tree measured unless told otherwise (SourceTree)
 
 # where a run writes unless told: a new directory of its own under RUNS, which git ignores
 # (fresh_run_dir, output_dir). benchmarks/results holds the committed results: a run writes
 # there only when told to (--output-dir benchmarks/results), never by default.
-RUNS = Path(__file__).resolve().parent / "runs"
+RUNS = BENCHMARKS / "runs"
 
 # quotas that never bind, for every client-id: the per-request quota path without a throttle
 # (10 GB/s produce and fetch, 10^9 requests/s)
@@ -263,7 +263,7 @@ class Run:
         return broker.start()
 
     def zookeeper(self, name="zookeeper"):
-        from zookeeper import ZooKeeperServer, available
+        from kthrottle_testkit.zookeeper import ZooKeeperServer, available
 
         if not available():
             raise RuntimeError("ZooKeeper is not installed (scripts/test installs Debian's "
@@ -463,7 +463,7 @@ def start_bare_relay(port, upstream, procs, name="bare-relay", tls=None):
     AdvertisingTansuBroker advertising that port), with TLS towards the clients if ``tls``
     (``tls_files``) is given. Checks that a Metadata answer through it names the relay's own
     address, so that clients stay behind it."""
-    argv = [sys.executable, str(Path(__file__).resolve().parent / "bare_relay.py"),
+    argv = [sys.executable, str(BENCHMARKS / "bare_relay.py"),
             "--listen", "127.0.0.1:%d" % port, "--upstream", upstream.bootstrap]
     if tls is not None:
         argv += ["--ssl-cert", tls["cert"], "--ssl-key", tls["key"]]

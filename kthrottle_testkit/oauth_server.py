@@ -3,19 +3,30 @@
 rotates keys by rewriting it), POST /token grants client credentials
 (RFC 6749 section 4.4, HTTP Basic) with a JWT signed by the key given,
 GET /stats counts the requests, POST /down and /up make /token fail or
-work. https when --cert and --key are given.
+work. https when --cert and --key are given. ``OAuthServer`` below starts one with a key
+of its own (RS256) for a Kafka node's OAUTHBEARER listener.
 
-    python tests/oauth_server.py --port P --jwks FILE [--signing-key PEM --kid K
+    python kthrottle_testkit/oauth_server.py --port P --jwks FILE [--signing-key PEM --kid K
         --client-id ID --client-secret S --audience A --issuer I --lifetime S]
         [--cert PEM --key PEM]
 """
 import argparse
 import base64
+import json
 import ssl
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import jwt
 from aiohttp import web
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from kthrottle.embedded import free_port, stop_process, wait_for_port
+
+SCRIPT = Path(__file__).resolve()
 
 
 def main():
@@ -82,6 +93,44 @@ def main():
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(args.cert, args.key)
     web.run_app(app, host="127.0.0.1", port=args.port, ssl_context=context, print=None)
+
+
+class OAuthServer:
+    """This server on 127.0.0.1 as a subprocess, stopped by its PID: a JWKS and
+    client-credentials tokens (RS256) of a key made here, files in ``tmp``."""
+
+    CLIENT_ID, CLIENT_SECRET = "kafka-client", "kafka-client-secret"
+    AUDIENCE, ISSUER = "kafka", "https://issuer.test"
+
+    def __init__(self, tmp):
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
+        jwk.update(kid="k1", use="sig", alg="RS256")
+        (tmp / "jwks.json").write_text(json.dumps({"keys": [jwk]}))
+        (tmp / "signing.pem").write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
+        self.port = free_port()
+        self.args = [sys.executable, str(SCRIPT),
+                     "--port", str(self.port), "--jwks", str(tmp / "jwks.json"),
+                     "--signing-key", str(tmp / "signing.pem"), "--kid", "k1",
+                     "--client-id", self.CLIENT_ID, "--client-secret", self.CLIENT_SECRET,
+                     "--audience", self.AUDIENCE, "--issuer", self.ISSUER, "--lifetime", "600"]
+        self.log = tmp / "oauth.log"
+        self.proc = None
+
+    def url(self, path):
+        return "http://127.0.0.1:%d%s" % (self.port, path)
+
+    def start(self):
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+        wait_for_port("127.0.0.1", self.port, proc=self.proc)
+        return self
+
+    def stop(self):
+        stop_process(self.proc, grace=10)
 
 
 if __name__ == "__main__":
