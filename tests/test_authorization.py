@@ -50,21 +50,27 @@ def kafka_acl(tmp_path_factory):
     kafka.stop()
 
 
-@pytest.fixture(scope="module")
-def proxy(kafka_acl, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("authz-proxy")
+def authorizing_proxy(kafka, tmp):
+    """A started proxy in front of ``kafka``'s SASL listener: alice and bob log in to it with
+    SCRAM, it logs in to the broker as admin (the super user) and enforces the cluster's ACLs
+    for them, read every 500 ms."""
     creds = scram_credentials_file(tmp / "credentials.toml",
                                    {"alice": USERS["alice"], "bob": USERS["bob"]},
                                    mechanisms=("SCRAM-SHA-512",))
     password = tmp / "upstream-password"
     password.write_text(USERS["admin"] + "\n")
-    p = ProxyProcess(kafka_acl.listener(SASL), tmp / "proxy.log", [
+    return ProxyProcess(kafka.listener(SASL), tmp / "proxy.log", [
         "--security-protocol", SASL, "--sasl-enabled-mechanisms", "SCRAM-SHA-512",
         "--credentials-file", str(creds),
         "--upstream-security-protocol", SASL, "--upstream-sasl-mechanism", "PLAIN",
         "--upstream-sasl-username", "admin", "--upstream-sasl-password-file", str(password),
         "--super-users", "User:admin", "--acl-refresh", "500ms"],
-        node_id=kafka_acl.node_id).start()
+        node_id=kafka.node_id).start()
+
+
+@pytest.fixture(scope="module")
+def proxy(kafka_acl, tmp_path_factory):
+    p = authorizing_proxy(kafka_acl, tmp_path_factory.mktemp("authz-proxy"))
     yield p
     p.stop()
 

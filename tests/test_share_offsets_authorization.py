@@ -24,13 +24,10 @@ import pytest
 
 from kthrottle.kafka_kit import Listener, compile_java, kafka_lib
 from kthrottle_testkit.brokers import started_kafka
-from kthrottle_testkit.clients import scram_credentials_file
-from kthrottle_testkit.proxy import ProxyProcess
+from test_authorization import SASL, USERS, acl, authorizing_proxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
-SASL = "SASL_PLAINTEXT"
-USERS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
 RUN = uuid.uuid4().hex[:6]
 ALICE_TOPIC, BOB_TOPIC = "alice-shares-%s" % RUN, "bob-shares-%s" % RUN
 ALICE_GROUP, BOB_GROUP = "alice-g-%s" % RUN, "bob-g-%s" % RUN
@@ -38,15 +35,6 @@ ALICE_GROUP, BOB_GROUP = "alice-g-%s" % RUN, "bob-g-%s" % RUN
 # refusal comes from the proxy's group check of 91 and 92 themselves
 DESCRIBE_ONLY_GROUP = "desc-g-%s" % RUN
 SOURCE = Path(__file__).resolve().parent / "java" / "ShareOffsetsAdmin.java"
-
-
-def acl(resource_type, name, principal, operation, pattern="PREFIXED"):
-    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType,
-                                       ResourcePatternType, ResourceType)
-
-    return AclBinding(getattr(ResourceType, resource_type), name,
-                      getattr(ResourcePatternType, pattern), principal, "*",
-                      getattr(AclOperation, operation), AclPermissionType.ALLOW)
 
 
 @pytest.fixture(scope="module")
@@ -89,19 +77,7 @@ def kafka_shares(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def share_proxy(kafka_shares, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("share-authz-proxy")
-    creds = scram_credentials_file(tmp / "credentials.toml",
-                                   {"alice": USERS["alice"], "bob": USERS["bob"]},
-                                   mechanisms=("SCRAM-SHA-512",))
-    password = tmp / "upstream-password"
-    password.write_text(USERS["admin"] + "\n")
-    p = ProxyProcess(kafka_shares.listener(SASL), tmp / "proxy.log", [
-        "--security-protocol", SASL, "--sasl-enabled-mechanisms", "SCRAM-SHA-512",
-        "--credentials-file", str(creds),
-        "--upstream-security-protocol", SASL, "--upstream-sasl-mechanism", "PLAIN",
-        "--upstream-sasl-username", "admin", "--upstream-sasl-password-file", str(password),
-        "--super-users", "User:admin", "--acl-refresh", "500ms"],
-        node_id=kafka_shares.node_id).start()
+    p = authorizing_proxy(kafka_shares, tmp_path_factory.mktemp("share-authz-proxy"))
     yield p
     p.stop()
 
