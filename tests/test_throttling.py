@@ -186,10 +186,12 @@ def test_every_client_is_held_to_its_quota_and_the_unthrottled_one_is_not(broker
     assert rates["ck"] == pytest.approx(QUOTA, rel=0.10)  # librdkafka ignores throttle_time_ms
     assert rates["fetch"] == pytest.approx(QUOTA, rel=0.10)
     assert rates["requests"] == pytest.approx(REQUESTS_PER_SECOND, rel=0.10)
-    # the unthrottled client ran at many times the quota and was never throttled (10x:
-    # beside three busy clients a loaded 2-core machine gave it 1.5 MB/s, 15x, in CI)
+    # the unthrottled client ran above the quota and was never throttled. How far above
+    # depends on the machine: beside three busy clients a loaded 2-core machine gave it
+    # 1.5 MB/s (15x) in one CI run and 330 KB/s (3.3x) in another, so the margin is 2x,
+    # which a client held to the quota cannot reach.
     free = sum(n for t, n in events["free"] if 1.0 <= t < 6.0) / 5.0
-    assert free > 10 * QUOTA
+    assert free > 2 * QUOTA
     assert not metric_value(text, "kthrottle_produce_throttle_time_ms_total", "unthrottled")
     assert metric_value(text, "kthrottle_produce_throttle_time_ms_total", "aio-producer") > 0
     assert metric_value(text, "kthrottle_produce_quota", "ck-producer") == QUOTA
