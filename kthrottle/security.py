@@ -53,6 +53,24 @@ def read_sasl_password(path, env, flag, protocol, environ=None):
     return password
 
 
+def upstream_tls_context(ssl_ca, ssl_cert=None, ssl_key=None):
+    """TLS towards the brokers: their certificates checked against
+    ``ssl_ca`` (None: the system's), host names too (Kafka's
+    ssl.endpoint.identification.algorithm=https), and ``ssl_cert`` (with
+    ``ssl_key``) for brokers that require a client's. ValueError when they
+    cannot be loaded."""
+    import ssl
+
+    try:
+        context = ssl.create_default_context(cafile=ssl_ca)
+        if ssl_cert:
+            context.load_cert_chain(ssl_cert, ssl_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError("cannot load the upstream TLS CA or certificate (%s, %s): %s"
+                         % (ssl_ca, ssl_cert, exc)) from None
+    return context
+
+
 def _read_pem(flag, path):
     try:
         with open(path, encoding="ascii") as f:
@@ -92,10 +110,15 @@ class KafkaClientSecurity:
             config.update(ssl_cafile=self.ssl_ca, ssl_certfile=self.ssl_cert,
                           ssl_keyfile=self.ssl_key)
         if self.sasl:
-            config.update(sasl_mechanism=self.sasl_mechanism,
-                          sasl_plain_username=self.sasl_username,
-                          sasl_plain_password=self.sasl_password)
+            config.update(self.sasl_login())
         return config
+
+    def sasl_login(self):
+        """The SASL login with user and password, as kafka-python and
+        aiokafka both name its settings."""
+        return {"sasl_mechanism": self.sasl_mechanism,
+                "sasl_plain_username": self.sasl_username,
+                "sasl_plain_password": self.sasl_password}
 
     def data_source_options(self):
         """The kthrottle-kafka data source's options: the files' contents,

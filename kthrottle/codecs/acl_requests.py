@@ -19,6 +19,7 @@ import uuid
 import warnings
 from typing import NamedTuple
 
+from ._kafka import decode_framed, framed_request, framed_response
 from .errors import ProtocolError
 from .wire import INT32, read_array_length, read_string, skip_tagged_fields, write_uvarint
 
@@ -93,23 +94,25 @@ class TopicList(NamedTuple):
     resp_error: str = "error_code"
 
 
+def _usual(operation):
+    """The usual layout, alike in request and response: ``topics``, each a
+    ``name`` and ``partitions``, each with a ``partition_index``."""
+    return TopicList(operation, "topics", "name", "partitions", "partition_index",
+                     "topics", "name", "partitions", "partition_index")
+
+
 TOPIC_LISTS = {
     0: TopicList(WRITE, "topic_data", "name", "partition_data", "index",
                  "responses", "name", "partition_responses", "index"),
     1: TopicList(READ, "topics", "topic", "partitions", "partition",
                  "responses", "topic", "partitions", "partition_index"),
-    2: TopicList(DESCRIBE, "topics", "name", "partitions", "partition_index",
-                 "topics", "name", "partitions", "partition_index"),
-    8: TopicList(READ, "topics", "name", "partitions", "partition_index",
-                 "topics", "name", "partitions", "partition_index"),
-    21: TopicList(DELETE, "topics", "name", "partitions", "partition_index",
-                  "topics", "name", "partitions", "partition_index"),
+    2: _usual(DESCRIBE),
+    8: _usual(READ),
+    21: _usual(DELETE),
     23: TopicList(DESCRIBE, "topics", "topic", "partitions", "partition",
                   "topics", "topic", "partitions", "partition"),
-    28: TopicList(READ, "topics", "name", "partitions", "partition_index",
-                  "topics", "name", "partitions", "partition_index"),
-    47: TopicList(READ, "topics", "name", "partitions", "partition_index",
-                  "topics", "name", "partitions", "partition_index"),
+    28: _usual(READ),
+    47: _usual(READ),
     61: TopicList(READ, "topics", "name", "partition_indexes", None,
                   "topics", "name", "partitions", "partition_index"),
     19: TopicList(CREATE, "topics", "name", None, None, "topics", "name", None, None),
@@ -123,16 +126,10 @@ def decode(api_key, api_version, frame):
     cls = request_class(api_key)
     if cls is None:
         raise ProtocolError("api key %d cannot be decoded" % api_key)
-    try:
-        return cls[api_version].decode(bytes(frame[4:]), header=True)
-    except Exception as exc:  # noqa: BLE001 (kafka-python raises several types on bad input)
-        raise ProtocolError("malformed %s v%d: %s" % (cls.__name__, api_version, exc)) from None
+    return decode_framed(cls, api_version, frame, "%s v%d" % (cls.__name__, api_version))
 
 
-def encode(request, correlation_id, client_id):
-    """A request object framed again, with its header."""
-    request.with_header(correlation_id=correlation_id, client_id=client_id)
-    return bytes(request.encode(header=True, framed=True))
+encode = framed_request  # (request, correlation_id, client_id): framed again, with its header
 
 
 def topic_key(entry, spec, names):
@@ -189,22 +186,15 @@ def refused_topic_entries(api_key, version, request, refused, errors):
 
 
 def response_for(api_key, version, correlation_id, **fields):
-    response = response_class(api_key)[version](**fields)
-    response.with_header(correlation_id=correlation_id)
-    return bytes(response.encode(header=True, framed=True))
+    return framed_response(response_class(api_key)[version](**fields), correlation_id)
 
 
 def decode_response(api_key, version, frame):
-    try:
-        return response_class(api_key)[version].decode(bytes(frame[4:]), header=True)
-    except Exception as exc:  # noqa: BLE001
-        raise ProtocolError("malformed response v%d of api key %d: %s"
-                            % (version, api_key, exc)) from None
+    return decode_framed(response_class(api_key), version, frame,
+                         "response v%d of api key %d" % (version, api_key))
 
 
-def encode_response(response, correlation_id):
-    response.with_header(correlation_id=correlation_id)
-    return bytes(response.encode(header=True, framed=True))
+encode_response = framed_response  # (response, correlation_id)
 
 
 def has_field(api_key, version, name):

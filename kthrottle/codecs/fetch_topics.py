@@ -20,18 +20,17 @@ client is given.
 from ._kafka import FetchResponse
 from .errors import ProtocolError
 from .metadata_leaders import metadata_topics
-from .produce import (
+from .fields import (
     _ARRAY,
     _CARRAY,
-    _INT16,
     _INT32,
     _SKIP,
-    _TEXT,
     _UUID,
     _VARINT,
     MAX_STRING,
     FieldReader,
     _tags,
+    _topic_name,
 )
 from .wire import (
     read_array_length,
@@ -68,18 +67,17 @@ class FetchTopicBytes(FieldReader):
     __slots__ = ("topic_bytes",)
     what = "Fetch response"
     kind = "response"
+    api = "Fetch"
+    max_version = MAX_VERSION
 
     def __init__(self, api_version):
-        if not 0 <= api_version <= MAX_VERSION:
-            raise ProtocolError("Fetch v%d is not supported (versions 0 to %d are)"
-                                % (api_version, MAX_VERSION))
         FieldReader.__init__(self, api_version)
         self.topic_bytes = {}
 
     def _new_walk(self):
         return _walk_fetch(self.api_version, self.topic_bytes)
 
-    def _read_whole(self, frame):
+    def _read_whole(self, frame, out):
         counted = _whole(frame, self.api_version)
         if counted is None:
             return False
@@ -90,11 +88,7 @@ class FetchTopicBytes(FieldReader):
 def fetch_topic_bytes(frame, api_version):
     """{topic: record bytes} of one whole framed Fetch response (see
     FetchTopicBytes)."""
-    reader = FetchTopicBytes(api_version)
-    reader.feed(frame, [])
-    if not reader.done:
-        raise ProtocolError("truncated response: the frame is shorter than its size prefix")
-    return reader.topic_bytes
+    return FetchTopicBytes(api_version).read_frame(frame).topic_bytes
 
 
 def _whole(buf, version):
@@ -185,13 +179,7 @@ def _walk_fetch(version, topic_bytes):
         if version >= TOPIC_ID_FROM:
             topic = yield _UUID
         else:
-            n = (yield _VARINT) - 1 if flexible else (yield _INT16)
-            if n < 0:
-                raise ProtocolError("null topic name" if n == -1
-                                    else "negative topic name length %d" % n)
-            if n > MAX_STRING:
-                raise ProtocolError("topic name of %d bytes" % n)
-            topic = (yield n << 4 | _TEXT) if n else ""
+            topic = yield from _topic_name(flexible)
         total = topic_bytes.get(topic, 0)
         for _ in range((yield array)):  # partitions
             # partition_index, error_code, high_watermark

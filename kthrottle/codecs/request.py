@@ -187,6 +187,14 @@ class RequestHead:
             raise ProtocolError("truncated %s" % what)
         self._need(min(self.frame_len, n + 256), what)
 
+    def _after_compact_string(self, pos, what):
+        """The offset after the compact nullable string ``what`` at ``pos``."""
+        try:
+            n, pos = read_uvarint(self.buf, pos)
+        except ProtocolError:
+            self._more(what)
+        return pos + max(n - 1, 0)
+
     def _skip_tags(self, pos):
         buf = self.buf
         try:
@@ -227,11 +235,7 @@ class RequestHead:
         version = self.api_version
         if version >= 3:  # transactional_id, nullable string
             if version >= 9:
-                try:
-                    n, pos = read_uvarint(buf, pos)
-                except ProtocolError:
-                    self._more("Produce transactional_id")
-                pos += max(n - 1, 0)
+                pos = self._after_compact_string(pos, "Produce transactional_id")
             else:
                 self._need(pos + 2, "Produce transactional_id")
                 n = INT16.unpack_from(buf, pos)[0]
@@ -301,15 +305,8 @@ class RequestHead:
         if at is None:
             if self.api_key != apis.SHARE_FETCH:
                 raise ValueError("MaxBytes of a non-ShareFetch request")
-            buf = self.buf
-            pos = self.body_offset
-            for what in ("ShareFetch GroupId", "ShareFetch MemberId"):
-                try:
-                    n, pos = read_uvarint(buf, pos)  # compact nullable string
-                except ProtocolError:
-                    self._more(what)
-                pos += max(n - 1, 0)
-            at = pos + 12
+            pos = self._after_compact_string(self.body_offset, "ShareFetch GroupId")
+            at = self._after_compact_string(pos, "ShareFetch MemberId") + 12
             self._need(at + 4, "ShareFetch MaxBytes")
             self._fetch = at
         return at

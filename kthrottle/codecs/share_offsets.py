@@ -21,11 +21,12 @@ build:
 
 In Alter and Delete, a top-level error in the coordinator's answer is the whole answer.
 """
+import types
 import uuid
 import warnings
 
 from . import schemas
-from .errors import ProtocolError
+from ._kafka import decode_framed, framed_request, framed_response
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -38,29 +39,20 @@ NO_TOPIC_ID = uuid.UUID(int=0)
 MESSAGES = {29: "Topic authorization failed.", 30: "Group authorization failed."}
 
 
-class DescribeShareGroupOffsetsRequest(ApiMessage, load_json=schemas):
-    pass
+def _messages(name):
+    """The request and the response class of the API ``name``, their layouts
+    read from ``schemas/<name>Request.json`` and ``<name>Response.json``."""
+    return tuple(types.new_class(name + kind, (ApiMessage,), {"load_json": schemas},
+                                 lambda ns: ns.update(__module__=__name__))
+                 for kind in ("Request", "Response"))
 
 
-class DescribeShareGroupOffsetsResponse(ApiMessage, load_json=schemas):
-    pass
-
-
-class AlterShareGroupOffsetsRequest(ApiMessage, load_json=schemas):
-    pass
-
-
-class AlterShareGroupOffsetsResponse(ApiMessage, load_json=schemas):
-    pass
-
-
-class DeleteShareGroupOffsetsRequest(ApiMessage, load_json=schemas):
-    pass
-
-
-class DeleteShareGroupOffsetsResponse(ApiMessage, load_json=schemas):
-    pass
-
+DescribeShareGroupOffsetsRequest, DescribeShareGroupOffsetsResponse = _messages(
+    "DescribeShareGroupOffsets")
+AlterShareGroupOffsetsRequest, AlterShareGroupOffsetsResponse = _messages(
+    "AlterShareGroupOffsets")
+DeleteShareGroupOffsetsRequest, DeleteShareGroupOffsetsResponse = _messages(
+    "DeleteShareGroupOffsets")
 
 REQUESTS = {90: DescribeShareGroupOffsetsRequest, 91: AlterShareGroupOffsetsRequest,
             92: DeleteShareGroupOffsetsRequest}
@@ -69,43 +61,37 @@ RESPONSES = {90: DescribeShareGroupOffsetsResponse, 91: AlterShareGroupOffsetsRe
 
 
 def _cls(table, api_key, api_version):
+    """The class of ``api_key`` in ``table``; ValueError unless it has ``api_version``."""
     cls = table.get(api_key)
     if cls is None or not 0 <= api_version <= cls.max_version:
         raise ValueError("no layout for API key %r version %r" % (api_key, api_version))
-    return cls[api_version]
+    return cls
+
+
+def _decode(table, api_key, api_version, frame):
+    cls = _cls(table, api_key, api_version)
+    return decode_framed(cls, api_version, frame,
+                         "%s v%d" % (cls[api_version].__name__, api_version))
 
 
 def decode_request(api_key, api_version, frame):
     """A whole framed request (size, header v2, body) as an object; ProtocolError when it does
     not decode, ValueError for a key or version not covered."""
-    cls = _cls(REQUESTS, api_key, api_version)
-    try:
-        return cls.decode(bytes(frame[4:]), header=True)
-    except Exception as exc:  # noqa: BLE001 (kafka-python raises several types on bad input)
-        raise ProtocolError("malformed %s v%d: %s" % (cls.__name__, api_version, exc)) from None
-
-
-def encode_request(request, correlation_id, client_id):
-    request.with_header(correlation_id=correlation_id, client_id=client_id)
-    return bytes(request.encode(header=True, framed=True))
+    return _decode(REQUESTS, api_key, api_version, frame)
 
 
 def decode_response(api_key, api_version, frame):
-    cls = _cls(RESPONSES, api_key, api_version)
-    try:
-        return cls.decode(bytes(frame[4:]), header=True)
-    except Exception as exc:  # noqa: BLE001
-        raise ProtocolError("malformed %s v%d: %s" % (cls.__name__, api_version, exc)) from None
+    return _decode(RESPONSES, api_key, api_version, frame)
 
 
-def encode_response(response, correlation_id):
-    response.with_header(correlation_id=correlation_id)
-    return bytes(response.encode(header=True, framed=True))
+encode_request = framed_request  # (request, correlation_id, client_id)
+encode_response = framed_response  # (response, correlation_id)
 
 
 def response(api_key, api_version, correlation_id, **fields):
     """A whole framed answer: ThrottleTimeMs 0, ``fields``, the rest at their defaults."""
-    return encode_response(_cls(RESPONSES, api_key, api_version)(**fields), correlation_id)
+    return framed_response(_cls(RESPONSES, api_key, api_version)[api_version](**fields),
+                           correlation_id)
 
 
 def refused_group(api_version, group_id, error_code):

@@ -46,6 +46,7 @@ import functools
 
 from . import apis
 from .errors import ProtocolError
+from .fields import _CARRAY, _COUNT, _SKIP, _VARINT, FieldReader, _tags
 from .rewrite import Node
 from .wire import (
     INT32,
@@ -58,15 +59,9 @@ from .wire import (
     write_uvarint,
 )
 
-# What a structure walker (a generator) yields: ``skip << 2 | kind``, to skip
-# ``skip`` bytes (forwarded unread) and then read one value of this kind, which
-# the walker is sent back:
-_VARINT = 0  # an unsigned varint (a tag, a size, a compact string length)
-_ARRAY = 1  # a compact array length (N+1, 0 = null): answered N, or 0 for null
-_COUNT = 2  # a tag count (a plain uvarint)
-_SKIP = 3  # nothing: only the skip (answered None)
-# The walker returns once it reaches the top-level tagged section, which runs
-# to the end of the frame: the tail.
+# The walkers (fields.FieldReader's) return once they reach the tail: the
+# top-level tagged section, which runs to the end of the frame (for ShareFetch
+# and ShareAcknowledge, NodeEndpoints and that section).
 
 
 def stream_rewriter(api_key, api_version, advertise):
@@ -127,35 +122,36 @@ def untouched_check(api_key, api_version):
     return untouched
 
 
-class StreamRewriter:
+class StreamRewriter(FieldReader):
     """Rewrites one framed response as its bytes go by (see the module doc).
 
     ``nodes``: Node(node_id, host, port) for each endpoint, as the broker
     advertised it; complete once ``done``, which is set by the feed call that
     takes the frame's last byte (that call appends the tail to ``out``, so a
     caller can learn the nodes before writing that output).
+
+    ``feed`` (``fields.FieldReader``'s) appends to ``out`` the bytes to
+    forward, in order: over the whole frame the output has exactly the
+    input's length and is byte-identical except the NodeEndpoints tail (and
+    it raises whatever ``advertise`` raises). The walker returns at the tail.
     """
 
-    __slots__ = ("nodes", "done", "_advertise", "_walk", "_req", "_pos", "_end",
-                 "_size", "_varint", "_shift", "_tail", "_tail_at", "_rewrite")
+    __slots__ = ("nodes", "_advertise", "_walker", "_tail", "_tail_at", "_rewrite")
+    what = kind = "response"
+    truncated = "truncated response: it ends before its tagged fields"
+    past_end = "truncated response: %(skip)d bytes to skip at offset %(at)d of %(end)d"
 
     def __init__(self, walker, advertise, tail_at=None, rewrite=None):
         """``walker()``: a new walk of the structure (made when first needed);
         ``rewrite(tail, advertise, nodes)``: the tail at the same length, or
         None to forward it as it came (the top-level tagged section's
         rewrite by default)."""
+        FieldReader.__init__(self)
         self.nodes = []
-        self.done = False
         self._advertise = advertise
-        self._walk = walker
+        self._walker = walker
         self._tail_at = tail_at  # the whole frame's walk, for a frame in one chunk
         self._rewrite = rewrite or _rewrite_tail
-        self._req = None  # what the walker waits for
-        self._pos = 0  # bytes of the frame fed so far
-        self._end = None  # the frame's length, size prefix included, once known
-        self._size = b""  # the size prefix, while it straddles chunks
-        self._varint = 0  # a varint straddling chunks: value so far
-        self._shift = 0  # and the shift of its next byte
         self._tail = None  # the tail gathered so far, once it straddles chunks
 
     def passes(self, n):
@@ -164,137 +160,54 @@ class StreamRewriter:
         go on as they are. False: nothing was done, ``feed`` them."""
         req = self._req
         pos = self._pos + n
-        if req is None or req >> 2 < n or self._tail is not None or self._end is None \
+        if req is None or req >> 4 < n or self._tail is not None or self._end is None \
                 or pos >= self._end or self._shift:
             return False
-        self._req = req - (n << 2)
+        self._req = req - (n << 4)
         self._pos = pos
         return True
 
-    def feed(self, chunk, out):
-        """chunk: the next bytes of ONE framed response (bytes or memoryview),
-        starting with its 4-byte size prefix on the first call; chunks never
-        extend past the frame's end. Appends to ``out`` the bytes to forward, in
-        order. Over the whole frame the output has exactly the input's length
-        and is byte-identical except the NodeEndpoints tail.
-        Raises ProtocolError on a malformed or truncated structure, ValueError
-        on a chunk past the frame's end (and whatever ``advertise`` raises)."""
+    def _new_walk(self):
+        return self._walker()
+
+    def _frame_end(self, size):
+        end = size + 4
+        if end < 9:  # correlation_id and at least one byte of body
+            raise ProtocolError("response frame of %d bytes is too short" % end)
+        return end
+
+    def _read_whole(self, chunk, out):
+        # the whole frame in one chunk (every Produce response, an empty
+        # Fetch): walked in one go
         n = len(chunk)
-        if not n:
-            return
-        base = self._pos  # frame offset of chunk[0]
+        if n <= 8 or self._tail_at is None:
+            return False
+        at = self._tail_at(chunk, n)
+        if at is None:
+            return False
+        if at != n - 1 or chunk[at] != 0:  # tagged fields (else none: as it came)
+            self._pos = n
+            view = chunk if chunk.__class__ is memoryview else memoryview(chunk)
+            out.append(view[:at])
+            self._finish(view[at:], out)
+        return True
+
+    def _walked(self, chunk, view, base, i, out):
         end = self._end
-        i = 0  # where the walk resumes in this chunk
-        if end is None:  # the size prefix
-            if self.done:
-                raise ValueError("the frame is already complete")
-            if (not base and n > 8 and self._tail_at is not None
-                    and (chunk[0] << 24 | chunk[1] << 16 | chunk[2] << 8 | chunk[3]) + 4 == n):
-                # the whole frame in one chunk (every Produce response, an
-                # empty Fetch): walked in one go
-                at = self._tail_at(chunk, n)
-                if at is not None:
-                    self._pos = n
-                    if at == n - 1 and chunk[at] == 0:  # no tagged fields: as it came
-                        out.append(chunk)
-                        self.done = True
-                    else:
-                        view = chunk if chunk.__class__ is memoryview else memoryview(chunk)
-                        out.append(view[:at])
-                        self._finish(view[at:], out)
-                    return
-            i = 4 - len(self._size)
-            self._size += bytes(chunk[:i])
-            if len(self._size) < 4:
-                out.append(chunk)
-                self._pos = base + n
-                return
-            end = self._end = INT32.unpack(self._size)[0] + 4
-            if end < 9:  # correlation_id and at least one byte of body
-                raise ProtocolError("response frame of %d bytes is too short" % end)
-        if base + n > end:
-            raise ValueError("chunk runs %d bytes past the end of the frame" % (base + n - end))
-        self._pos = base + n
+        n = len(chunk)
         if self._tail is not None:  # all of this chunk is tail
             self._tail += chunk
             if base + n == end:
                 self._finish(self._tail, out)
             return
-
-        req = self._req
-        if req is None:  # the walk starts
-            walk = self._walk = self._walk()
-            req = next(walk)
-        if req >> 2 >= n - i:  # the hot path: a skip (inside records) covers the chunk
-            self._req = req - ((n - i) << 2)
-            out.append(chunk)
-            if base + n == end:
-                raise ProtocolError("truncated response: it ends before its tagged fields")
-            return
-        view = chunk if chunk.__class__ is memoryview else memoryview(chunk)
-        walk = self._walk
-        send = walk.send
-        left = end - base  # frame bytes from chunk[0] on
-        shift = self._shift  # > 0: a varint straddles from the previous chunk
-        try:
-            while True:
-                skip = req >> 2
-                if skip:
-                    if skip > n - i:
-                        req -= (n - i) << 2
-                        i = n
-                        break
-                    i += skip
-                    req &= 3
-                if req == _SKIP:
-                    req = send(None)
-                else:
-                    if i == n:
-                        break
-                    value = view[i]
-                    i += 1
-                    if value >= 0x80 or shift:  # a varint of several bytes
-                        b = value
-                        value = (self._varint if shift else 0) | (b & 0x7F) << shift
-                        while b >= 0x80:
-                            shift += 7
-                            if shift > 28:
-                                raise ProtocolError("varint longer than 5 bytes at offset %d"
-                                                    % (base + i))
-                            if i == n:
-                                break
-                            b = view[i]
-                            i += 1
-                            value |= (b & 0x7F) << shift
-                        if b >= 0x80:  # the chunk ends inside it
-                            self._varint = value
-                            self._shift = shift
-                            break
-                        shift = self._shift = 0
-                    if req:  # a count: each element takes a byte or more
-                        if req == _ARRAY:
-                            value = value - 1 if value else 0
-                        if value > left - i:
-                            raise ProtocolError("count of %d at offset %d runs past the frame"
-                                                % (value, base + i))
-                    req = send(value)
-                if req >> 2 > left - i:
-                    raise ProtocolError("truncated response: %d bytes to skip at offset %d of %d"
-                                        % (req >> 2, base + i, end))
-        except StopIteration:  # the walker reached the tail, at i
-            if i > 0:
-                out.append(view[:i])
-            if base + i == end:
-                raise ProtocolError("truncated response: it ends before its tagged fields")
-            if base + n == end:
-                self._finish(view[i:], out)  # the whole tail is in this chunk: no copy
-            else:
-                self._tail = bytearray(view[i:])
-            return
-        self._req = req
-        out.append(chunk)
+        if i > 0:
+            out.append(view[:i])
+        if base + i == end:
+            raise ProtocolError(self.truncated)
         if base + n == end:
-            raise ProtocolError("truncated response: it ends before its tagged fields")
+            self._finish(view[i:], out)  # the whole tail is in this chunk: no copy
+        else:
+            self._tail = bytearray(view[i:])
 
     def _finish(self, tail, out):
         self._tail = None
@@ -304,77 +217,78 @@ class StreamRewriter:
         self._end = None
 
 
-def _tags(skip):
-    """Skip ``skip`` bytes, then a tagged-field section (KIP-482)."""
-    for _ in range((yield skip << 2 | _COUNT)):
-        yield _VARINT  # tag
-        yield (yield _VARINT) << 2 | _SKIP  # size, then the value
+# The walkers make their requests above 256 once: Python makes such an int
+# anew each time it computes one.
 
 
 def _walk_fetch():
     """Fetch v16+ up to its top-level tagged fields (FetchResponse.json).
     Skips are folded into the next read: a partition costs three requests."""
+    topic = 16 << 4 | _CARRAY  # topic_id; partitions
+    # partition_index, error_code, high_watermark, last_stable_offset,
+    # log_start_offset; aborted_transactions (nullable)
+    partition = 30 << 4 | _CARRAY
     yield from _tags(4)  # correlation_id, header tagged fields (response header v1)
     # throttle_time_ms, error_code, session_id; responses
-    for _ in range((yield 10 << 2 | _ARRAY)):
-        # topic_id; partitions
-        for _ in range((yield 16 << 2 | _ARRAY)):
-            # partition_index, error_code, high_watermark, last_stable_offset,
-            # log_start_offset; aborted_transactions (nullable)
-            for _ in range((yield 30 << 2 | _ARRAY)):
+    for _ in range((yield 10 << 4 | _CARRAY)):
+        for _ in range((yield topic)):
+            for _ in range((yield partition)):
                 yield from _tags(16)  # producer_id, first_offset; tagged fields
-            n = yield 4 << 2 | _VARINT  # preferred_read_replica; records (N+1, 0: null)
+            n = yield 4 << 4 | _VARINT  # preferred_read_replica; records (N+1, 0: null)
             # the records; the partition's tagged fields (diverging_epoch,
             # current_leader, snapshot_id)
-            for _ in range((yield (n - 1 if n > 1 else 0) << 2 | _COUNT)):
+            for _ in range((yield (n - 1 if n > 1 else 0) << 4 | _COUNT)):
                 yield _VARINT  # tag
-                yield (yield _VARINT) << 2 | _SKIP  # size, then the value
+                yield (yield _VARINT) << 4 | _SKIP  # size, then the value
         yield from _tags(0)
 
 
 def _walk_produce(version):
     """Produce v10+ up to its top-level tagged fields (ProduceResponse.json;
     the same walk as throttle.walk_produce)."""
+    topic_id = 16 << 4 | _CARRAY  # topic_id (KIP-516); partition_responses
+    # index, error_code, base_offset, log_append_time_ms, log_start_offset;
+    # record_errors
+    partition = 30 << 4 | _CARRAY
     yield from _tags(4)  # correlation_id, header tagged fields (response header v1)
-    for _ in range((yield _ARRAY)):  # responses
+    for _ in range((yield _CARRAY)):  # responses
         if version >= 13:
-            skip = 16  # topic_id (KIP-516)
+            partitions = topic_id
         else:
-            n = yield _VARINT  # name
-            skip = n - 1 if n > 1 else 0
-        for _ in range((yield skip << 2 | _ARRAY)):  # partition_responses
-            # index, error_code, base_offset, log_append_time_ms,
-            # log_start_offset; record_errors
-            for _ in range((yield 30 << 2 | _ARRAY)):
-                n = yield 4 << 2 | _VARINT  # batch_index; batch_index_error_message
+            n = yield _VARINT  # name; partition_responses
+            partitions = (n - 1 if n > 1 else 0) << 4 | _CARRAY
+        for _ in range((yield partitions)):
+            for _ in range((yield partition)):
+                n = yield 4 << 4 | _VARINT  # batch_index; batch_index_error_message
                 yield from _tags(n - 1 if n > 1 else 0)
             n = yield _VARINT  # error_message
             yield from _tags(n - 1 if n > 1 else 0)  # current_leader lives here
         yield from _tags(0)
-    yield 4 << 2 | _SKIP  # throttle_time_ms
+    yield 4 << 4 | _SKIP  # throttle_time_ms
 
 
 def _walk_share(fetch, version):
     """ShareFetch (``fetch``) or ShareAcknowledge v1+ up to NodeEndpoints, a
     plain field after the responses (ShareFetchResponse.json,
     ShareAcknowledgeResponse.json; KIP-932)."""
+    topic = 16 << 4 | _CARRAY  # topic_id; partitions
     yield from _tags(4)  # correlation_id, header tagged fields (response header v1)
-    n = yield 6 << 2 | _VARINT  # throttle_time_ms, error_code; error_message
+    n = yield 6 << 4 | _VARINT  # throttle_time_ms, error_code; error_message
     skip = n - 1 if n > 1 else 0
     if fetch or version >= 2:
         skip += 4  # acquisition_lock_timeout_ms (ShareFetch v1+, ShareAcknowledge v2+)
-    for _ in range((yield skip << 2 | _ARRAY)):  # responses
-        for _ in range((yield 16 << 2 | _ARRAY)):  # topic_id; partitions
-            n = yield 6 << 2 | _VARINT  # partition_index, error_code; error_message
+    for _ in range((yield skip << 4 | _CARRAY)):  # responses
+        for _ in range((yield topic)):
+            n = yield 6 << 4 | _VARINT  # partition_index, error_code; error_message
             if fetch:
                 # acknowledge_error_code; acknowledge_error_message
-                n = yield ((n - 1 if n > 1 else 0) + 2) << 2 | _VARINT
+                n = yield ((n - 1 if n > 1 else 0) + 2) << 4 | _VARINT
             # current_leader (leader_id, leader_epoch; its tagged fields)
             yield from _tags((n - 1 if n > 1 else 0) + 8)
             if fetch:
                 n = yield _VARINT  # records (N+1)
                 # the records; acquired_records
-                for _ in range((yield (n - 1 if n > 1 else 0) << 2 | _ARRAY)):
+                for _ in range((yield (n - 1 if n > 1 else 0) << 4 | _CARRAY)):
                     yield from _tags(18)  # first_offset, last_offset, delivery_count
             yield from _tags(0)  # the partition's tagged fields
         yield from _tags(0)  # the topic's
@@ -385,21 +299,36 @@ def _walk_share(fetch, version):
 # Plain loops over a frame held in one chunk: what the walkers above do, without
 # a generator step per field. They return the tail's offset, or None for
 # anything unusual (a varint of several bytes where one is usual, a length past
-# the frame), which the walkers then take over from the start, with their errors.
+# the frame: _Unusual, or an IndexError), which the walkers then take over from
+# the start, with their errors. The counts (N+1 in one byte) are read inline:
+# they are on the way of every Produce response and every empty Fetch.
+
+
+class _Unusual(IndexError):
+    """What the one-loop walks leave to the walkers."""
 
 
 def _tags_at(buf, pos):
-    """The offset after a tagged-field section, or -1."""
+    """The offset after a tagged-field section."""
     count = buf[pos]
     pos += 1
     if count:
         if count >= 0x80:
-            return -1
+            raise _Unusual
         for _ in range(count):
             if buf[pos] >= 0x80 or buf[pos + 1] >= 0x80:
-                return -1
+                raise _Unusual
             pos += 2 + buf[pos + 1]
     return pos
+
+
+def _string_end(buf, pos):
+    """The offset after a compact (nullable) string of a one-byte length (a
+    longer one is left to the walker)."""
+    length = buf[pos]
+    if length >= 0x80:
+        raise _Unusual
+    return pos + (length if length else 1)
 
 
 # A Produce v10+ response partition's end after its 30 fixed bytes, when it has
@@ -410,12 +339,8 @@ _PLAIN_PARTITION_END = b"\x01\x00\x00"
 def _produce_tail_at(buf, n, topic_ids=False):
     """Produce v10+ (ProduceResponse.json): the tail's offset, or None."""
     try:
-        if buf[8]:  # size, correlation_id; header tagged fields
-            pos = _tags_at(buf, 8)
-            if pos < 0:
-                return None
-        else:  # none, as usual
-            pos = 9
+        # size, correlation_id; header tagged fields (none, as usual)
+        pos = _tags_at(buf, 8) if buf[8] else 9
         topics = buf[pos] - 1
         pos += 1
         if topics >= 0x7F:
@@ -439,18 +364,8 @@ def _produce_tail_at(buf, n, topic_ids=False):
                 pos += 30  # index, error_code, base_offset, log_append_time_ms, log_start_offset
                 if buf[pos] != 1:  # record_errors: anything but empty
                     return None
-                length = buf[pos + 1]  # error_message
-                if length >= 0x80:
-                    return None
-                pos = _tags_at(buf, pos + 2 + (length - 1 if length else 0))
-                if pos < 0:
-                    return None
-            if buf[pos]:  # the topic's tagged fields
-                pos = _tags_at(buf, pos)
-                if pos < 0:
-                    return None
-            else:
-                pos += 1
+                pos = _tags_at(buf, _string_end(buf, pos + 1))  # error_message; tagged fields
+            pos = _tags_at(buf, pos) if buf[pos] else pos + 1  # the topic's tagged fields
         pos += 4  # throttle_time_ms
     except IndexError:
         return None
@@ -464,18 +379,15 @@ def _produce_v13_tail_at(buf, n):
 def _fetch_tail_at(buf, n):
     """Fetch v16+ (FetchResponse.json): the tail's offset, or None."""
     try:
-        pos = _tags_at(buf, 8)  # size, correlation_id; header tagged fields
-        if pos < 0:
-            return None
-        pos += 10  # throttle_time_ms, error_code, session_id
+        # size, correlation_id; header tagged fields; throttle_time_ms, error_code, session_id
+        pos = _tags_at(buf, 8) + 10
         topics = buf[pos] - 1
         pos += 1
         if topics >= 0x7F:
             return None
         for _ in range(topics):
-            pos += 16  # topic_id
-            partitions = buf[pos] - 1
-            pos += 1
+            partitions = buf[pos + 16] - 1  # topic_id; partitions
+            pos += 17
             if partitions >= 0x7F:
                 return None
             for _ in range(partitions):
@@ -485,35 +397,18 @@ def _fetch_tail_at(buf, n):
                 pos += 5  # that, preferred_read_replica
                 length, pos = read_uvarint(buf, pos)  # records
                 pos = _tags_at(buf, pos + (length - 1 if length else 0))
-                if pos < 0:
-                    return None
             pos = _tags_at(buf, pos)
-            if pos < 0:
-                return None
     except (IndexError, ProtocolError):
         return None
     return pos if pos < n else None
-
-
-def _string_end(buf, pos):
-    """The offset after a compact (nullable) string of a one-byte length, or
-    -1 (a longer one is left to the walker)."""
-    length = buf[pos]
-    if length >= 0x80:
-        return -1
-    return pos + (length if length else 1)
 
 
 def _share_tail_at(buf, n, fetch, lock_timeout):
     """ShareFetch (``fetch``) or ShareAcknowledge v1+: NodeEndpoints' offset,
     or None (as _walk_share)."""
     try:
-        pos = _tags_at(buf, 8)  # size, correlation_id; header tagged fields
-        if pos < 0:
-            return None
-        pos = _string_end(buf, pos + 6)  # throttle_time_ms, error_code; error_message
-        if pos < 0:
-            return None
+        # size, correlation_id; header tagged fields; throttle_time_ms, error_code; error_message
+        pos = _string_end(buf, _tags_at(buf, 8) + 6)
         if lock_timeout:
             pos += 4  # acquisition_lock_timeout_ms
         topics = buf[pos] - 1
@@ -521,23 +416,16 @@ def _share_tail_at(buf, n, fetch, lock_timeout):
         if topics >= 0x7F:
             return None
         for _ in range(topics):
-            pos += 16  # topic_id
-            partitions = buf[pos] - 1
-            pos += 1
+            partitions = buf[pos + 16] - 1  # topic_id; partitions
+            pos += 17
             if partitions >= 0x7F:
                 return None
             for _ in range(partitions):
                 pos = _string_end(buf, pos + 6)  # partition_index, error_code; error_message
-                if pos < 0:
-                    return None
                 if fetch:
                     # acknowledge_error_code; acknowledge_error_message
                     pos = _string_end(buf, pos + 2)
-                    if pos < 0:
-                        return None
                 pos = _tags_at(buf, pos + 8)  # current_leader
-                if pos < 0:
-                    return None
                 if fetch:
                     length, pos = read_uvarint(buf, pos)  # records
                     pos += length - 1 if length else 0
@@ -547,14 +435,8 @@ def _share_tail_at(buf, n, fetch, lock_timeout):
                         return None
                     for _ in range(ranges):
                         pos = _tags_at(buf, pos + 18)
-                        if pos < 0:
-                            return None
                 pos = _tags_at(buf, pos)
-                if pos < 0:
-                    return None
             pos = _tags_at(buf, pos)
-            if pos < 0:
-                return None
     except (IndexError, ProtocolError):
         return None
     return pos if pos < n else None

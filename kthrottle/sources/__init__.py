@@ -136,6 +136,31 @@ async def cancelled(task):
     return None
 
 
+class HttpFollower:
+    """What fetches over HTTP (aiohttp) on the event loop, again and again
+    from a task of its own (``_task``): ``_http()`` is its one session, made
+    on first use (requests time out after ``FETCH_TIMEOUT`` seconds in all);
+    ``stop`` ends the task, then closes the session."""
+
+    FETCH_TIMEOUT = 10.0
+    _task = None
+    _session = None
+
+    def _http(self):
+        if self._session is None:
+            import aiohttp
+
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.FETCH_TIMEOUT))
+        return self._session
+
+    async def stop(self):
+        self._task = await cancelled(self._task)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
 def entity_count(snapshot):
     """Entities in a snapshot (the file's static defaults are not one; each
     quota group is)."""

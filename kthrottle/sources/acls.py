@@ -50,24 +50,19 @@ import logging
 from typing import NamedTuple
 
 from .async_kafka import (
+    FollowedCluster,
     KafkaPythonRequest,
-    PolledClient,
-    aiokafka_config,
     connection_error,
     error_text,
     kafka_python_messages,
-    quiet_aiokafka_logging,
+    send_to_any,
     watch_aiokafka_errors,
 )
-from .kafka_publisher import describe_connection
-from .outage import Outage
 
 log = logging.getLogger("kthrottle.acls")
 
 DEFAULT_REFRESH = 5.0  # seconds between reads
 CONFIG_EVERY = 10  # the brokers' settings are read again every this many reads
-MAX_READ_TIMEOUT = 10.0
-MIN_READ_TIMEOUT = 2.0
 
 ANY = 1  # in a filter: resource type, pattern type, operation, permission
 RESOURCE_BROKER = 4  # DescribeConfigs' resource type of a broker's settings
@@ -151,40 +146,29 @@ class _Settings(NamedTuple):
     authorizer: object = None
 
 
-class KafkaAclSource(PolledClient):
+class KafkaAclSource(FollowedCluster):
     """The cluster's ACLs, read with DescribeAcls at start and every
     ``refresh`` seconds (see the module's doc). ``snapshot``: the last
-    AclSnapshot read, None before the first."""
+    AclSnapshot read, None before the first. ``reads`` counts DescribeAcls
+    answered."""
 
     noun = "ACLs"
+    log = log
+    refused = AclsRefused  # at start
+    failures = (AclReadError, AclsRefused)  # a refusal after start: the ACLs last read stay
 
     def __init__(self, bootstrap_servers, security, refresh=DEFAULT_REFRESH, timeout=None,
                  client_id="kthrottle-acls", token=None, super_users=None,
                  allow_everyone_if_no_acl_found=None):
-        self.refresh = refresh
-        self.timeout = timeout if timeout is not None else min(
-            MAX_READ_TIMEOUT, max(MIN_READ_TIMEOUT, refresh))
-        self.config = aiokafka_config(bootstrap_servers, client_id, security, self.timeout, token)
-        self.secret = security.sasl_password
+        super().__init__(bootstrap_servers, security, refresh, timeout, client_id, token)
         self.principal = principal_of(security)
-        self.describe = "the cluster at %s" % describe_connection(
-            bootstrap_servers, security.security_protocol, security.sasl_mechanism,
-            security.sasl_username, security.ssl_cert)
         self.given_super_users = (None if super_users is None
                                   else frozenset(super_users))
         self.given_allow_everyone = allow_everyone_if_no_acl_found  # None: read it
         self.snapshot = None
-        self.healthy = False
-        self.reads = 0  # DescribeAcls answered
-        self.read_errors = 0  # reads that failed
         self._settings = None  # _Settings last read
         self._since_settings = 0  # reads since
         self._warned = set()  # problems with the settings, said once each
-        self._client = None
-        self._task = None
-        self._wake = None  # asyncio.Event: refresh_soon
-        self._on_update = None
-        self._outage = Outage()
         self.on_topic_ids = None  # called with {topic id: name} after each read of them
         self.topic_id_reads = 0
         self.topic_ids_wait = TOPIC_IDS_INTERVAL  # before the next read may be
@@ -204,10 +188,10 @@ class KafkaAclSource(PolledClient):
             "admin", "DescribeAclsRequest", "DescribeAclsResponse")
         try:
             # kafka-python leaves the pattern filter out of v0, which knows LITERAL only
-            response = await self._ask(KafkaPythonRequest(
+            response = await self._ask(send_to_any(KafkaPythonRequest(
                 request_class, response_class, resource_type_filter=ANY,
                 resource_name_filter=None, pattern_type_filter=ANY, principal_filter=None,
-                host_filter=None, operation=ANY, permission_type=ANY))
+                host_filter=None, operation=ANY, permission_type=ANY)), AclReadError)
         except IncompatibleBrokerVersion as exc:
             # no DescribeAcls (a stand-in broker): nothing to enforce
             log.debug("%s: %s", self.describe, error_text(exc, self.secret))
@@ -247,34 +231,13 @@ class KafkaAclSource(PolledClient):
         request_class, response_class = kafka_python_messages(
             "metadata", "MetadataRequest", "MetadataResponse")
         watch_aiokafka_errors()
-        response = await self._ask(KafkaPythonRequest(
+        response = await self._ask(send_to_any(KafkaPythonRequest(
             request_class, response_class, topics=None, allow_auto_topic_creation=False,
             include_cluster_authorized_operations=False,
-            include_topic_authorized_operations=False))
+            include_topic_authorized_operations=False)), AclReadError)
         return {t.topic_id: t.name for t in response.topics or ()
                 if t.name and getattr(t, "topic_id", None) is not None
                 and t.topic_id.int != 0}
-
-    async def _ask(self, request):
-        """``request`` (a KafkaPythonRequest) sent to some broker, its answer;
-        AclReadError when none comes (IncompatibleBrokerVersion passes)."""
-        from aiokafka.errors import IncompatibleBrokerVersion
-
-        try:
-            async with asyncio.timeout(self.timeout):
-                client = await self._connected()
-                return await client.send(client.get_random_node(), request)
-        except IncompatibleBrokerVersion:
-            raise
-        except (asyncio.TimeoutError, TimeoutError):
-            await self._drop_client()
-            raise AclReadError(self._unreachable("no answer within %gs" % self.timeout)) from None
-        except asyncio.CancelledError:
-            await self._drop_client()
-            raise
-        except Exception as exc:  # aiokafka raises a variety, OSError included
-            await self._drop_client()
-            raise AclReadError(self._unreachable(connection_error(exc, self.secret))) from None
 
     def topic_ids_soon(self):
         """A request named a topic id this process has not seen: read every
@@ -418,90 +381,27 @@ class KafkaAclSource(PolledClient):
         """Read once (``on_update(snapshot)`` when read), then every
         ``refresh`` seconds. AclsRefused when the cluster refuses; when it
         does not answer, a WARNING, and the reads go on."""
-        quiet_aiokafka_logging(debug=logging.getLogger("kthrottle").getEffectiveLevel()
-                               <= logging.DEBUG)
-        self._on_update = on_update
-        self._wake = asyncio.Event()
         self._ids_wake = asyncio.Event()
-        try:
-            snapshot = await self.read()
-        except AclsRefused:
-            await self._drop_client()
-            raise
-        except AclReadError as exc:
-            self.read_errors += 1
-            self._outage.failed(str(exc))
-            log.warning("%s; requests wait until the cluster answers (tried again every %gs)",
-                        exc, min(self.refresh, UNREAD_RETRY))
-        else:
-            self._apply(snapshot, first=True)
-        self._task = asyncio.get_running_loop().create_task(self._follow())
+        await super().start(on_update)
 
-    def refresh_soon(self):
-        """Read the ACLs again now rather than at the next refresh (they
-        were just created or deleted through the proxy). On the event loop."""
-        if self._wake is not None:
-            self._wake.set()
+    def _next_read(self):
+        # while never read, requests wait for them at the proxy: sooner
+        return self.refresh if self.snapshot is not None else min(self.refresh, UNREAD_RETRY)
 
-    async def reload(self):
-        """SIGHUP: read the ACLs now."""
-        if self._on_update is not None:
-            await self.poll()
+    def _unread_at_start(self, exc):
+        log.warning("%s; requests wait until the cluster answers (tried again every %gs)",
+                    exc, min(self.refresh, UNREAD_RETRY))
 
-    async def _follow(self):
-        while True:
-            # while never read, requests wait for them at the proxy: sooner
-            wait = self.refresh if self.snapshot is not None else min(self.refresh, UNREAD_RETRY)
-            try:
-                await asyncio.wait_for(self._wake.wait(), wait)
-            except (asyncio.TimeoutError, TimeoutError):
-                pass
-            try:
-                await self.poll()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a bug: said, and the next refresh still happens
-                log.exception("reading the ACLs from %s failed", self.describe)
+    def _kept(self):
+        return ("the ACLs last read stay" if self.snapshot is not None
+                else "the proxy has no ACLs until it answers")
 
-    async def poll(self):
-        """One read; what it gives is applied, or its failure noted (a
-        refusal after start too: the ACLs last read stay)."""
-        self._wake.clear()  # a change from now on is read again after this
-        try:
-            snapshot = await self.read()
-        except (AclReadError, AclsRefused) as exc:
-            self.read_errors += 1
-            self.healthy = False
-            reason = str(exc)
-            if self._outage.failed(reason):
-                kept = ("the ACLs last read stay" if self.snapshot is not None
-                        else "the proxy has no ACLs until it answers")
-                if self._outage.failures == 1:
-                    log.warning("%s; %s, read again every %gs", reason, kept, self.refresh)
-                else:
-                    log.warning("ACLs still not read (%d failed reads so far), now: %s; %s",
-                                self._outage.failures, reason, kept)
-            return
-        self._apply(snapshot)
-
-    def _apply(self, snapshot, first=False):
-        self.reads += 1
-        failed = self._outage.recovered()
+    def _take(self, snapshot):
         changed = snapshot != self.snapshot
         if changed:
             self.snapshot = snapshot
             self._on_update(snapshot)
-        self.healthy = True
-        summary = _summary(snapshot)
-        if first:
-            log.info("ACLs from %s: %s, read again every %gs", self.describe, summary,
-                     self.refresh)
-        elif failed:
-            log.info("ACLs read from %s again after %d failed read(s): %s", self.describe,
-                     failed, summary)
-        elif changed:
-            log.info("ACLs reloaded from %s: %s", self.describe, summary)
-
+        return changed, _summary(snapshot)
 
 
 def _summary(snapshot):

@@ -12,21 +12,29 @@ own, keeps): the same topic (compacted, one partition, the cluster's
 default replication factor, TOPIC_CONFIGS), the same log lines, each
 publication bounded by ``timeout`` in all, the password scrubbed from every
 message, and after a failure the next publication connects afresh.
+
+``FollowedCluster`` is what the sources that read the cluster now and then
+share (``kafka_quotas``, ``acls``): the reads at start, every refresh and on
+demand, the outage's log lines; ``PolledClient`` is their client (and
+``leaders``'s).
 """
 import asyncio
 import logging
 import re
-import ssl
 import time
 import warnings
 
+from ..security import upstream_tls_context
 from .kafka_publisher import (
     DEFAULT_REPLICATION_FACTOR,
     DEFAULT_TIMEOUT,
     LastConnectionError,
     PublisherBase,
     PublishError,
+    describe_connection,
+    server_list,
 )
+from .outage import Outage
 
 log = logging.getLogger("kthrottle.publisher")
 
@@ -42,33 +50,19 @@ def aiokafka_config(bootstrap_servers, client_id, security, timeout=DEFAULT_TIME
     algorithm=https). ``token``: for an OAUTHBEARER login, what keeps the
     proxy's own token (``current``: the token, None while there is none;
     sources.oauth_token)."""
-    servers = []
-    for s in bootstrap_servers:
-        if not isinstance(s, str):
-            host, port = s
-            s = "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
-        servers.append(s)
-    config = {"bootstrap_servers": servers, "client_id": client_id,
+    config = {"bootstrap_servers": server_list(bootstrap_servers), "client_id": client_id,
               "request_timeout_ms": max(1, int(timeout * 1000)), "retry_backoff_ms": 200,
               "security_protocol": security.security_protocol}
     if security.tls:
-        try:
-            context = ssl.create_default_context(cafile=security.ssl_ca)
-            if security.ssl_cert:
-                context.load_cert_chain(security.ssl_cert, security.ssl_key)
-        except (OSError, ssl.SSLError) as exc:
-            raise ValueError("cannot load the upstream TLS CA or certificate (%s, %s): %s"
-                             % (security.ssl_ca, security.ssl_cert, exc)) from None
-        config["ssl_context"] = context
+        config["ssl_context"] = upstream_tls_context(security.ssl_ca, security.ssl_cert,
+                                                     security.ssl_key)
     if security.sasl and security.sasl_mechanism == "OAUTHBEARER":
         if token is None:
             raise ValueError("an OAUTHBEARER login needs the proxy's token "
                              "(--upstream-sasl-oauthbearer-token-endpoint-url)")
         config.update(sasl_mechanism="OAUTHBEARER", sasl_oauth_token_provider=_Token(token))
     elif security.sasl:
-        config.update(sasl_mechanism=security.sasl_mechanism,
-                      sasl_plain_username=security.sasl_username,
-                      sasl_plain_password=security.sasl_password)
+        config.update(security.sasl_login())
     return config
 
 
@@ -399,10 +393,24 @@ async def _closed(client):
         pass
 
 
+MAX_READ_TIMEOUT = 10.0  # seconds a read of a FollowedCluster may take, at most
+MIN_READ_TIMEOUT = 2.0  # ... and at least, whatever its refresh
+
+
 class PolledClient:
     """The aiokafka client of a source that reads the cluster now and then
-    (``kafka_quotas``, ``acls``): ``config`` (aiokafka_config), ``secret``,
-    ``describe`` and ``noun`` set by the source, ``_client`` None at first."""
+    (``kafka_quotas``, ``acls``, ``leaders``): ``_reach`` sets ``config``,
+    ``secret`` and ``describe`` (``timeout`` set before), ``noun`` is the
+    source's."""
+
+    def _reach(self, bootstrap_servers, security, client_id, token):
+        self.config = aiokafka_config(bootstrap_servers, client_id, security, self.timeout, token)
+        self.secret = security.sasl_password
+        self.describe = "the cluster at %s" % describe_connection(
+            bootstrap_servers, security.security_protocol, security.sasl_mechanism,
+            security.sasl_username, security.ssl_cert)
+        self._client = None
+        self._task = None
 
     def _unreachable(self, detail):
         cause = AIOKAFKA_ERRORS.take()
@@ -422,6 +430,29 @@ class PolledClient:
             await client.bootstrap()
         return self._client
 
+    async def _ask(self, ask, error, versions_pass=True):
+        """``await ask(client)`` with the client (``_connected``) within
+        ``timeout``: its answer. When the cluster gives none the client is
+        dropped (the next read connects afresh) and ``error(why)`` raised;
+        IncompatibleBrokerVersion passes, the client kept (unless not
+        ``versions_pass``: then it is one more failure)."""
+        from aiokafka.errors import IncompatibleBrokerVersion
+
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await ask(await self._connected())
+        except (asyncio.TimeoutError, TimeoutError):
+            await self._drop_client()
+            raise error(self._unreachable("no answer within %gs" % self.timeout)) from None
+        except asyncio.CancelledError:
+            await self._drop_client()
+            raise
+        except Exception as exc:  # aiokafka raises a variety, OSError included
+            if versions_pass and isinstance(exc, IncompatibleBrokerVersion):
+                raise
+            await self._drop_client()
+            raise error(self._unreachable(connection_error(exc, self.secret))) from None
+
     async def stop(self):
         """Stop following (the source's ``_task``) and close the client."""
         from . import cancelled
@@ -436,3 +467,132 @@ class PolledClient:
                 await asyncio.wait_for(client.close(), 2)
             except Exception:
                 pass
+
+
+def send_to_any(request):
+    """What _ask asks: ``request`` (a KafkaPythonRequest) sent to some broker."""
+    return lambda client: client.send(client.get_random_node(), request)
+
+
+class FollowedCluster(PolledClient):
+    """A source that reads the cluster (``read``) at start and every
+    ``refresh`` seconds, and at once after ``refresh_soon``, on the event
+    loop (``kafka_quotas``, ``acls``).
+
+    What a read gives goes to ``_take``, which hands it on to
+    ``on_update`` when it changed: (changed, summary). While the cluster
+    cannot be read (a read raises one of ``failures``), what was read last
+    stays, ``healthy`` is false and a WARNING says why (``_kept``: what
+    stays), once per reason, and once when it can be read again. At start,
+    ``refused`` is raised (the cluster will never give it), any other
+    failure noted (``_unread_at_start``) and the reads go on. ``log`` is the
+    source's logger."""
+
+    log = None
+    refused = failures = ()
+
+    def __init__(self, bootstrap_servers, security, refresh, timeout, client_id, token):
+        self.refresh = refresh
+        self.timeout = timeout if timeout is not None else min(
+            MAX_READ_TIMEOUT, max(MIN_READ_TIMEOUT, refresh))
+        self._reach(bootstrap_servers, security, client_id, token)
+        self.healthy = False
+        self.reads = 0  # reads answered
+        self.read_errors = 0  # reads that failed
+        self._wake = None  # asyncio.Event: refresh_soon
+        self._on_update = None
+        self._outage = Outage()
+
+    async def read(self):
+        raise NotImplementedError
+
+    def _take(self, read):
+        raise NotImplementedError
+
+    def _unread_at_start(self, exc):
+        raise NotImplementedError
+
+    def _kept(self):
+        raise NotImplementedError
+
+    def _next_read(self):
+        """Seconds until the next read (unless refresh_soon)."""
+        return self.refresh
+
+    async def start(self, on_update):
+        """Read once (``on_update(what was read)`` when read), then every
+        ``refresh`` seconds."""
+        quiet_aiokafka_logging(debug=logging.getLogger("kthrottle").getEffectiveLevel()
+                               <= logging.DEBUG)
+        self._on_update = on_update
+        self._wake = asyncio.Event()
+        try:
+            read = await self.read()
+        except self.refused:
+            await self._drop_client()
+            raise
+        except self.failures as exc:
+            self.read_errors += 1
+            self._outage.failed(str(exc))
+            self._unread_at_start(exc)
+        else:
+            self._apply(read, first=True)
+        self._task = asyncio.get_running_loop().create_task(self._follow())
+
+    def refresh_soon(self):
+        """Read again now rather than at the next refresh (what is read was
+        just changed through the proxy). On the event loop."""
+        if self._wake is not None:
+            self._wake.set()
+
+    async def reload(self):
+        """SIGHUP: read now."""
+        if self._on_update is not None:
+            await self.poll()
+
+    async def _follow(self):
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._next_read())
+            except (asyncio.TimeoutError, TimeoutError):
+                pass
+            try:
+                await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug: said, and the next refresh still happens
+                self.log.exception("reading the %s from %s failed", self.noun, self.describe)
+
+    async def poll(self):
+        """One read; what it gives is applied, or its failure noted (a
+        refusal after start too)."""
+        self._wake.clear()  # a change from now on is read again after this
+        try:
+            read = await self.read()
+        except self.failures as exc:
+            self.read_errors += 1
+            self.healthy = False
+            reason = str(exc)
+            if self._outage.failed(reason):
+                if self._outage.failures == 1:
+                    self.log.warning("%s; %s, read again every %gs", reason, self._kept(),
+                                     self.refresh)
+                else:
+                    self.log.warning("%s still not read (%d failed reads so far), now: %s; %s",
+                                     self.noun, self._outage.failures, reason, self._kept())
+            return
+        self._apply(read)
+
+    def _apply(self, read, first=False):
+        self.reads += 1
+        failed = self._outage.recovered()
+        changed, summary = self._take(read)
+        self.healthy = True
+        if first:
+            self.log.info("%s from %s: %s, read again every %gs", self.noun, self.describe,
+                          summary, self.refresh)
+        elif failed:
+            self.log.info("%s read from %s again after %d failed read(s): %s", self.noun,
+                          self.describe, failed, summary)
+        elif changed:
+            self.log.info("%s reloaded from %s: %s", self.noun, self.describe, summary)

@@ -15,8 +15,8 @@ import asyncio
 import logging
 import time
 
-from ..policy.storage import ClusterState
 from . import QuotaStoreError
+from .state_topic import ClusterStateWatch
 from .zookeeper import ZooKeeperQuotaStore
 
 log = logging.getLogger("kthrottle.storage")
@@ -150,16 +150,10 @@ class ZnodeWatch:
         return None
 
 
-class ClusterStateSource(ZnodeWatch):
+class ClusterStateSource(ClusterStateWatch, ZnodeWatch):
     def __init__(self, hosts, znode=DEFAULT_ZNODE, timeout=10.0):
         super().__init__(hosts, znode, timeout)
 
-    def parse(self, data):
-        return ClusterState.from_json(data)
-
-    async def start(self, on_update):
-        """``on_update(ClusterState)`` for each good snapshot."""
-        await super().start(on_update)
-        if not self.seen:
-            log.info("no cluster state at %s in ZooKeeper %s yet: storage throttling starts "
-                     "with the first snapshot the Spark job writes", self.znode, self.hosts)
+    @property
+    def state_where(self):
+        return "at %s in ZooKeeper %s" % (self.znode, self.hosts)

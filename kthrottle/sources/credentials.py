@@ -460,11 +460,7 @@ class FileCredentialSource(FollowedFile):
         on the event loop puts the new credentials in force at once."""
         from . import QuotaStoreError
 
-        try:
-            data = self.store.alter_users(changes)
-        except (QuotaStoreError, ValueError) as exc:
-            return {user: str(exc) for user, _, _ in changes}, None
-        return {}, lambda: self.written(data)
+        return self._write(self.store.alter_users, changes, (QuotaStoreError, ValueError))
 
 
 # ZooKeeper -------------------------------------------------------------------

@@ -319,6 +319,18 @@ class FollowedFile:
         self.healthy = True
         self.log.info("%s written to %s: %s", self.noun, self.describe, self.summary(value))
 
+    def _write(self, alter, changes, errors=(QuotaStoreError,)):
+        """Blocking (a worker thread): ``alter(changes)`` (a store's edit of the
+        file, the bytes written) -> ({key: error message}, then): each
+        change's key (its first item) with why when the edit failed (one of
+        ``errors``), else ``then()``, which puts what was written in force
+        (``written``) on the event loop."""
+        try:
+            data = alter(changes)
+        except errors as exc:
+            return {change[0]: str(exc) for change in changes}, None
+        return {}, lambda: self.written(data)
+
     async def reload(self):
         """Look at the file now rather than at the next poll (SIGHUP). A
         new version is applied as a poll would once a second read agrees
@@ -352,8 +364,4 @@ class FileQuotaSource(FollowedFile, QuotaSource):
         each, valid) in one edit of the file -> ({path: error message},
         then): ``then()`` on the event loop puts the new quotas in force at
         once."""
-        try:
-            data = self.store.alter_many(changes)
-        except QuotaStoreError as exc:
-            return {path: str(exc) for path, _, _ in changes}, None
-        return {}, lambda: self.written(data)
+        return self._write(self.store.alter_many, changes)

@@ -17,13 +17,12 @@ import ssl
 import time
 from urllib.parse import unquote, urlparse
 
-from . import QuotaStoreError, cancelled
+from . import HttpFollower, QuotaStoreError
 
 log = logging.getLogger("kthrottle.auth")
 
 DEFAULT_REFRESH_MS = 3_600_000  # Kafka's sasl.oauthbearer.jwks.endpoint.refresh.ms
 UNKNOWN_KID_REFRESH_INTERVAL = 2.0  # seconds between fetches asked for by unknown kids
-FETCH_TIMEOUT = 10.0  # seconds
 MAX_JWKS_SIZE = 1 << 20  # a key set is a few KiB
 RETRY_AFTER_FAILURE = 30.0  # seconds: a failed periodic fetch is tried again this soon
 
@@ -64,7 +63,7 @@ def parse_jwks(text):
     return keys
 
 
-class JwksKeys:
+class JwksKeys(HttpFollower):
     """The key set, followed. ``get(kid)`` is synchronous (the request
     path); ``refresh_for(kid)`` an awaitable that fetches now unless a fetch
     for an unknown kid ran in the last UNKNOWN_KID_REFRESH_INTERVAL."""
@@ -86,7 +85,7 @@ class JwksKeys:
         self._task = None
         self._fetching = None  # the fetch in flight (a future), shared
         self._last_forced = None  # when an unknown kid last caused a fetch
-        self._session = None
+        self._session = None  # aiohttp's (_http)
 
     @property
     def describe(self):
@@ -129,12 +128,6 @@ class JwksKeys:
         except JwksError as exc:
             raise QuotaStoreError("cannot read the JWKS at %s: %s" % (self.url, exc)) from None
         self._task = asyncio.get_running_loop().create_task(self._follow())
-
-    async def stop(self):
-        self._task = await cancelled(self._task)
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
 
     async def reload(self):
         """SIGHUP: fetched now."""
@@ -190,14 +183,9 @@ class JwksKeys:
     async def _read(self):
         if self._path is not None:
             return await asyncio.to_thread(_read_file, self._path)
-        import aiohttp
-
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT))
         context = self._ssl if self._ssl is not None else ssl.create_default_context()
-        async with self._session.get(self.url, ssl=context,
-                                     headers={"Accept": "application/json"}) as response:
+        async with self._http().get(self.url, ssl=context,
+                                    headers={"Accept": "application/json"}) as response:
             if response.status != 200:
                 raise JwksError("HTTP %d" % response.status)
             body = await response.content.read(MAX_JWKS_SIZE + 1)

@@ -132,20 +132,26 @@ def client_config(bootstrap_servers, client_id, security_protocol="PLAINTEXT", s
     if security is None:
         security = KafkaClientSecurity(security_protocol, ssl_ca, ssl_cert, ssl_key,
                                        sasl_mechanism, sasl_username, sasl_password)
-    servers = []
-    for s in bootstrap_servers:
-        if not isinstance(s, str):
-            host, port = s
-            s = "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
-        servers.append(s)
     timeout_ms = int(timeout * 1000)
-    config = {"bootstrap_servers": servers,
+    config = {"bootstrap_servers": server_list(bootstrap_servers),
               "client_id": client_id,
               "request_timeout_ms": timeout_ms,
               "bootstrap_timeout_ms": timeout_ms,
               "reconnect_backoff_max_ms": 1000}
     config.update(security.kafka_python())
     return config
+
+
+def server_list(bootstrap_servers):
+    """"host:port" strings (an IPv6 host in brackets) of "host:port"
+    strings or (host, port) pairs, as the clients take them."""
+    servers = []
+    for s in bootstrap_servers:
+        if not isinstance(s, str):
+            host, port = s
+            s = "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
+        servers.append(s)
+    return servers
 
 
 def _error_text(exc):

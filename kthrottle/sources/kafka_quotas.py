@@ -35,23 +35,22 @@ from ..policy.entities import (
 )
 from . import QuotaSource, QuotaStoreError, entity_count
 from .async_kafka import (
+    MAX_READ_TIMEOUT,
+    FollowedCluster,
     KafkaPythonRequest,
-    PolledClient,
     aiokafka_config,
     connection_error,
     error_text,
     kafka_python_messages,
     quiet_aiokafka_logging,
+    send_to_any,
     watch_aiokafka_errors,
 )
 from .kafka_publisher import describe_connection
-from .outage import Outage
 
 log = logging.getLogger("kthrottle.quotas")
 
 DEFAULT_REFRESH = 10.0
-MAX_READ_TIMEOUT = 10.0
-MIN_READ_TIMEOUT = 2.0
 USER, CLIENT_ID = "user", "client-id"  # entity types as Kafka names them on the wire
 
 
@@ -117,34 +116,23 @@ def snapshot_from_entries(entries):
     return snapshot, skipped
 
 
-class KafkaQuotaSource(PolledClient, QuotaSource):
+class KafkaQuotaSource(FollowedCluster, QuotaSource):
     """The cluster's client quotas, read with DescribeClientQuotas at start
-    and every ``refresh`` seconds (see the module's doc)."""
+    and every ``refresh`` seconds (see the module's doc). ``reads`` counts
+    DescribeClientQuotas answered."""
 
     owned_by_cluster = True
     noun = "quotas"
+    log = log
+    refused = ClusterRefused  # at start
+    failures = QuotaStoreError
 
     def __init__(self, bootstrap_servers, security, refresh=DEFAULT_REFRESH, timeout=None,
                  client_id="kthrottle-quotas", token=None):
-        self.refresh = refresh
-        self.timeout = timeout if timeout is not None else min(
-            MAX_READ_TIMEOUT, max(MIN_READ_TIMEOUT, refresh))
-        self.config = aiokafka_config(bootstrap_servers, client_id, security, self.timeout, token)
-        self.secret = security.sasl_password
-        self.describe = "the cluster at %s" % describe_connection(
-            bootstrap_servers, security.security_protocol, security.sasl_mechanism,
-            security.sasl_username, security.ssl_cert)
-        self.healthy = False
+        super().__init__(bootstrap_servers, security, refresh, timeout, client_id, token)
         self.rejected = 0
-        self.reads = 0  # DescribeClientQuotas answered
-        self.read_errors = 0  # reads that failed
-        self._client = None
-        self._task = None
-        self._wake = None  # asyncio.Event: refresh_soon
-        self._on_update = None
         self._applied = None  # the snapshot in force
         self._skipped = {}  # values left out of the snapshot in force (logged once each)
-        self._outage = Outage()
 
     @classmethod
     def from_config(cls, config, token=None):
@@ -167,25 +155,12 @@ class KafkaQuotaSource(PolledClient, QuotaSource):
         request_class, response_class = kafka_python_messages(
             "admin", "DescribeClientQuotasRequest", "DescribeClientQuotasResponse")
         try:
-            async with asyncio.timeout(self.timeout):
-                client = await self._connected()
-                node = client.get_random_node()
-                response = await client.send(node, KafkaPythonRequest(
-                    request_class, response_class, components=[], strict=False))
+            response = await self._ask(send_to_any(KafkaPythonRequest(
+                request_class, response_class, components=[], strict=False)), QuotaStoreError)
         except IncompatibleBrokerVersion as exc:
             await self._drop_client()
             raise ClusterRefused("%s does not answer DescribeClientQuotas (KIP-546, Kafka 2.6 "
                                  "and later): %s" % (self.describe, error_text(exc, self.secret)))
-        except (asyncio.TimeoutError, TimeoutError):
-            await self._drop_client()
-            raise QuotaStoreError(self._unreachable(
-                "no answer within %gs" % self.timeout)) from None
-        except asyncio.CancelledError:
-            await self._drop_client()
-            raise
-        except Exception as exc:  # aiokafka raises a variety, OSError included
-            await self._drop_client()
-            raise QuotaStoreError(self._unreachable(connection_error(exc, self.secret))) from None
         if response.error_code:
             error = for_code(response.error_code)
             message = response.error_message or getattr(error, "description", "")
@@ -200,74 +175,18 @@ class KafkaQuotaSource(PolledClient, QuotaSource):
 
     # following --------------------------------------------------------------------
 
-    async def start(self, on_update):
-        quiet_aiokafka_logging(debug=logging.getLogger("kthrottle").getEffectiveLevel()
-                               <= logging.DEBUG)
-        self._on_update = on_update
-        self._wake = asyncio.Event()
-        try:
-            snapshot, skipped = await self.read()
-        except ClusterRefused:
-            await self._drop_client()
-            raise
-        except QuotaStoreError as exc:
-            self.read_errors += 1
-            self._outage.failed(str(exc))
-            log.warning("%s; the proxy starts with no quotas and takes them on as soon as the "
-                        "cluster answers (tried again every %gs)", exc, self.refresh)
-            on_update({})
-            self._applied = {}
-        else:
-            self._apply(snapshot, skipped, first=True)
-        self._task = asyncio.get_running_loop().create_task(self._follow())
+    def _unread_at_start(self, exc):
+        log.warning("%s; the proxy starts with no quotas and takes them on as soon as the "
+                    "cluster answers (tried again every %gs)", exc, self.refresh)
+        self._on_update({})
+        self._applied = {}
 
-    def refresh_soon(self):
-        """Read the quotas again now rather than at the next refresh (the
-        cluster's were just altered through the proxy). On the event loop."""
-        if self._wake is not None:
-            self._wake.set()
+    def _kept(self):
+        return ("the last known quotas stay in force" if self._applied
+                else "no quotas are in force until it answers")
 
-    async def reload(self):
-        """SIGHUP: read the quotas now."""
-        if self._on_update is not None:
-            await self.poll()
-
-    async def _follow(self):
-        while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.refresh)
-            except (asyncio.TimeoutError, TimeoutError):
-                pass
-            try:
-                await self.poll()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a bug: said, and the next refresh still happens
-                log.exception("reading the quotas from %s failed", self.describe)
-
-    async def poll(self):
-        """One read; what it gives is applied, or its failure noted."""
-        self._wake.clear()  # an alteration from now on is read again after this
-        try:
-            snapshot, skipped = await self.read()
-        except QuotaStoreError as exc:
-            self.read_errors += 1
-            self.healthy = False
-            reason = str(exc)
-            if self._outage.failed(reason):
-                kept = ("the last known quotas stay in force" if self._applied
-                        else "no quotas are in force until it answers")
-                if self._outage.failures == 1:
-                    log.warning("%s; %s, read again every %gs", reason, kept, self.refresh)
-                else:
-                    log.warning("quotas still not read (%d failed reads so far), now: %s; %s",
-                                self._outage.failures, reason, kept)
-            return
-        self._apply(snapshot, skipped)
-
-    def _apply(self, snapshot, skipped, first=False):
-        self.reads += 1
-        failed = self._outage.recovered()
+    def _take(self, read):
+        snapshot, skipped = read
         for (entity, key, value), why in skipped.items():
             if (entity, key, value) not in self._skipped:
                 self.rejected += 1
@@ -278,17 +197,7 @@ class KafkaQuotaSource(PolledClient, QuotaSource):
         if changed:
             self._on_update(snapshot)
             self._applied = snapshot
-        self.healthy = True
-        summary = "%d entities" % entity_count(snapshot)
-        if first:
-            log.info("quotas from %s: %s, read again every %gs", self.describe, summary,
-                     self.refresh)
-        elif failed:
-            log.info("quotas read from %s again after %d failed read(s): %s", self.describe,
-                     failed, summary)
-        elif changed:
-            log.info("quotas reloaded from %s: %s", self.describe, summary)
-
+        return changed, "%d entities" % entity_count(snapshot)
 
 
 # kafka-configs --bootstrap-server: the admin API of a cluster or a proxy ------------

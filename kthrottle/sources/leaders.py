@@ -8,8 +8,7 @@ import asyncio
 import logging
 
 from ..policy.quota_callback import Cluster
-from .async_kafka import PolledClient, aiokafka_config, connection_error
-from .kafka_publisher import describe_connection
+from .async_kafka import PolledClient
 
 log = logging.getLogger("kthrottle.leaders")
 
@@ -28,36 +27,16 @@ class PartitionLeaders(PolledClient):
                  client_id="kthrottle-leaders", token=None):
         self.refresh = refresh
         self.timeout = READ_TIMEOUT
-        self.config = aiokafka_config(bootstrap_servers, client_id, security, self.timeout, token)
-        self.secret = security.sasl_password
-        self.describe = "the cluster at %s" % describe_connection(
-            bootstrap_servers, security.security_protocol, security.sasl_mechanism,
-            security.sasl_username, security.ssl_cert)
+        self._reach(bootstrap_servers, security, client_id, token)
         self.cluster = None  # the last Cluster read
         self.reads = 0
         self.read_errors = 0
-        self._client = None
-        self._task = None
         self._failing = False
 
     async def read(self):
         """The cluster's brokers and partition leaders now; LeaderReadError
         when they cannot be read."""
-        try:
-            async with asyncio.timeout(self.timeout):
-                client = await self._connected()
-                ok = await client.force_metadata_update()
-        except (asyncio.TimeoutError, TimeoutError):
-            await self._drop_client()
-            raise LeaderReadError(self._unreachable("no answer within %gs" % self.timeout)) \
-                from None
-        except asyncio.CancelledError:
-            await self._drop_client()
-            raise
-        except Exception as exc:  # aiokafka raises a variety, OSError included
-            await self._drop_client()
-            raise LeaderReadError(self._unreachable(connection_error(exc, self.secret))) \
-                from None
+        client, ok = await self._ask(_metadata_update, LeaderReadError, versions_pass=False)
         if not ok:
             raise LeaderReadError(self._unreachable("the metadata could not be updated"))
         from aiokafka.structs import TopicPartition
@@ -97,3 +76,8 @@ class PartitionLeaders(PolledClient):
         while True:
             await asyncio.sleep(self.refresh)
             await self._read_once(on_update)
+
+
+async def _metadata_update(client):
+    """The client, and whether it could update its metadata."""
+    return client, await client.force_metadata_update()

@@ -15,14 +15,13 @@ import ssl
 import time
 from urllib.parse import quote
 
-from . import cancelled
+from . import HttpFollower
 
 log = logging.getLogger("kthrottle.auth")
 
 REFRESH_WINDOW_FACTOR = 0.8  # Kafka's sasl.login.refresh.window.factor
 RETRY_BACKOFF_MIN = 0.1  # seconds: Kafka's sasl.login.retry.backoff.ms
 RETRY_BACKOFF_MAX = 10.0  # sasl.login.retry.backoff.max.ms
-FETCH_TIMEOUT = 10.0
 DEFAULT_LIFETIME = 3600.0  # a grant that names no expiry
 
 
@@ -30,7 +29,7 @@ class TokenError(Exception):
     pass
 
 
-class ClientCredentialsToken:
+class ClientCredentialsToken(HttpFollower):
     def __init__(self, url, client_id, client_secret, scope=None, clock=time.time):
         self.url = url
         self.client_id = client_id
@@ -42,7 +41,7 @@ class ClientCredentialsToken:
         self.fetches = 0
         self.failures = 0
         self._task = None
-        self._session = None
+        self._session = None  # aiohttp's (_http)
 
     def __repr__(self):  # never the secret nor the token
         return "ClientCredentialsToken(%r, %r)" % (self.url, self.client_id)
@@ -75,12 +74,6 @@ class ClientCredentialsToken:
             log.warning("OAUTHBEARER: no token from %s yet (%s); retrying", self.url, exc)
         self._task = asyncio.get_running_loop().create_task(self._follow())
 
-    async def stop(self):
-        self._task = await cancelled(self._task)
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
     def _refresh_in(self):
         now = self._clock()
         if self.token is None:
@@ -110,21 +103,17 @@ class ClientCredentialsToken:
                 backoff = min(backoff * 2, RETRY_BACKOFF_MAX)
 
     async def _fetch(self):
-        import aiohttp
-
         from ..policy.oauthbearer import unverified_expiry
 
         self.fetches += 1
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT))
+        session = self._http()
         basic = base64.b64encode(("%s:%s" % (quote(self.client_id, safe=""),
                                              quote(self._secret, safe=""))).encode("utf-8"))
         form = {"grant_type": "client_credentials"}
         if self.scope:
             form["scope"] = self.scope
         try:
-            async with self._session.post(
+            async with session.post(
                     self.url, data=form, ssl=ssl.create_default_context()
                     if self.url.startswith("https://") else None,
                     headers={"Authorization": "Basic " + basic.decode("ascii"),

@@ -180,11 +180,11 @@ class TopicWatch:
             self.forward(bytes(data))
 
 
-class ClusterStateTopic(TopicWatch):
-    """The snapshot (``STATE_KEY``), as ClusterStateSource reads the znode."""
-
-    def __init__(self, reader):
-        super().__init__(reader, STATE_KEY)
+class ClusterStateWatch:
+    """What the cluster state's two watches share (``ClusterStateTopic``,
+    and ``cluster_state.ClusterStateSource`` on a znode): the snapshot
+    parsed, and a line at start while there is none yet (``state_where``
+    says where it is looked for)."""
 
     def parse(self, data):
         from ..policy.storage import ClusterState
@@ -192,10 +192,22 @@ class ClusterStateTopic(TopicWatch):
         return ClusterState.from_json(data)
 
     async def start(self, on_update):
+        """``on_update(ClusterState)`` for each good snapshot."""
         await super().start(on_update)
         if not self.seen:
-            log.info("no cluster state in %s yet: storage throttling starts with the first "
-                     "snapshot the Spark job writes", self.where)
+            log.info("no cluster state %s yet: storage throttling starts with the first "
+                     "snapshot the Spark job writes", self.state_where)
+
+
+class ClusterStateTopic(ClusterStateWatch, TopicWatch):
+    """The snapshot (``STATE_KEY``), as ClusterStateSource reads the znode."""
+
+    def __init__(self, reader):
+        super().__init__(reader, STATE_KEY)
+
+    @property
+    def state_where(self):
+        return "in %s" % self.where
 
 
 class SharesTopic(TopicWatch):
