@@ -390,3 +390,42 @@ def test_the_empty_fetch_answer_decodes_at_every_version(version):
     assert resp.header.correlation_id == 7 and resp.responses == []
     assert version == 0 or resp.throttle_time_ms == 1234
     assert version < 7 or (resp.error_code == 0 and resp.session_id == 0)
+
+
+def test_a_fetch_is_charged_alike_on_the_short_way_and_the_long_one():
+    # QuotaAccounting says once what a Fetch counts (ClientQuotas.admit_fetch):
+    # what it is charged, its cap, and when it waits for the least grant,
+    # whichever way the pipeline takes it. 10 kB/s, a burst of 10 kB: a
+    # grant is half what the bucket holds, and the least one 625 bytes.
+    steps = [(0.0, 100, 3000),  # under its grant: the short way
+             (0.1, 8000, 100),  # over it: capped, the long way
+             (0.2, 300, 2500),  # under what is left
+             (0.25, 300, 10),  # the bucket holds under 1250: it waits for the least grant
+             (2.0, 200, 10)]
+
+    def run(short_way):
+        h = Harness({"clients/app-1": {CONSUMER_BYTE_RATE: 10000.0}}, short_way=short_way)
+        seen = []
+        for cid, (at, max_bytes, records) in enumerate(steps, 1):
+            h.at(at)
+            before = h.long_heads["request"]
+            h.client(fetch_req(cid, max_bytes=max_bytes))
+            sent = h.take_broker()
+            quotas = h.conn.quotas_for("app-1")
+            step = {"sent": req_cids(sent), "long": h.long_heads["request"] > before,
+                    "asked": max_bytes_of(sent) if sent else None,
+                    "held": round(quotas.fetch.tokens.held(h.now), 3)}
+            if sent:
+                h.broker(fetch_resp(cid, records=b"r" * records))
+                h.take_client()
+                step["after"] = round(quotas.fetch.tokens.held(h.now), 3)
+            seen.append(step)
+        return seen
+
+    short, long_ = run(True), run(False)
+    ways = [step.pop("long") for step in short]
+    assert all(step.pop("long") for step in long_)
+    assert short == long_
+    assert ways[0] is False and ways[1] is True  # both ways were taken
+    assert short[1]["asked"] < 8000  # capped to its grant
+    assert short[3]["sent"] == [] and short[4]["sent"] == [4, 5]  # waited, then went

@@ -826,6 +826,23 @@ class ClientQuotas:
         held = fetch.tokens.held(now)
         return held * FETCH_GRANT_FRACTION if held > 0 else 0.0
 
+    def admit_fetch(self, asked, now):
+        """A Fetch (or ShareFetch) goes at ``now`` asking for ``asked`` bytes
+        (None: as much as it may): what it is charged (charge_fetch), at least
+        one byte and at most its grant (fetch_grant), which becomes
+        ``fetch_cap``, what the request is capped to. 0 without a grant to
+        enforce (``fetch_cap`` None); None when the grant is under the least
+        (fetch_grant_least): it waits (fetch_grant_wait_ms), charged nothing."""
+        grant = self.fetch_cap = self.fetch_grant(now)
+        if grant is None:
+            return 0
+        if grant < self.fetch.tokens.burst * FETCH_GRANT_LEAST:  # (fetch_grant_least)
+            self.fetch_cap = None
+            return None
+        charged = int(min(max(grant if asked is None else asked, 1), grant))
+        self.fetch.tokens.record(charged, now)  # (charge_fetch)
+        return charged
+
     def fetch_grant_least(self):
         """The least grant a Fetch goes with: less, and it waits
         (fetch_grant_wait_ms) rather than go for a sliver, which a broker

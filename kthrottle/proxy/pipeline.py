@@ -750,65 +750,66 @@ class Connection:
         return self._requests(data, n, pos, now)
 
     def _one_request(self, data, n, now):
-        """pass_request's commonest read: one whole request, most often of
-        the head read last (a producer's, or a judged consumer's: _heads), as
-        a client sends request after request; written out, as a call costs.
-        None: not that read (_requests takes it)."""
+        """pass_request's commonest read: one whole request, or the start of
+        one longer than the read (head in), most often of the head read last
+        (a producer's, or a judged consumer's: _heads), as a client sends
+        request after request; written out, lease and readiness checks too,
+        as a call costs. None: not that read (_requests takes it)."""
         size, api_key, api_version, correlation_id = _FRAME_HEAD.unpack_from(data)
-        if size + 4 != n or size > self.requests_in.max_frame_size:
+        total = size + 4
+        cutter = self.requests_in
+        if total < n or size > cutter.max_frame_size or total > n and n < HEAD_SIZE:
             return None
         known = self._heads[api_key] if api_key in (0, 1) else None  # PRODUCE, FETCH
-        # (a frame that holds the head meets min_frame_size; one that ends at
-        # the head or just past it goes on, as the long way passes it too)
+        # (a frame that holds the head meets min_frame_size; a whole one that
+        # ends at the head or just past it goes on, as the long way passes it)
         if (known is not None and known.version == api_version and known.answered
-                and data.startswith(known.head, 12)):
+                and data.startswith(known.head, 12) and (total == n or total >= known.least)):
             route = known.route
-            inflight = self._spare  # (see _spare)
-            if inflight is None:
-                inflight = InFlight(correlation_id, api_key, api_version, route.response_need,
-                                    route.response_filters)
-            else:
-                self._spare = None
-                inflight.again(correlation_id, api_key, api_version, route.response_need,
-                               route.response_filters)
-            delay = 0
-            if route.quick:  # judged (FilterTable.quick)
-                if now is None:
-                    return False
-                lease = self._lease  # a Produce's (KnownHead.lessor)
-                if lease is None or api_key or not lease.take(n, now):
-                    # not in the lease: judged
-                    if not self._ready(route):
-                        return False
-                    self.now = now  # (a check may read it)
-                    for check in known.checks:
-                        if not check(data):
-                            return False
-                    delay = self._judged(known, inflight, n, now)
-                    if delay < 0:
-                        return False  # its quota is owed: the long way holds it
-                    if not delay and not api_key and known.lessor is not None:
-                        self._renew_lease(known.lessor, n, now)
-            self.bytes_from_client += n
-            self.requests += 1
-            self.pending.append(inflight)
-            return self._mute_for(delay, data, n) if delay else True
-        if api_key != PRODUCE and size >= self.requests_in.min_frame_size:
+        elif api_key != PRODUCE and size >= cutter.min_frame_size:
             route = self._plain.get((api_key, api_version))
-            if route is not None:  # nothing reads it (a Fetch without quotas)
-                inflight = self._spare
-                if inflight is None:
-                    inflight = InFlight(correlation_id, api_key, api_version,
-                                        route.response_need, route.response_filters)
-                else:
-                    self._spare = None
-                    inflight.again(correlation_id, api_key, api_version, route.response_need,
-                                   route.response_filters)
-                self.pending.append(inflight)
-                self.bytes_from_client += n
-                self.requests += 1
-                return True
-        return None
+            if route is None:
+                return None
+            known = None  # nothing reads it (a Fetch without quotas)
+        else:
+            return None
+        inflight = self._spare  # (see _spare)
+        if inflight is None:
+            inflight = InFlight(correlation_id, api_key, api_version, route.response_need,
+                                route.response_filters)
+        else:
+            self._spare = None
+            inflight.again(correlation_id, api_key, api_version, route.response_need,
+                           route.response_filters)
+        delay = 0
+        if known is not None and route.quick:  # judged (FilterTable.quick)
+            if now is None:
+                return False
+            lease = self._lease  # a Produce's (KnownHead.lessor); as Lease.take
+            if (lease is not None and not api_key and lease.bytes_left >= total
+                    and lease.requests_left and now < lease.until):
+                lease.bytes_left -= total
+                lease.requests_left -= 1
+            else:  # not in the lease: judged, when each quick filter is ready
+                contexts = self.contexts
+                for f, i in route.quick_ready:
+                    if not f.quick_ready(contexts[i]):
+                        return False
+                self.now = now  # (a check may read it)
+                for check in known.checks:
+                    if not check(data):
+                        return False
+                delay = self._judged(known, inflight, total, now)
+                if delay < 0:
+                    return False  # its quota is owed: the long way holds it
+                if not delay and not api_key and known.lessor is not None:
+                    self._renew_lease(known.lessor, total, now)
+        self.bytes_from_client += n
+        self.requests += 1
+        self.pending.append(inflight)
+        if total > n:  # it goes on in the next reads
+            cutter.pass_rest(total - n)
+        return self._mute_for(delay, data, total) if delay else True
 
     def _ready(self, route):
         """Whether each quick filter of ``route`` lets its request take the
@@ -1028,20 +1029,39 @@ class Connection:
         response being passed on, or all of the response awaited next, or
         its start (head in), when nothing looks at it and nothing is held.
         The answer says what to send the client now: ``data`` as it is
-        (True), nothing yet (HELD: a response the long way would also send
-        only once whole, see WHOLE_RESPONSE_MAX), or the chunks of such a
-        response that ``data`` completes (a list). False: nothing was done,
-        call broker_data (which also gives every error). A response whose
-        filters only count its size (FilterTable.quick_heads) is left to
-        broker_data, which has the time, to count and pass the short way."""
+        (True), nothing yet (HELD: a response the long way also sends only
+        once whole, WHOLE_RESPONSE_MAX), or the chunks of such a response
+        that ``data`` completes (a list). False: nothing was done, call
+        broker_data (which also gives every error, and counts a response
+        whose filters only count its size: FilterTable.quick_heads)."""
         if (self._held is not None or self._hold_from is not None or self._raw_in_flight
                 or self._internal or self._gathered_for or self.phase is _CLOSED):
             return False
         cutter = self.responses_in
         if cutter.head:
             return False
-        if cutter.left:
-            return self._response_rest(data, cutter)
+        left = cutter.left
+        if left:  # more of the response on its way (the commonest read of a large one)
+            n = len(data)
+            if n > left:
+                return False  # more frames follow in this read
+            mode = cutter.mode
+            if mode.__class__ is not int or mode != PASS:
+                # read by a filter; but records a NodeEndpoints rewrite skips go on as they are
+                if mode.__class__ is not StreamRewriter or n == left or not mode.passes(n):
+                    return False
+            if n == left and self.pending and self.pending[0].answer is not None:
+                return False  # an answer of the proxy's own follows: broker_data sends it
+            cutter.went_by(n)
+            self.bytes_from_broker += n
+            partial = self._partial
+            if partial is None:
+                return True
+            partial.append(data)
+            if n < left:
+                return HELD
+            self._partial = None
+            return partial
         pending = self.pending
         n = len(data)
         if not pending or n < 8 or self._streaming is not None:
@@ -1082,38 +1102,6 @@ class Connection:
             return True  # streamed as it comes
         self._partial = [data]
         return HELD
-
-    def _response_rest(self, data, cutter):
-        """pass_response: ``data`` is more of the response on its way (and
-        nothing after it)."""
-        n = len(data)
-        left = cutter.left
-        if n > left:
-            return False  # more frames follow in this read
-        mode = cutter.mode
-        if mode.__class__ is not int or mode != PASS:
-            # read by a filter; but records that a NodeEndpoints rewrite
-            # skips go on as they are
-            if mode.__class__ is not StreamRewriter or n == left or not mode.passes(n):
-                return False
-        partial = self._partial
-        if n < left:
-            cutter.went_by(n)
-            self.bytes_from_broker += n
-            if partial is None:
-                return True
-            partial.append(data)
-            return HELD
-        pending = self.pending
-        if pending and pending[0].answer is not None:
-            return False  # an answer of the proxy's own follows: broker_data sends it
-        cutter.went_by(n)
-        self.bytes_from_broker += n
-        if partial is None:
-            return True
-        self._partial = None
-        partial.append(data)
-        return partial
 
     def _several_responses(self, data, n):
         """pass_response: a read of several whole responses (a producer with

@@ -69,33 +69,25 @@ class QuotaAccounting(QuickFilter):
         acks = head.acks if api_key == apis.PRODUCE else None
         now = ctx.now
         owed = quotas.debt(api_key, acks, now)
-        waiting = ctx.state
         if owed is not None:
             verdict = self._owed(ctx, head, inflight, quotas, owed, acks)
             if verdict is not None:
                 return verdict
         else:
-            waiting.since = None
-        if api_key == apis.PRODUCE:  # acks=0 too: its throttle mutes the client
+            ctx.state.since = None
+        if api_key != apis.FETCH and api_key != apis.SHARE_FETCH:
+            # acks=0 too: its throttle mutes the client
             return _verdict(quotas.on_request(api_key, head.frame_len, acks, now))
-        if api_key == apis.FETCH or api_key == apis.SHARE_FETCH:
-            quotas.fetch_cap = None
-            grant = quotas.fetch_grant(now)
-            charged = 0
-            if grant is not None:
-                if grant < quotas.fetch_grant_least():
-                    verdict = self._owed(ctx, head, inflight, quotas, Decision(
-                        quotas.fetch_grant_wait_ms(now), CONSUMER_BYTE_RATE), acks)
-                    if verdict is not None:
-                        return verdict
-                else:
-                    at = (head.max_bytes_offset if api_key == apis.FETCH
-                          else head.share_fetch_max_bytes_offset)
-                    asked = grant if at is None else INT32.unpack_from(head.buf, at)[0]
-                    charged = int(min(max(asked, 1), grant))
-                    quotas.charge_fetch(charged, now)
-                    quotas.fetch_cap = grant  # FetchCap caps it to this
-            ctx.note(inflight, (quotas, charged))  # its response counts too
+        at = head.max_bytes_offset if api_key == apis.FETCH else head.share_fetch_max_bytes_offset
+        charged = quotas.admit_fetch(None if at is None else INT32.unpack_from(head.buf, at)[0],
+                                     now)  # its grant, what it is charged (FetchCap caps it)
+        if charged is None:  # its bucket holds less than the least grant: it waits as for a debt
+            verdict = self._owed(ctx, head, inflight, quotas, Decision(
+                quotas.fetch_grant_wait_ms(now), CONSUMER_BYTE_RATE), acks)
+            if verdict is not None:
+                return verdict
+            charged = 0  # held as long as a client waits: counted
+        ctx.note(inflight, (quotas, charged))  # its response counts too
         return _verdict(quotas.on_request(api_key, head.frame_len, None, now))
 
     def _owed(self, ctx, head, inflight, quotas, owed, acks):
@@ -161,19 +153,19 @@ class QuotaAccounting(QuickFilter):
 
             return judge_produce
         note = ctx.note
+        admit = quotas.admit_fetch
         on_request = quotas.on_request
-        grant = quotas.fetch_grant
         max_bytes = head.max_bytes  # (FetchCap's check: no more than the grant)
 
         def judge(frame_len, now, inflight):
+            # as on_request: the same policy calls, a debt or a grant under
+            # the least left to the long way (FetchCap's check sees to the grant)
             owed = debt(apis.FETCH, None, now)
             if owed is not None:
                 return Defer(owed.delay_ms, owed.reason)
-            charged = 0
-            if max_bytes is not None and grant(now) is not None:
-                # (the long way when the grant is under the least or the ask)
-                charged = max(max_bytes, 1)
-                quotas.charge_fetch(charged, now)
+            charged = admit(max_bytes, now)
+            if charged is None:
+                return _GRANT_WAIT
             note(inflight, (quotas, charged))  # its response counts too (quick_response_head)
             return on_request(apis.FETCH, frame_len, None, now)
 
@@ -213,6 +205,11 @@ class QuotaAccounting(QuickFilter):
     deferred = 0
     answered = 0
     prepaid = 0  # Fetch responses larger than the burst, answered empty until paid for
+
+
+# the short way's answer to a Fetch whose bucket holds less than the least
+# grant: the long way holds it (FetchCap's check lets no such fetch through)
+_GRANT_WAIT = Defer(1, CONSUMER_BYTE_RATE)
 
 
 def _verdict(decision):
