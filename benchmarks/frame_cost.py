@@ -50,66 +50,22 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+FRAMES = str(REPO / "kthrottle_testkit" / "pipeline_frames.py")
 
 # Run in a child process whose kthrottle comes from the tree measured (PYTHONPATH).
 CHILD = r'''
-import gc, inspect, json, sys, time, uuid, warnings
-sys.path.append(%(bench)r)
-warnings.simplefilter("ignore")
-from kafka.protocol.consumer import FetchRequest, FetchResponse
-from kafka.protocol.producer import ProduceRequest, ProduceResponse
+import gc, importlib.util, inspect, json, sys, time
 from kthrottle.policy.entities import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE
 from kthrottle.policy.quotas import QuotaManager
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.pipeline import Connection, FilterTable
 
-TOPIC_ID = uuid.UUID(int=0x0DE5)
+# this checkout's frames, whichever tree's kthrottle is measured
+spec = importlib.util.spec_from_file_location("pipeline_frames", %(frames)r)
+frames = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(frames)
+
 BATCH = 512  # correlation ids per connection
-READ = 65536
-
-def framed(message, cid, client_id="bench"):
-    message.with_header(correlation_id=cid, **({"client_id": client_id} if client_id else {}))
-    return bytes(message.encode(header=True, framed=True))
-
-def produce_request(cid, v, parts, size):
-    D = ProduceRequest.TopicProduceData
-    data = [D.PartitionProduceData(index=p, records=b"r" * size) for p in range(parts)]
-    return framed(ProduceRequest[v](transactional_id=None, acks=1, timeout_ms=30000,
-                  topic_data=[D(name="orders", topic_id=TOPIC_ID, partition_data=data)]), cid)
-
-def produce_response(cid, v, parts):
-    T = ProduceResponse.TopicProduceResponse
-    P = T.PartitionProduceResponse
-    resp = ProduceResponse[v](responses=[T(name="orders", topic_id=TOPIC_ID, partition_responses=[
-        P(index=p, error_code=0, base_offset=5, log_append_time_ms=-1, log_start_offset=0,
-          record_errors=[], error_message=None) for p in range(parts)])],
-        throttle_time_ms=0, node_endpoints=[])
-    return framed(resp, cid, None)
-
-def fetch_request(cid, v, parts):
-    F = FetchRequest
-    ps = [F.FetchTopic.FetchPartition(partition=p, fetch_offset=5, partition_max_bytes=1 << 20)
-          for p in range(parts)]
-    return framed(F[v](replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=50 << 20,
-                       isolation_level=0, session_id=0, session_epoch=-1,
-                       topics=[F.FetchTopic(topic="orders", topic_id=TOPIC_ID, partitions=ps)],
-                       forgotten_topics_data=[], rack_id=""), cid)
-
-def fetch_response(cid, v, parts, size):
-    T = FetchResponse.FetchableTopicResponse
-    P = T.PartitionData
-    ps = [P(partition_index=p, error_code=0, high_watermark=10, last_stable_offset=10,
-            log_start_offset=0, aborted_transactions=[], preferred_read_replica=-1,
-            records=b"r" * size) for p in range(parts)]
-    return framed(FetchResponse[v](throttle_time_ms=0, error_code=0, session_id=9,
-                  node_endpoints=[], responses=[T(topic="orders", topic_id=TOPIC_ID,
-                  partitions=ps)]), cid, None)
-
-def reads(frame):
-    return [frame[i:i + READ] for i in range(0, len(frame), READ)]
-
-def advertise(node_id):
-    return ("127.0.0.1", 40000 + node_id)
 
 # a tree from before the short way has none; one from before its quick
 # filters takes no time
@@ -125,18 +81,16 @@ def cost(api, version, quota, n, parts, size):
     if quota:
         manager = QuotaManager({"clients/<default>": {
             PRODUCER_BYTE_RATE: 1e15, CONSUMER_BYTE_RATE: 1e15, REQUEST_RATE: 1e12}})
-    table = FilterTable(standard_filters(advertise, manager))
+    table = FilterTable(standard_filters(frames.advertise, manager))
     if api == "Produce":
-        pairs = [(reads(produce_request(i, version, parts, size)),
-                  reads(produce_response(i, version, parts))) for i in range(BATCH)]
+        pairs = [(frames.reads(frames.produce_request(i, version, parts, size), READ),
+                  frames.reads(frames.produce_response(i, version, parts), READ))
+                 for i in range(BATCH)]
     else:
-        pairs = [(reads(fetch_request(i, version, parts)),
-                  reads(fetch_response(i, version, parts, size))) for i in range(BATCH)]
-    def connection():
-        conn = Connection(table, 100 * 1024 * 1024, manager)
-        conn.broker_connected(0.0)
-        return conn
-    conn, now = connection(), 0.0
+        pairs = [(frames.reads(frames.fetch_request(i, version, parts), READ),
+                  frames.reads(frames.fetch_response(i, version, parts, size), READ))
+                 for i in range(BATCH)]
+    conn, now = frames.connection(table, manager), 0.0
     # first, a quota's rate over every one of its windows, as in a proxy that
     # has run for a while (Kafka's 11 windows of 1 s): one exchange each
     # tenth of a second, untimed
@@ -149,14 +103,14 @@ def cost(api, version, quota, n, parts, size):
         for data in responses:
             if not pass_response(conn, data):
                 conn.broker_data(data, now)
-    conn = connection()
+    conn = frames.connection(table, manager)
     gc.collect()
     gc.freeze()  # what was made so far is never collected: no full collection's cost in the loop
     start = time.perf_counter_ns()
     for k in range(n):
         j = k %% BATCH
         if j == 0 and k:
-            conn = connection()
+            conn = frames.connection(table, manager)
         now += 0.0001
         if FLUSH:  # --cold: the caches emptied between exchanges
             FLUSH_TO[:] = FLUSH_FROM
@@ -195,7 +149,7 @@ EXCHANGES = [("Produce", 7, "aiokafka"), ("Produce", 10, "confluent-kafka"),
 
 def measure(tree, args):
     env = dict(os.environ, PYTHONPATH=str(tree))
-    code = CHILD % {"bench": str(HERE)}
+    code = CHILD % {"frames": FRAMES}
     out = subprocess.run([sys.executable, "-c", code, json.dumps(vars(args), default=str)],
                          env=env, cwd=str(tree), capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
@@ -223,7 +177,7 @@ def counted(tree, args, api, version, quota, n, cold=False, flush_only=False):
         tool = (["--tool=cachegrind", "--cachegrind-out-file=" + out] + COLD_CACHES if cold
                 else ["--tool=callgrind", "--callgrind-out-file=" + out])
         run = subprocess.run(["valgrind"] + tool + [sys.executable, "-c",
-                              CHILD % {"bench": str(HERE)}, json.dumps(child, default=str)],
+                              CHILD % {"frames": FRAMES}, json.dumps(child, default=str)],
                              env=env, cwd=str(tree), capture_output=True, text=True,
                              timeout=1800)
         if run.returncode != 0:

@@ -37,6 +37,7 @@ import sys
 import time
 
 from kthrottle_testkit import harness
+from kthrottle_testkit.cluster_proxy import start_cluster_proxy
 from kthrottle_testkit.harness import (
     Run,
     add_output_dir,
@@ -101,22 +102,7 @@ def java_description():
 def start_proxy(run, cluster, quota_file, name):
     """A proxy in front of every node (a port of its own for each node id), checked to name
     only its own ports in Metadata, so that the tools stay behind it."""
-    nodes = list(cluster.nodes.values())
-    ports = {node.node_id: harness.free_port() for node in nodes}
-    extra = ["--quota-file", str(quota_file)]
-    for node in nodes[1:]:
-        extra += ["--bootstrap-server", node.bootstrap]
-    extra += ["--node-ports", ",".join("%d=%d" % item for item in ports.items())]
-    proxy = run.kthrottle(nodes[0].bootstrap, extra, admin=True, name=name, probe=False)
-    named = {b[0]: (b[1], b[2]) for b in kafka_kit.metadata_brokers(
-        "127.0.0.1", proxy.port, timeout=10)[0]}
-    if named != {n: ("127.0.0.1", p) for n, p in ports.items()}:
-        run.procs.stop(proxy.proc)
-        raise RuntimeError("Metadata through the proxy names %s, not its ports %s"
-                           % (named, ports))
-    for port in ports.values():  # opened by that first Metadata answer
-        harness.wait_for_port("127.0.0.1", port, timeout=10, proc=proxy.proc)
-    return proxy
+    return start_cluster_proxy(run, cluster, ["--quota-file", str(quota_file)], name)
 
 
 def client_metric(text, name, client_id):

@@ -100,6 +100,7 @@ Writes ``quota_escapes.md`` and ``quota_escapes.json`` into a new directory
     python benchmarks/quota_escapes.py --broker kafka --bootstrap 127.0.0.1:9092
 """
 import asyncio
+import contextlib
 import os
 import re
 import shlex
@@ -548,18 +549,37 @@ async def close_writer(writer):
 CLOSED = (asyncio.IncompleteReadError, ConnectionError)
 
 
+@contextlib.asynccontextmanager
+async def connection(ctx):
+    """A new connection to the proxy, (reader, writer), for a technique's loop to use until
+    it ends: closed by the proxy (counted), or another OSError (an error); its writer closed
+    then. None when connecting failed (an error, 50 ms waited), for the loop to try again."""
+    try:
+        reader, writer = await ctx.connect()
+    except OSError as exc:
+        ctx.error("connect: %s" % exc)
+        await asyncio.sleep(0.05)
+        yield None
+        return
+    try:
+        yield reader, writer
+    except CLOSED:
+        ctx.count("closed by the proxy")
+    except OSError as exc:
+        ctx.error("%s: %s" % (type(exc).__name__, exc))
+    finally:
+        await close_writer(writer)
+
+
 async def reconnect_loop(ctx, templates, per_connection=1, answer_timeout=None):
     """Connect, write ``per_connection`` requests (cycling through ``templates``, each
     (api_version, frame)), read their responses, close; again until the end."""
     turn = 0
     while ctx.running():
-        try:
-            reader, writer = await ctx.connect()
-        except OSError as exc:
-            ctx.error("connect: %s" % exc)
-            await asyncio.sleep(0.05)
-            continue
-        try:
+        async with connection(ctx) as connected:
+            if connected is None:
+                continue
+            reader, writer = connected
             versions = []
             for _ in range(per_connection):
                 await ctx.request_pace.wait()
@@ -568,32 +588,25 @@ async def reconnect_loop(ctx, templates, per_connection=1, answer_timeout=None):
                 writer.write(with_correlation(template, ctx.next_correlation()))
                 ctx.written.add(1)
                 versions.append(version)
-            for version in versions:
-                if answer_timeout is None:
-                    await read_counted(reader, ctx, version)
-                else:
-                    await asyncio.wait_for(read_counted(reader, ctx, version), answer_timeout)
-        except CLOSED:
-            ctx.count("closed by the proxy")
-        except asyncio.TimeoutError:
-            ctx.count("connections given up (no answer in %g ms)" % (answer_timeout * 1000))
-        except OSError as exc:
-            ctx.error("%s: %s" % (type(exc).__name__, exc))
-        finally:
-            await close_writer(writer)
+            try:
+                for version in versions:
+                    if answer_timeout is None:
+                        await read_counted(reader, ctx, version)
+                    else:
+                        await asyncio.wait_for(read_counted(reader, ctx, version),
+                                               answer_timeout)
+            except asyncio.TimeoutError:
+                ctx.count("connections given up (no answer in %g ms)" % (answer_timeout * 1000))
 
 
 async def kept_loop(ctx, version, template, window):
     """One connection with ``window`` requests in flight: each response read brings the
     next request. A connection the proxy closes is opened again."""
     while ctx.running():
-        try:
-            reader, writer = await ctx.connect()
-        except OSError as exc:
-            ctx.error("connect: %s" % exc)
-            await asyncio.sleep(0.05)
-            continue
-        try:
+        async with connection(ctx) as connected:
+            if connected is None:
+                continue
+            reader, writer = connected
             for _ in range(window):
                 await ctx.request_pace.wait()
                 writer.write(with_correlation(template, ctx.next_correlation()))
@@ -601,12 +614,6 @@ async def kept_loop(ctx, version, template, window):
                 await read_counted(reader, ctx, version)
                 await ctx.request_pace.wait()
                 writer.write(with_correlation(template, ctx.next_correlation()))
-        except CLOSED:
-            ctx.count("closed by the proxy")
-        except OSError as exc:
-            ctx.error("%s: %s" % (type(exc).__name__, exc))
-        finally:
-            await close_writer(writer)
 
 
 def give_up(ctx):
@@ -671,30 +678,23 @@ async def t_acks0(ctx):
     ctx.start_clock()
     template = produce_template(ctx.topic, ctx.client_id, acks=0)
     while ctx.running():
-        try:
-            reader, writer = await ctx.connect()
-        except OSError as exc:
-            ctx.error("connect: %s" % exc)
-            await asyncio.sleep(0.05)
-            continue
-        watcher = asyncio.ensure_future(reader.read(65536))  # EOF: closed by the proxy
-        try:
-            while ctx.running() and not watcher.done():
-                await ctx.request_pace.wait()
-                writer.write(with_correlation(template, ctx.next_correlation()))
-                ctx.written.add(1)
-                if writer.transport.get_write_buffer_size() > 256 * 1024:
-                    await writer.drain()  # the proxy stopped reading: wait here
-            if watcher.done():
-                closed = watcher.exception() is not None or not watcher.result()
-                ctx.count("closed by the proxy" if closed else "answered (acks=0!)")
-        except CLOSED:
-            ctx.count("closed by the proxy")
-        except OSError as exc:
-            ctx.error("%s: %s" % (type(exc).__name__, exc))
-        finally:
-            watcher.cancel()
-            await close_writer(writer)
+        async with connection(ctx) as connected:
+            if connected is None:
+                continue
+            reader, writer = connected
+            watcher = asyncio.ensure_future(reader.read(65536))  # EOF: closed by the proxy
+            try:
+                while ctx.running() and not watcher.done():
+                    await ctx.request_pace.wait()
+                    writer.write(with_correlation(template, ctx.next_correlation()))
+                    ctx.written.add(1)
+                    if writer.transport.get_write_buffer_size() > 256 * 1024:
+                        await writer.drain()  # the proxy stopped reading: wait here
+                if watcher.done():
+                    closed = watcher.exception() is not None or not watcher.result()
+                    ctx.count("closed by the proxy" if closed else "answered (acks=0!)")
+            finally:
+                watcher.cancel()
 
 
 # --- real clients (confluent-kafka): created and connected before the clock starts
@@ -1153,24 +1153,21 @@ async def share_fetch_kept(ctx, member, window):
     0, 1, 2, ... in order), each response bringing the next request, which accepts the
     records that response acquired. A session the broker refuses, or a connection the
     proxy closes, starts over on a new connection at epoch 0."""
+    epoch = 0
+
+    def request(acks):
+        nonlocal epoch
+        body = share_fetch_body(member.group, member.member_id, epoch, member.topic_id, acks)
+        epoch += 1
+        return flexible_frame(SHARE_FETCH, SHARE_FETCH_VERSION, ctx.next_correlation(),
+                              ctx.client_id, body)
+
     while ctx.running():
-        try:
-            reader, writer = await ctx.connect()
-        except OSError as exc:
-            ctx.error("connect: %s" % exc)
-            await asyncio.sleep(0.05)
-            continue
-        epoch = 0
-
-        def request(acks):
-            nonlocal epoch
-            body = share_fetch_body(member.group, member.member_id, epoch, member.topic_id,
-                                    acks)
-            epoch += 1
-            return flexible_frame(SHARE_FETCH, SHARE_FETCH_VERSION, ctx.next_correlation(),
-                                  ctx.client_id, body)
-
-        try:
+        async with connection(ctx) as connected:
+            if connected is None:
+                continue
+            reader, writer = connected
+            epoch = 0
             for _ in range(window):
                 await ctx.request_pace.wait()
                 writer.write(request([]))
@@ -1190,12 +1187,6 @@ async def share_fetch_kept(ctx, member, window):
                         break
                 await ctx.request_pace.wait()
                 writer.write(request(answer["acquired"]))
-        except CLOSED:
-            ctx.count("closed by the proxy")
-        except OSError as exc:
-            ctx.error("%s: %s" % (type(exc).__name__, exc))
-        finally:
-            await close_writer(writer)
 
 
 async def t_share_fetch_pipelined(ctx):
@@ -1213,16 +1204,6 @@ async def t_share_fetch_pipelined(ctx):
         await member.leave()
 
 
-TOOLS_LOG4J2 = """\
-status = warn
-appender.err.type = Console
-appender.err.name = ERR
-appender.err.target = SYSTEM_ERR
-appender.err.layout.type = PatternLayout
-appender.err.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = warn
-rootLogger.appenderRef.err.ref = ERR
-"""
 OFFSET_PRINTED = re.compile(rb"Offset:(\d+)")
 
 
@@ -1238,7 +1219,7 @@ class ShareConsoleConsumer:
         self.ctx = ctx
         log4j = ctx.run.path("tools-log4j2.properties")
         if not log4j.exists():
-            log4j.write_text(TOOLS_LOG4J2)
+            log4j.write_text(kafka_kit.TOOL_LOG4J2)
         self.log_path = ctx.run.path("%s-consumer-%d.log" % (ctx.tech.name, index))
         self.command = [
             kafka_kit.java_binary(), "-Xmx256m", "-XX:+UseSerialGC",
@@ -1535,16 +1516,9 @@ class Cluster:
     def set_group_config(self, group, settings):
         """Group configs (KIP-848, KIP-932), e.g. share.auto.offset.reset=earliest: a share
         group starts at the latest offset unless told otherwise."""
-        from confluent_kafka.admin import (AlterConfigOpType, ConfigEntry, ConfigResource,
-                                           ResourceType)
+        from kthrottle import kafka_kit
 
-        entries = [ConfigEntry(k, str(v), incremental_operation=AlterConfigOpType.SET)
-                   for k, v in settings.items()]
-        admin = self.admin()
-        futures = admin.incremental_alter_configs(
-            [ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)])
-        for f in futures.values():
-            f.result(30)
+        kafka_kit.set_group_config(self.admin(), group, settings)
 
     def delete_topic(self, name):
         try:

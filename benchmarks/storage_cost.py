@@ -36,8 +36,6 @@ Example (about 40 s)::
 import statistics
 import sys
 import time
-import uuid
-import warnings
 
 from kthrottle.policy.storage import (
     OPEN_STATE,
@@ -48,35 +46,11 @@ from kthrottle.policy.storage import (
 )
 from kthrottle.proxy.filters import standard_filters
 from kthrottle.proxy.filters.storage import StorageThrottle
-from kthrottle.proxy.pipeline import Connection, FilterTable
+from kthrottle.proxy.pipeline import FilterTable
 from kthrottle_testkit import harness
+from kthrottle_testkit import pipeline_frames as frames
 
 WALL = 1_800_000_000.0
-
-
-def produce_request(cid, partitions, record_bytes):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from kafka.protocol.producer import ProduceRequest
-    D = ProduceRequest.TopicProduceData
-    data = [D.PartitionProduceData(index=p, records=b"r" * record_bytes) for p in range(partitions)]
-    req = ProduceRequest[8](transactional_id=None, acks=1, timeout_ms=30000, topic_data=[
-        D(name="orders", topic_id=uuid.UUID(int=1), partition_data=data)])
-    req.with_header(correlation_id=cid, client_id="bench")
-    return bytes(req.encode(header=True, framed=True))
-
-
-def produce_response(cid):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from kafka.protocol.producer import ProduceResponse
-    resp = ProduceResponse[8](responses=[], throttle_time_ms=0)
-    resp.with_header(correlation_id=cid)
-    return bytes(resp.encode(header=True, framed=True))
-
-
-def advertise(node_id):
-    return ("127.0.0.1", 40000 + node_id)
 
 
 def make_table(config, listed):
@@ -95,13 +69,7 @@ def make_table(config, listed):
                 ("elsewhere-%d" % (i // 10), i % 10): State(THROTTLE, 0.5) for i in range(listed)})
         storage.policy.update(state)
         storage.refresh(WALL, 0.0)
-    return FilterTable(standard_filters(advertise, None, storage=storage))
-
-
-def new_connection(table):
-    conn = Connection(table, 100 * 1024 * 1024)
-    conn.broker_connected(0.0)
-    return conn
+    return FilterTable(standard_filters(frames.advertise, None, storage=storage))
 
 
 BATCH = 1024  # distinct correlation ids per connection
@@ -110,24 +78,10 @@ BATCH = 1024  # distinct correlation ids per connection
 def time_requests(config, args):
     """ns per request (request in 64 KiB reads, then its response)."""
     table = make_table(config, args.listed)
-    conn = new_connection(table)
-    requests = [produce_request(i, args.partitions, args.record_bytes) for i in range(BATCH)]
-    responses = [produce_response(i) for i in range(BATCH)]
-    reads = [[r[i:i + 65536] for i in range(0, len(r), 65536)] for r in requests]
-    now = 0.0
-    with harness.gc_paused():
-        start = time.perf_counter_ns()
-        for n in range(args.requests):
-            k = n % BATCH
-            if k == 0 and n:
-                # the same correlation ids again: on a new connection (once per 1,024)
-                conn = new_connection(table)
-            now += 0.0001
-            for chunk in reads[k]:
-                conn.client_data(chunk, now)
-            conn.broker_data(responses[k], now)
-        elapsed = time.perf_counter_ns() - start
-    return elapsed / args.requests
+    exchanges = [
+        (frames.reads(frames.produce_request(i, 8, args.partitions, args.record_bytes)),
+         [frames.produce_response(i, 8)]) for i in range(BATCH)]
+    return frames.timed_exchanges(table, None, exchanges, args.requests)[0]
 
 
 CONFIGS = ("no storage", "cluster, OPEN", "cluster, THROTTLE", "partition, none listed",
@@ -172,12 +126,8 @@ def follow_latency(run, args):
     return latencies
 
 
-FLAGS = (
-    ("--requests", int, 20000, "Produce requests per run"),
-    ("--partitions", int, 4, "partitions per Produce request"),
-    ("--record-bytes", int, 4096, "record batch bytes per partition"),
+FLAGS = frames.flags("Produce requests", repeats=9) + (
     ("--listed", int, 1000, "partitions the snapshot lists (partition, watching)"),
-    ("--repeats", int, 9, "runs per configuration (median)"),
     ("--writes", int, 40, "snapshot writes to follow"),
     ("--poll-ms", float, 2.0, "/metrics polling interval"),
 )

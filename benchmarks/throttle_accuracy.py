@@ -343,23 +343,9 @@ def start_proxy(run, brokers, quota_file, mode, args):
     name = "kthrottle-%s" % mode
     if brokers.cluster is None:
         return run.kthrottle(brokers.tansu, extra, admin=True, name=name)
-    nodes = list(brokers.cluster.nodes.values())
-    ports = {node.node_id: harness.free_port() for node in nodes}
-    for node in nodes[1:]:
-        extra += ["--bootstrap-server", node.bootstrap]
-    extra += ["--node-ports", ",".join("%d=%d" % item for item in ports.items())]
-    proxy = run.kthrottle(nodes[0].bootstrap, extra, admin=True, name=name, probe=False)
-    from kthrottle import kafka_kit
+    from kthrottle_testkit.cluster_proxy import start_cluster_proxy
 
-    named = {b[0]: (b[1], b[2]) for b in kafka_kit.metadata_brokers(
-        "127.0.0.1", proxy.port, timeout=10)[0]}
-    if named != {n: ("127.0.0.1", p) for n, p in ports.items()}:
-        run.procs.stop(proxy.proc)
-        raise RuntimeError("Metadata through the proxy names %s, not its own ports %s"
-                           % (named, ports))
-    for port in ports.values():  # opened by that first Metadata answer
-        harness.wait_for_port("127.0.0.1", port, timeout=10, proc=proxy.proc)
-    return proxy
+    return start_cluster_proxy(run, brokers.cluster, extra, name)
 
 
 def write_quota_file(path, quotas, clients):
@@ -966,21 +952,29 @@ def reference_lines(runs, args):
                                   rows)
 
 
-def markdown_report(runs, facts, args, elapsed, command, interrupted, kafka=None):
-    if args.broker == "kafka":
-        return kafka_report(runs, facts, args, elapsed, command, interrupted, kafka)
-    (e0, e1), (s0, s1) = windows(args)
-    lines = [
-        "# Throttle accuracy: achieved rate / quota through kthrottle",
+def report_head(title, facts, broker, command, interrupted):
+    """The report's first lines: its title, the machine and the clients (``broker``: what
+    they ran against), the command."""
+    return [
+        "# Throttle accuracy: %s" % title,
         "",
         "Machine: %s CPUs, %s; Python %s; aiokafka %s; confluent-kafka %s (librdkafka %s); "
         "client on %s; %s; kthrottle at %s."
         % (facts["nproc"], facts["cpu_model"], facts["python"], facts["aiokafka"],
-           facts["confluent_kafka"], facts["librdkafka"], facts["client_loop"],
-           facts["tansu"], facts["kthrottle_commit"]),
+           facts["confluent_kafka"], facts["librdkafka"], facts["client_loop"], broker,
+           facts["kthrottle_commit"]),
         "",
         "Command: `%s`%s" % (command, " (interrupted)" if interrupted else ""),
         "",
+    ]
+
+
+def markdown_report(runs, facts, args, elapsed, command, interrupted, kafka=None):
+    if args.broker == "kafka":
+        return kafka_report(runs, facts, args, elapsed, command, interrupted, kafka)
+    (e0, e1), (s0, s1) = windows(args)
+    lines = report_head("achieved rate / quota through kthrottle", facts, facts["tansu"],
+                        command, interrupted) + [
         "Settings: quota modes %s (a fresh proxy per mode%s); quotas %s B/s; %g s per quota "
         "size with the three clients running at once%s; %d B records, acks=1, linger %d ms; "
         "aiokafka producer max_batch_size 16384 and at most %d records unacknowledged; "
@@ -1087,18 +1081,9 @@ def kafka_report(runs, facts, args, elapsed, command, interrupted, kafka):
     kafka = kafka or {}
     present = [setup for setup in setups(args) if any(r.setup == setup for r in runs)]
     python_kinds = [k for k in args.clients if k in PY_CLIENTS]
-    lines = [
-        "# Throttle accuracy: kthrottle beside Kafka's own quotas",
-        "",
-        "Machine: %s CPUs, %s; Python %s; aiokafka %s; confluent-kafka %s (librdkafka %s); "
-        "client on %s; %s; Java %s; kthrottle at %s."
-        % (facts["nproc"], facts["cpu_model"], facts["python"], facts["aiokafka"],
-           facts["confluent_kafka"], facts["librdkafka"], facts["client_loop"],
-           kafka.get("description", "Apache Kafka"), kafka.get("java", "?"),
-           facts["kthrottle_commit"]),
-        "",
-        "Command: `%s`%s" % (command, " (interrupted)" if interrupted else ""),
-        "",
+    broker = "%s; Java %s" % (kafka.get("description", "Apache Kafka"), kafka.get("java", "?"))
+    lines = report_head("kthrottle beside Kafka's own quotas", facts, broker, command,
+                        interrupted) + [
         "Settings: %d brokers started by this run on 127.0.0.1; every topic has %d partitions "
         "of one replica, %s, so that every client writes to or reads from every broker. "
         "Quotas %s B/s; %g s per quota size and enforcer, the clients (%s) running at "

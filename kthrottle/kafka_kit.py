@@ -830,17 +830,23 @@ class KafkaBroker:
     def set_group_config(self, group, **settings):
         """Group configs (KIP-848/KIP-932), e.g. share_auto_offset_reset="earliest" for
         ``share.auto.offset.reset`` (a share group starts at the latest offset by default)."""
-        from confluent_kafka.admin import (AlterConfigOpType, ConfigEntry, ConfigResource,
-                                           ResourceType)
+        set_group_config(self.admin(), group,
+                         {k.replace("_", "."): v for k, v in settings.items()})
 
-        entries = [ConfigEntry(k.replace("_", "."), str(v),
-                               incremental_operation=AlterConfigOpType.SET)
-                   for k, v in settings.items()]
-        admin = self.admin()
-        futures = admin.incremental_alter_configs(
-            [ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)])
-        for future in futures.values():
-            future.result(30)
+
+def set_group_config(admin, group, settings, timeout=30.0):
+    """Set the group configs ``settings`` ({name: value}, e.g. {"share.auto.offset.reset":
+    "earliest"}) of ``group`` through ``admin`` (a confluent-kafka AdminClient)."""
+    from confluent_kafka.admin import (AlterConfigOpType, ConfigEntry, ConfigResource,
+                                       ResourceType)
+
+    entries = [ConfigEntry(k, str(v), incremental_operation=AlterConfigOpType.SET)
+               for k, v in settings.items()]
+    # admin kept until the answer: a dropped client cancels its futures
+    futures = admin.incremental_alter_configs(
+        [ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)])
+    for future in futures.values():
+        future.result(timeout)
 
 
 def _create_topic(admin, name, partitions, replication_factor, config, timeout):

@@ -44,6 +44,7 @@ from .wire import (
     read_string,
     read_uvarint,
     skip_tagged_fields,
+    string_length,
 )
 
 _INT16_INT16 = Struct(">hh")
@@ -116,12 +117,7 @@ def _whole(buf, version):
         if flexible:
             pos = skip_tagged_fields(buf, pos)
         if version >= TRANSACTIONAL_ID_FROM:
-            if flexible:
-                size, pos = read_uvarint(buf, pos)
-                size -= 1
-            else:
-                size = INT16.unpack_from(buf, pos)[0]
-                pos += 2
+            size, pos = string_length(buf, pos, flexible)
             if size < -1:
                 return None
             if size > 0:

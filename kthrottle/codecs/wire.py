@@ -62,7 +62,7 @@ def read_array_length(buf, pos, compact):
     return read_int32(buf, pos)
 
 
-def _string_length(buf, pos, compact):
+def string_length(buf, pos, compact):
     """A (nullable) string's length (-1: null) and where its bytes start:
     compact uvarint N+1, else int16 N."""
     if compact:
@@ -73,7 +73,7 @@ def _string_length(buf, pos, compact):
 
 def skip_string(buf, pos, compact):
     """Skip a (nullable) string or bytes field."""
-    n, pos = _string_length(buf, pos, compact)
+    n, pos = string_length(buf, pos, compact)
     if n > 0:
         pos += n
         if pos > len(buf):
@@ -93,7 +93,7 @@ def skip_compact_bytes(buf, pos):
 
 def read_string(buf, pos, compact):
     """Read a (nullable) string; None for null."""
-    n, data_start = _string_length(buf, pos, compact)
+    n, data_start = string_length(buf, pos, compact)
     if n < 0:
         return None, data_start
     end = data_start + n

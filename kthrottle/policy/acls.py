@@ -247,9 +247,18 @@ class Authorizer:
         self._cache[key] = result
         return result
 
+    def _cached(self, decide, key):
+        """``decide(*key)``, remembered: ``key`` is (principal, host, resource type, name or
+        a marker of its own, operation)."""
+        result = self._cache.get(key)
+        if result is None:
+            result = self._remember(key, decide(*key))
+        return result
+
     def allowed(self, principal, host, resource_type, name, operation):
         """Would the broker allow ``operation`` on the resource (type, LITERAL
         name) to ``principal`` connecting from ``host``?"""
+        # _cached's lookup written out: this one is asked for every request checked
         key = (principal, host, resource_type, name, operation)
         result = self._cache.get(key)
         if result is None:
@@ -290,14 +299,10 @@ class Authorizer:
         PREFIXED DENY of one of its prefixes allows, and any PREFIXED ALLOW
         none of whose prefixes (itself included) has a PREFIXED DENY allows.
         A LITERAL DENY never outweighs a PREFIXED ALLOW."""
-        key = (principal, host, resource_type, _ANY_NAME, operation)
-        result = self._cache.get(key)
-        if result is None:
-            result = self._remember(key, self._decide_any(principal, host, resource_type,
-                                                          operation))
-        return result
+        return self._cached(self._decide_any, (principal, host, resource_type, _ANY_NAME,
+                                               operation))
 
-    def _decide_any(self, principal, host, resource_type, operation):
+    def _decide_any(self, principal, host, resource_type, _name, operation):
         if self.allowed(principal, host, resource_type, _PROBE_NAME, operation):
             return True
         index = self._by_type.get(resource_type)
@@ -346,14 +351,10 @@ class Authorizer:
         no ACL of the type but LITERAL ``*`` names anything starting with
         ``*``. Anything else is False, even where every name happens to be
         allowed."""
-        key = (principal, host, resource_type, _EVERY_NAME, operation)
-        result = self._cache.get(key)
-        if result is None:
-            result = self._remember(key, self._decide_every(principal, host, resource_type,
-                                                            operation))
-        return result
+        return self._cached(self._decide_every, (principal, host, resource_type, _EVERY_NAME,
+                                                 operation))
 
-    def _decide_every(self, principal, host, resource_type, operation):
+    def _decide_every(self, principal, host, resource_type, _name, operation):
         if principal in self.super_users:
             return True
         index = self._by_type.get(resource_type)

@@ -1089,37 +1089,25 @@ def _offsets_seen(response, allowed):
                                                                    DESCRIBE)]
 
 
-def _describe_groups(self, ctx, head, inflight, request, allowed):
-    """DescribeGroups: DESCRIBE on each group; a refused one is answered
-    GROUP_AUTHORIZATION_FAILED in the broker's answer."""
-    groups = list(request.groups or [])
-    refused = [g for g in groups if not allowed(GROUP, g or "", DESCRIBE)]
-    if not refused:
-        return None
-    version = head.api_version
-    group_cls = wire.response_class(15)[version].fields["groups"].data_class
-    extra = ({"authorized_operations": None}
-             if "authorized_operations" in group_cls.fields else {})
-    answered = [group_cls(error_code=wire.GROUP_AUTHORIZATION_FAILED, group_id=g,
-                          group_state="", protocol_type="", protocol_data="", members=[],
-                          **extra) for g in refused]
-    return _in_part(ctx, head, inflight, request, "groups",
-                    [g for g in groups if g not in refused], "groups", answered)
+def _named(kind, op, field, answer_field, id_field, **blank):
+    """A request naming resources of ``kind`` (groups, transactional ids) in
+    ``field``: ``op`` on each; a refused one is answered ``kind``'s
+    AUTHORIZATION_FAILED in the broker's answer's ``answer_field``, named in
+    its ``id_field``, its other fields ``blank`` (those its version has)."""
+    error = wire.ERROR_FOR[kind]
 
-
-def _delete_groups(self, ctx, head, inflight, request, allowed):
-    """DeleteGroups: DELETE on each group; a refused one is answered
-    GROUP_AUTHORIZATION_FAILED in the broker's answer."""
-    groups = list(request.groups_names or [])
-    refused = [g for g in groups if not allowed(GROUP, g or "", DELETE)]
-    if not refused:
-        return None
-    version = head.api_version
-    result_cls = wire.response_class(42)[version].fields["results"].data_class
-    answered = [result_cls(group_id=g, error_code=wire.GROUP_AUTHORIZATION_FAILED)
-                for g in refused]
-    return _in_part(ctx, head, inflight, request, "groups_names",
-                    [g for g in groups if g not in refused], "results", answered)
+    def handler(self, ctx, head, inflight, request, allowed):
+        names = list(getattr(request, field) or [])
+        refused = [n for n in names if not allowed(kind, n or "", op)]
+        if not refused:
+            return None
+        entry_cls = wire.response_class(head.api_key)[head.api_version].fields[
+            answer_field].data_class
+        extra = {k: v for k, v in blank.items() if k in entry_cls.fields}
+        answered = [entry_cls(error_code=error, **{id_field: n}, **extra) for n in refused]
+        return _in_part(ctx, head, inflight, request, field,
+                        [n for n in names if n not in refused], answer_field, answered)
+    return handler
 
 
 def _list_groups(self, ctx, head, inflight, request, allowed):
@@ -1228,23 +1216,6 @@ def _create_topics(self, ctx, head, inflight, request, allowed):
     return self._topic_list(ctx, head, inflight, request, allowed)
 
 
-def _describe_transactions(self, ctx, head, inflight, request, allowed):
-    """DescribeTransactions: DESCRIBE on each transactional id; a refused one
-    is answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED in the broker's answer."""
-    ids = list(request.transactional_ids or [])
-    refused = [t for t in ids if not allowed(TRANSACTIONAL_ID, t or "", DESCRIBE)]
-    if not refused:
-        return None
-    version = head.api_version
-    state_cls = wire.response_class(65)[version].fields["transaction_states"].data_class
-    answered = [state_cls(error_code=wire.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                          transactional_id=t, transaction_state="", transaction_timeout_ms=0,
-                          transaction_start_time_ms=-1, producer_id=-1, producer_epoch=-1,
-                          topics=[]) for t in refused]
-    return _in_part(ctx, head, inflight, request, "transactional_ids",
-                    [t for t in ids if t not in refused], "transaction_states", answered)
-
-
 def _describe_topic_partitions(self, ctx, head, inflight, request, allowed):
     """DescribeTopicPartitions: DESCRIBE on each topic named (a refused one
     answered TOPIC_AUTHORIZATION_FAILED in the broker's answer); with none
@@ -1303,7 +1274,8 @@ _HANDLERS = {
     8: _offset_commit,
     9: _offset_fetch,
     11: _group_first, 12: _group_first, 13: _group_first, 14: _group_first,
-    15: _describe_groups,
+    15: _named(GROUP, DESCRIBE, "groups", "groups", "group_id", group_state="",
+               protocol_type="", protocol_data="", members=[], authorized_operations=None),
     LIST_GROUPS: _list_groups,
     19: _create_topics,
     22: _init_producer_id,
@@ -1313,10 +1285,12 @@ _HANDLERS = {
     28: _txn_offset_commit,
     32: _configs(DESCRIBE_CONFIGS),
     33: _configs(ALTER_CONFIGS),
-    42: _delete_groups,
+    42: _named(GROUP, DELETE, "groups_names", "results", "group_id"),
     44: _configs(ALTER_CONFIGS),
     47: _offset_delete,
-    65: _describe_transactions,
+    65: _named(TRANSACTIONAL_ID, DESCRIBE, "transactional_ids", "transaction_states",
+               "transactional_id", transaction_state="", transaction_timeout_ms=0,
+               transaction_start_time_ms=-1, producer_id=-1, producer_epoch=-1, topics=[]),
     66: _list_transactions,
     75: _describe_topic_partitions,
 }

@@ -128,20 +128,20 @@ function chart(entity, now, span) {
   return box;
 }
 
-function showQuotas(q, now) {
-  const note = document.getElementById("quotas-note");
-  const tbody = document.querySelector("#entities tbody");
-  if (!q.configured) {
-    note.textContent = "not configured (no quota source)";
-    fill(tbody, []);
-    return;
-  }
+// A section of the page: its note (#noteId) and its table's rows (#tableId), as draw(data)
+// gives them ([note, rows]), or what says the section is not configured and no rows.
+function showSection(noteId, tableId, data, draw, unconfigured) {
+  const [note, rows] = data.configured ? draw(data) : [unconfigured || "not configured", []];
+  document.getElementById(noteId).textContent = note;
+  fill(document.querySelector("#" + tableId + " tbody"), rows);
+}
+
+function quotaRows(q, now) {
   const entities = q.entities;
   let text = entities.length ? "one point every " + q.interval_s + " s" :
     "no quota bucket has counted anything yet";
   if (q.not_charted) text += "; " + q.not_charted + " more bucket(s) not charted";
-  note.textContent = text;
-  fill(tbody, entities.map(e => row([
+  return [text, entities.map(e => row([
     {text: e.entity || "", cls: "entity"},
     // observe-only: its dots are the throttles it would have given
     e.observe_only ? e.kind + " (observe-only)" : e.kind, ...who(e),
@@ -149,7 +149,7 @@ function showQuotas(q, now) {
     {text: rate(e.limit, e.unit), cls: "num"},
     {text: rate(e.rate, e.unit), cls: "num"},
     chart(e, now, q.span_s),
-  ], {entity: e.entity || "", kind: e.kind, quota: e.quota})));
+  ], {entity: e.entity || "", kind: e.kind, quota: e.quota}))];
 }
 
 function showThrottled(t) {
@@ -174,14 +174,7 @@ function stateCell(state, factor) {
   return {text: text, cls: "state-" + state};
 }
 
-function showStorage(s) {
-  const summary = document.getElementById("storage-summary");
-  const tbody = document.querySelector("#storage-volumes tbody");
-  if (!s.configured) {
-    summary.textContent = "not configured";
-    fill(tbody, []);
-    return;
-  }
+function storageRows(s) {
   const parts = ["producers meet " + s.state +
     (s.state === "THROTTLE" ? " (factor " + s.factor + ")" : ""), "scope " + s.scope,
     "fail-safe " + s.fail_safe];
@@ -192,7 +185,6 @@ function showStorage(s) {
   if (s.brokers_total > s.brokers.length) {
     parts.push("the " + s.brokers.length + " of " + s.brokers_total + " brokers not OPEN first");
   }
-  summary.textContent = parts.join("; ");
   const rows = [];
   for (const b of s.brokers) {
     const broker = stateCell(b.state, b.factor);
@@ -213,29 +205,21 @@ function showStorage(s) {
         " more volume(s)", "", "", "", "", ""]));
     }
   }
-  fill(tbody, rows);
+  return [parts.join("; "), rows];
 }
 
-function showFleet(f) {
-  const summary = document.getElementById("fleet-summary");
-  const tbody = document.querySelector("#fleet-shares tbody");
-  if (!f.configured) {
-    summary.textContent = "not configured";
-    fill(tbody, []);
-    return;
-  }
+function fleetRows(f) {
   const parts = ["proxy " + f.proxy_id];
   parts.push(f.cycle === null ? "no quota shares read yet" : "shares of cycle " + f.cycle +
     " for " + f.fleet_size + " proxies, " + f.shares_age_s + " s old (max " + f.max_age_s + " s)");
   parts.push(f.fail_safe_active ? "fail-safe " + f.fail_safe + " applies: " + f.reason :
     "no fail-safe");
   parts.push(f.reports + " usage reports sent, " + f.report_errors + " failed");
-  summary.textContent = parts.join("; ");
-  fill(tbody, f.buckets.map(b => row([
+  return [parts.join("; "), f.buckets.map(b => row([
     b.kind, ...who(b), {text: rate(b.quota, b.unit), cls: "num"},
     {text: rate(b.share, b.unit), cls: "num"},
     {text: b.fraction === null ? "" : (b.fraction * 100).toFixed(1) + " %", cls: "num"},
-  ], {kind: b.kind, user: b.user, clientId: b.client_id})));
+  ], {kind: b.kind, user: b.user, clientId: b.client_id}))];
 }
 
 let lastGood = null;
@@ -307,10 +291,11 @@ async function refresh() {
     return refresh();
   }
   problem(null);
-  showQuotas(data.quotas, data.generated_at);
+  showSection("quotas-note", "entities", data.quotas, q => quotaRows(q, data.generated_at),
+    "not configured (no quota source)");
   showThrottled(data.throttled);
-  showStorage(data.storage);
-  showFleet(data.fleet);
+  showSection("storage-summary", "storage-volumes", data.storage, storageRows);
+  showSection("fleet-summary", "fleet-shares", data.fleet, fleetRows);
   lastGood = new Date(data.generated_at * 1000).toLocaleTimeString();
   document.getElementById("updated").textContent = "updated " + lastGood +
     ", every " + REFRESH_MS / 1000 + " s";
