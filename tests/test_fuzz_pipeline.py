@@ -405,6 +405,9 @@ class Driver:
                 self.connect_asked = True
             elif isinstance(action, RunJob):
                 self.jobs.append(action)
+        # each side's state is the one its fields make, whatever the input did
+        assert self.conn.reading is self.conn._reading_now()
+        assert self.conn.responding is self.conn._responding_now()
 
     def call(self, method, *args):
         """One input to the connection; its actions checked and carried out."""

@@ -176,6 +176,9 @@ class Harness:
             elif isinstance(a, Close):
                 self.closed = a.reason
                 self.refused = a.refused
+        # each side's state is the one its fields make (Reading, Responding)
+        assert self.conn.reading is self.conn._reading_now()
+        assert self.conn.responding is self.conn._responding_now()
         if connect and self.closed is None:
             self.run(self.conn.broker_connected(self.now))
         if self.run_jobs:

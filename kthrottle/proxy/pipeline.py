@@ -108,8 +108,34 @@ class Phase(enum.Enum):
     CLOSED = "closed"
 
 
+class Reading(enum.Enum):
+    """The request side's state, beside the phase (Connection.reading),
+    made of the fields named; the first that holds is the state."""
+    STOPPED = "stopped"  # muted or waiting on a job: nothing is read, what comes is kept (_unread)
+    STOP_DUE = "stop due"  # a mute or a wait starts once the request being read is in
+    RAW_TOKENS = "raw tokens"  # SASL tokens without Kafka framing (raw_request: SaslHandshake v0)
+    FLOWING = "flowing"  # requests are read and passed on
+
+
+class Responding(enum.Enum):
+    """The response side's state (Connection.responding), made of the fields
+    named; the first that holds is the state. The response in progress may
+    also be gathered whole (_gathering) or streamed through a rewrite
+    (_streaming), whatever the state."""
+    HOLDING = "holding"  # responses held back for an old client's throttle (_held, _hold_from)
+    RAW_ANSWERS = "raw answers"  # answers to raw SASL tokens awaited (_raw_in_flight)
+    FLOWING = "flowing"
+
+
 # globals are read faster than Enum members (hot path)
 _READY = Phase.READY
+_STOPPED = Reading.STOPPED
+_STOP_DUE = Reading.STOP_DUE
+_RAW_TOKENS = Reading.RAW_TOKENS
+_FLOWING = Reading.FLOWING
+_HOLDING = Responding.HOLDING
+_RAW_ANSWERS = Responding.RAW_ANSWERS
+_PASSING = Responding.FLOWING
 # a frame's size and request header, or its size and correlation id (pass_request/pass_response)
 _FRAME_HEAD = Struct(">ihhi")
 _RESPONSE_HEAD = Struct(">ii")
@@ -577,6 +603,8 @@ class Connection:
         self._mute_due = 0  # ms to mute for once the request being read is in
         self._held = None  # responses held back for an old client's throttle
         self._hold_from = None  # index in the response output where holding starts
+        self.reading = _FLOWING  # the request side's state (_reading_now)
+        self.responding = _PASSING  # the response side's (_responding_now)
         self._actions = None  # the actions of the current input
         self._to_broker = None  # the request output of the current input
         self._to_client = None  # the response output of the current input
@@ -712,7 +740,7 @@ class Connection:
         early, self._early = self._early, []
         if not self._client_bytes(early, actions):
             return
-        if self._unread is None:
+        if self.reading is not _STOPPED:
             actions.append(RESUME_CLIENT)
 
     def pass_request(self, data, now=None):
@@ -726,9 +754,8 @@ class Connection:
         (a list: a request earned a mute, so what follows it waits). False:
         nothing was done, call client_data (which also gives every error)."""
         cutter = self.requests_in
-        if (self.phase is not _READY or self._unread is not None or self._internal
-                or self._mute_due or self._wait_due or cutter.head
-                or cutter.stop_after_frame or self.raw_request is not None):
+        if (self.phase is not _READY or self.reading is not _FLOWING or self._internal
+                or cutter.head or cutter.stop_after_frame):
             return False
         pending = self.pending
         if pending and pending[0].answer is not None:
@@ -1034,8 +1061,8 @@ class Connection:
         that ``data`` completes (a list). False: nothing was done, call
         broker_data (which also gives every error, and counts a response
         whose filters only count its size: FilterTable.quick_heads)."""
-        if (self._held is not None or self._hold_from is not None or self._raw_in_flight
-                or self._internal or self._gathered_for or self.phase is _CLOSED):
+        if (self.responding is not _PASSING or self._internal or self._gathered_for
+                or self.phase is _CLOSED):
             return False
         cutter = self.responses_in
         if cutter.head:
@@ -1168,7 +1195,7 @@ class Connection:
     def client_data(self, data, now):
         """Bytes from the client."""
         self.bytes_from_client += len(data)
-        if self._unread is not None or self.phase is not _READY:
+        if self.reading is _STOPPED or self.phase is not _READY:
             phase = self.phase
             if phase is Phase.CONNECTING:
                 self._early.append(data)
@@ -1180,7 +1207,7 @@ class Connection:
                                        % (self._early_bytes, self.max_receive_before_auth),
                                        REFUSED_MALFORMED_REQUEST)
                 return ()
-            if self._unread is not None:  # muted: read on when the mute ends
+            if self.reading is _STOPPED:  # read on when the mute or the wait ends
                 self._unread.append(data)
                 return ()
             if phase is Phase.CLOSED:
@@ -1191,7 +1218,7 @@ class Connection:
         cutter = self.requests_in
         try:
             cutter.feed(data, out)
-            if self._internal or self._mute_due or self._wait_due:
+            if self._internal or self.reading is _STOP_DUE:
                 self._at_request_boundary(out)
             elif self.phase is _CONNECTING:
                 self._await_upstream()
@@ -1219,7 +1246,7 @@ class Connection:
             if self._internal and self.requests_in.at_boundary:
                 self._flush_internal(out)
             for i, data in enumerate(chunks):
-                if self._unread is not None:  # throttled on the way
+                if self.reading is _STOPPED:  # throttled on the way
                     self._unread.extend(chunks[i:])
                     break
                 if self.phase is Phase.CONNECTING:  # authenticated on the way
@@ -1280,7 +1307,7 @@ class Connection:
             requests = []
             self._flush_internal(requests)
             actions.append(SendToBroker(requests))
-        if self._held is None and self._hold_from is None:
+        if self.responding is not _HOLDING:
             if out:
                 if not actions:
                     return [SendToClient(out)]
@@ -1333,6 +1360,7 @@ class Connection:
         if self._held is not None:
             if due >= self.hold_until:
                 held, self._held = self._held, None
+                self._responding_changed()
                 if held:
                     actions.append(SendToClient(held))
                 if self._close_when_released is not None:
@@ -1340,7 +1368,7 @@ class Connection:
                 actions.append(RESUME_BROKER)
             else:
                 actions.append(HoldResponses(self.hold_until))
-        if self._unread is not None and not self._jobs:
+        if self.reading is _STOPPED and not self._jobs:
             if due >= self.muted_until:
                 self._read_unread(actions)
             else:
@@ -1350,9 +1378,10 @@ class Connection:
     def _read_unread(self, actions):
         """The client may be read again: what came meanwhile first."""
         unread, self._unread = self._unread, None
+        self._reading_changed()
         if not self._client_bytes(unread, actions):
             return
-        if self._unread is None and self.phase is not Phase.CONNECTING:
+        if self.reading is not _STOPPED and self.phase is not Phase.CONNECTING:
             actions.append(RESUME_CLIENT)
 
     def job_done(self, token, result, error, now):
@@ -1387,7 +1416,7 @@ class Connection:
             return self._close(answer.reason, answer.refused)
         inflight.answer = b"" if answer is None else answer
         self._flush_answers()
-        if self._unread is not None and not self._jobs and now + TIMER_SLACK >= self.muted_until:
+        if self.reading is _STOPPED and not self._jobs and now + TIMER_SLACK >= self.muted_until:
             self._read_unread(actions)
         return actions
 
@@ -1396,10 +1425,8 @@ class Connection:
         the broker) that may go from socket to socket without being read here
         (--zero-copy): the frame is passed on as it is and nothing is held,
         throttled, gathered or waited for. 0 otherwise."""
-        if (self.phase is not _READY or self._unread is not None or self._mute_due
-                or self._wait_due or self._jobs or self._internal or self._held is not None
-                or self._hold_from is not None or self.raw_request is not None
-                or self._raw_in_flight):
+        if (self.phase is not _READY or self.reading is not _FLOWING
+                or self.responding is not _PASSING or self._jobs or self._internal):
             return 0
         if from_client:
             return self.requests_in.passing
@@ -1465,6 +1492,7 @@ class Connection:
         if self.phase is _CLOSED or self.requests_in.at_boundary:
             return True
         self._wait_due = True
+        self._reading_changed()
         self.requests_in.stop_after_frame = True
         return False
 
@@ -1490,7 +1518,7 @@ class Connection:
 
     def _feed_client(self, data, out):
         self.requests_in.feed(data, out)
-        if self._internal or self._mute_due or self._wait_due:
+        if self._internal or self.reading is _STOP_DUE:
             self._at_request_boundary(out)
         elif self.phase is Phase.CONNECTING:
             self._await_upstream()
@@ -1532,6 +1560,7 @@ class Connection:
         rest, cutter.rest = cutter.rest, None
         if self._unread is None:
             self._unread = []
+            self._reading_changed()
         if rest:
             self._unread.insert(0, rest)
 
@@ -1577,6 +1606,7 @@ class Connection:
                 inflight.ctx = ctx
                 self.pending.append(inflight)
                 self._raw_in_flight += 1
+                self._responding_changed()
                 self.responses_in.min_frame_size = 0  # an empty token is a frame of 0
                 return frame
             inflight.answer = answer
@@ -1658,6 +1688,7 @@ class Connection:
                 self.requests -= 1  # counted when it is read for good
                 if verdict.delay_ms > self._mute_due:
                     self._mute_due = verdict.delay_ms
+                    self._reading_changed()
                 return DEFER
             elif cls is Gather:
                 if request is None or self._admitting_whole:
@@ -1707,6 +1738,7 @@ class Connection:
         self.pending.append(inflight)
         self._actions.append(RunJob(pending.job, self._next_job))
         self._wait_due = True
+        self._reading_changed()
         self.requests_in.stop_after_frame = True
 
     def gather_response(self, inflight, filter_):
@@ -1754,6 +1786,7 @@ class Connection:
         """Raw tokens from the next request frame on (FilterContext.expect_raw):
         ``handler`` is (function, context), or None to end them."""
         self.raw_request = handler
+        self._reading_changed()
         self.requests_in.min_frame_size = MIN_REQUEST_SIZE if handler is None else 0
 
     def set_session_deadline(self, until):
@@ -1774,6 +1807,7 @@ class Connection:
             self.hold_until = until
         if self._held is None:
             self._held = []
+            self._responding_changed()
         self._actions.append(HoldResponses(self.hold_until))
         # called while a request is handled (or its job's answer): read
         # nothing after it
@@ -1814,6 +1848,7 @@ class Connection:
         if delay_ms <= self._mute_due:
             return
         self._mute_due = delay_ms
+        self._reading_changed()
         cutter = self.requests_in
         if not reading_request and cutter.at_boundary:
             self._start_mute()
@@ -1831,7 +1866,27 @@ class Connection:
 
     @property
     def muted(self):
-        return self._unread is not None
+        return self.reading is _STOPPED
+
+    def _reading_now(self):
+        """The request side's state its fields make (Reading)."""
+        if self._unread is not None:
+            return _STOPPED
+        if self._mute_due or self._wait_due:
+            return _STOP_DUE
+        return _FLOWING if self.raw_request is None else _RAW_TOKENS
+
+    def _reading_changed(self):
+        self.reading = self._reading_now()
+
+    def _responding_now(self):
+        """The response side's state its fields make (Responding)."""
+        if self._held is not None or self._hold_from is not None:
+            return _HOLDING
+        return _RAW_ANSWERS if self._raw_in_flight else _PASSING
+
+    def _responding_changed(self):
+        self.responding = self._responding_now()
 
     # the response side ----------------------------------------------------
 
@@ -1855,7 +1910,7 @@ class Connection:
             return
         if self._hold_from is not None:
             out, self._held = out[: self._hold_from], out[self._hold_from :]
-            self._hold_from = None
+            self._hold_from = None  # (holding still: _held)
             actions.append(HoldResponses(self.hold_until))
         if out:
             actions.append(SendToClient(out))
@@ -1934,8 +1989,9 @@ class Connection:
             until = self.now + inflight.throttle_ms / 1000.0
             if until > self.hold_until:
                 self.hold_until = until
-            if self._held is None and self._hold_from is None:
+            if self.responding is not _HOLDING:
                 self._hold_from = len(self._to_client)
+                self._responding_changed()
             elif self._held is not None:
                 self._actions.append(HoldResponses(self.hold_until))
 
@@ -1967,6 +2023,7 @@ class Connection:
             self._raw_in_flight -= 1
             if not self._raw_in_flight:
                 self.responses_in.min_frame_size = MIN_RESPONSE_SIZE
+                self._responding_changed()
             return inflight.raw_answer(inflight.ctx, frame)
         if inflight.on_response is not None:
             inflight.on_response(inflight.ctx, frame)
