@@ -11,6 +11,7 @@ import struct
 import warnings
 from typing import NamedTuple
 
+from ..redacted import redacted_repr
 from .errors import ProtocolError
 
 with warnings.catch_warnings():
@@ -95,9 +96,7 @@ class ScramUpsertion(NamedTuple):
     salt: bytes
     salted_password: bytes
 
-    def __repr__(self):  # the salted password stays out of log lines
-        return "ScramUpsertion(%r, mechanism=%d, iterations=%d)" % (
-            self.name, self.mechanism, self.iterations)
+    __repr__ = redacted_repr("name", "mechanism", "iterations")
 
 
 class AlterScram(NamedTuple):

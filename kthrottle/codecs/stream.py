@@ -89,7 +89,7 @@ _SHARE = (apis.SHARE_FETCH, apis.SHARE_ACKNOWLEDGE)
 def _tail_at_of(api_key, api_version):
     """The one-loop walk to the tail of a whole response of this API/version."""
     if api_key == apis.FETCH:
-        return _fetch_tail_at
+        return _topic_ids_tail_at  # its defaults: Fetch
     if api_key == apis.SHARE_FETCH:
         return _share_fetch_tail_at
     if api_key == apis.SHARE_ACKNOWLEDGE:
@@ -376,11 +376,19 @@ def _produce_v13_tail_at(buf, n):
     return _produce_tail_at(buf, n, True)
 
 
-def _fetch_tail_at(buf, n):
-    """Fetch v16+ (FetchResponse.json): the tail's offset, or None."""
+def _topic_ids_tail_at(buf, n, share=False, fetch=True, lock_timeout=False):
+    """Fetch v16+ (FetchResponse.json; the defaults), ShareFetch (``share``)
+    or ShareAcknowledge v1+ (``share``, not ``fetch``; ``lock_timeout`` from
+    v2): NodeEndpoints' offset, or None (as the walkers). Their topics are
+    keyed by topic_id; the flags say the fields that differ."""
     try:
-        # size, correlation_id; header tagged fields; throttle_time_ms, error_code, session_id
-        pos = _tags_at(buf, 8) + 10
+        pos = _tags_at(buf, 8)  # size, correlation_id; header tagged fields
+        if share:
+            pos = _string_end(buf, pos + 6)  # throttle_time_ms, error_code; error_message
+            if lock_timeout:
+                pos += 4  # acquisition_lock_timeout_ms
+        else:
+            pos += 10  # throttle_time_ms, error_code, session_id
         topics = buf[pos] - 1
         pos += 1
         if topics >= 0x7F:
@@ -391,50 +399,29 @@ def _fetch_tail_at(buf, n):
             if partitions >= 0x7F:
                 return None
             for _ in range(partitions):
-                pos += 30
-                if buf[pos] > 1:  # aborted_transactions: anything but null or empty
-                    return None
-                pos += 5  # that, preferred_read_replica
-                length, pos = read_uvarint(buf, pos)  # records
-                pos = _tags_at(buf, pos + (length - 1 if length else 0))
-            pos = _tags_at(buf, pos)
-    except (IndexError, ProtocolError):
-        return None
-    return pos if pos < n else None
-
-
-def _share_tail_at(buf, n, fetch, lock_timeout):
-    """ShareFetch (``fetch``) or ShareAcknowledge v1+: NodeEndpoints' offset,
-    or None (as _walk_share)."""
-    try:
-        # size, correlation_id; header tagged fields; throttle_time_ms, error_code; error_message
-        pos = _string_end(buf, _tags_at(buf, 8) + 6)
-        if lock_timeout:
-            pos += 4  # acquisition_lock_timeout_ms
-        topics = buf[pos] - 1
-        pos += 1
-        if topics >= 0x7F:
-            return None
-        for _ in range(topics):
-            partitions = buf[pos + 16] - 1  # topic_id; partitions
-            pos += 17
-            if partitions >= 0x7F:
-                return None
-            for _ in range(partitions):
-                pos = _string_end(buf, pos + 6)  # partition_index, error_code; error_message
-                if fetch:
-                    # acknowledge_error_code; acknowledge_error_message
-                    pos = _string_end(buf, pos + 2)
-                pos = _tags_at(buf, pos + 8)  # current_leader
+                if share:
+                    pos = _string_end(buf, pos + 6)  # partition_index, error_code; error_message
+                    if fetch:
+                        # acknowledge_error_code; acknowledge_error_message
+                        pos = _string_end(buf, pos + 2)
+                    pos = _tags_at(buf, pos + 8)  # current_leader
+                else:
+                    # partition_index, error_code, high_watermark, last_stable_offset,
+                    # log_start_offset
+                    pos += 30
+                    if buf[pos] > 1:  # aborted_transactions: anything but null or empty
+                        return None
+                    pos += 5  # that, preferred_read_replica
                 if fetch:
                     length, pos = read_uvarint(buf, pos)  # records
                     pos += length - 1 if length else 0
-                    ranges = buf[pos] - 1  # acquired_records
-                    pos += 1
-                    if ranges >= 0x7F:
-                        return None
-                    for _ in range(ranges):
-                        pos = _tags_at(buf, pos + 18)
+                    if share:
+                        ranges = buf[pos] - 1  # acquired_records
+                        pos += 1
+                        if ranges >= 0x7F:
+                            return None
+                        for _ in range(ranges):
+                            pos = _tags_at(buf, pos + 18)
                 pos = _tags_at(buf, pos)
             pos = _tags_at(buf, pos)
     except (IndexError, ProtocolError):
@@ -443,15 +430,15 @@ def _share_tail_at(buf, n, fetch, lock_timeout):
 
 
 def _share_fetch_tail_at(buf, n):
-    return _share_tail_at(buf, n, True, True)
+    return _topic_ids_tail_at(buf, n, True, True, True)
 
 
 def _share_acknowledge_tail_at(buf, n):
-    return _share_tail_at(buf, n, False, False)
+    return _topic_ids_tail_at(buf, n, True, False, False)
 
 
 def _share_acknowledge_v2_tail_at(buf, n):
-    return _share_tail_at(buf, n, False, True)
+    return _topic_ids_tail_at(buf, n, True, False, True)
 
 
 # untouched_check's walk for each API/version stream_rewriter takes and the

@@ -11,6 +11,7 @@ import functools
 import logging
 import socket
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Callable
 
 from ..policy.quota_callback import QuotaCallbackError
@@ -198,17 +199,9 @@ class ClientConnection(asyncio.Protocol):
         self._moves = [None, None]
 
     # what the admin endpoint reads
-    @property
-    def principal(self):
-        return self.pipeline.principal
-
-    @property
-    def client_quotas(self):
-        return self.pipeline.client_quotas
-
-    @property
-    def muted_until(self):
-        return self.pipeline.muted_until
+    principal = property(attrgetter("pipeline.principal"))
+    client_quotas = property(attrgetter("pipeline.client_quotas"))
+    muted_until = property(attrgetter("pipeline.muted_until"))
 
     # client side -------------------------------------------------------
 
@@ -371,22 +364,18 @@ class ClientConnection(asyncio.Protocol):
         now = self.loop.time()
         try:
             passed = self.pipeline.pass_request(data, now)
-            if passed:  # the common read: requests passed as they are
-                if passed is True:
-                    self.upstream.transport.write(data)
-                else:  # a mute one of them earned: what goes on before it, then the mute
-                    self._run(passed)
-                if self.zero_copy is not None:  # the rest of the last one, socket to socket
-                    self._pass_through(True)
-                return
-            actions = self.pipeline.client_data(data, now)
         except QuotaCallbackError as exc:  # this connection's quotas cannot be had
             self._callback_failed(exc)
             return
-        if actions:
-            self._run(actions)
-        if self.zero_copy is not None:
-            self._pass_through(True)
+        if passed:  # the common read: requests passed as they are
+            if passed is True:
+                self.upstream.transport.write(data)
+            else:  # a mute one of them earned: what goes on before it, then the mute
+                self._run(passed)
+            if self.zero_copy is not None:  # the rest of the last one, socket to socket
+                self._pass_through(True)
+            return
+        self._long_way(self.pipeline.client_data, data, now, True)
 
     def eof_received(self):
         self._run(self.pipeline.client_eof())
@@ -422,15 +411,22 @@ class ClientConnection(asyncio.Protocol):
             if self.zero_copy is not None:
                 self._pass_through(False)
             return
+        self._long_way(self.pipeline.broker_data, data, self.loop.time(), False)
+
+    def _long_way(self, read, data, now, from_client):
+        """A read the short way did not take: ``read`` (the pipeline's
+        client_data or broker_data) makes its actions, run here; then what
+        moves socket to socket from the client (``from_client``) or the
+        broker."""
         try:
-            actions = self.pipeline.broker_data(data, self.loop.time())
-        except QuotaCallbackError as exc:
+            actions = read(data, now)
+        except QuotaCallbackError as exc:  # this connection's quotas cannot be had
             self._callback_failed(exc)
             return
         if actions:
             self._run(actions)
         if self.zero_copy is not None:
-            self._pass_through(False)
+            self._pass_through(from_client)
 
     def _callback_failed(self, exc):
         """A quota callback failed for this connection's client: it alone is

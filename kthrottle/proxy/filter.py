@@ -15,6 +15,8 @@ itself. A filter module imports this module, never the pipeline.
 
 Registering a filter: ``filters/__init__.py``.
 """
+import math
+from operator import attrgetter
 from typing import NamedTuple
 
 # What a frame needs from a filter (ordered: the strongest need wins).
@@ -144,6 +146,21 @@ class QuickHead(NamedTuple):
     max_bytes: object = None
 
 
+# Filter.built: when the default Filter.build makes the filter
+BUILT_ALWAYS = "always"
+BUILT_WITH_QUOTAS = "with client quotas"
+
+
+def json_number(value, digits=3):
+    """A float JSON can carry (None for NaN and infinities), rounded: for
+    what ``Filter.status`` and the status page show."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return round(value, digits) if math.isfinite(value) else None
+
+
 class Filter:
     """One behaviour of the proxy. Subclasses override what they need.
 
@@ -156,13 +173,20 @@ class Filter:
     # what build() reads of the configuration beyond its own options (the
     # proxy's core settings, by attribute name)
     reads = ()
+    # when the default build() makes the filter, as cls(): BUILT_ALWAYS,
+    # BUILT_WITH_QUOTAS (when client quotas are configured), or None (never:
+    # a filter made otherwise overrides build)
+    built = None
 
     @classmethod
     def build(cls, config, services):
         """The filter the configuration asks for, or None when it asks for
         none. ``config`` has the attributes of ``options`` (and the core
         ones); ``services`` what the proxy has made for filters to share
-        (``app.Services``)."""
+        (``app.Services``). This one: ``cls()`` when ``built`` says so."""
+        if cls.built == BUILT_ALWAYS or (cls.built == BUILT_WITH_QUOTAS
+                                         and services.quotas is not None):
+            return cls()
         return None
 
     @classmethod
@@ -378,34 +402,20 @@ class FilterContext:
         # no quotas). Bound here: it is on the request path.
         self.quotas_for = conn.quotas_for
 
-    # facts -------------------------------------------------------------
+    # facts: the connection's, read-only (read by C getters: on the request path)
 
-    @property
-    def principal(self):
-        """Who the client is: ANONYMOUS until authenticated, then fixed."""
-        return self._conn._principal
-
-    @property
-    def request_whole(self):
-        """In on_request: the request is read whole (GATHER, or after Gather), so
-        its body may be read and it may be replaced (Replace)."""
-        return self._conn._admitting_whole
-
-    @property
-    def client_host(self):
-        """The client's IP address as text (from a PROXY protocol header where
-        one came), None before the connection is accepted."""
-        return self._conn.client_host
-
-    @property
-    def now(self):
-        """The time given with the input being handled (seconds)."""
-        return self._conn.now
-
-    @property
-    def authenticating(self):
-        """True while an authenticating filter holds the connection."""
-        return self._conn.authenticating
+    principal = property(attrgetter("_conn._principal"), doc="Who the client is: "
+                         "ANONYMOUS until authenticated, then fixed.")
+    request_whole = property(attrgetter("_conn._admitting_whole"), doc="In on_request: the "
+                             "request is read whole (GATHER, or after Gather), so its body "
+                             "may be read and it may be replaced (Replace).")
+    client_host = property(attrgetter("_conn.client_host"), doc="The client's IP address as "
+                           "text (from a PROXY protocol header where one came), None before "
+                           "the connection is accepted.")
+    now = property(attrgetter("_conn.now"),
+                   doc="The time given with the input being handled (seconds).")
+    authenticating = property(attrgetter("_conn.authenticating"),
+                              doc="True while an authenticating filter holds the connection.")
 
     # a filter's own record of a request in flight ------------------------
 

@@ -24,6 +24,8 @@ import asyncio
 import logging
 import socket
 
+from ..sources import ended
+
 log = logging.getLogger("kthrottle.proxy")
 
 # /readyz: ready while a bootstrap broker answered within this many seconds
@@ -279,10 +281,7 @@ class BrokerContact:
         self._task = self.server.loop.create_task(self._run())
 
     async def stop(self):
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        self._task = await ended(self._task)
 
     def age(self, now):
         return None if self.answered_at is None else max(0.0, now - self.answered_at)

@@ -16,6 +16,7 @@ through as the bytes it came in as. A filter sees the connection only
 through its own ``FilterContext`` (``filter.py``); the phases, buffers and
 queues below are the pipeline's alone.
 """
+import dataclasses
 import enum
 from collections import deque
 from struct import Struct
@@ -150,55 +151,66 @@ HELD = "held"
 # (one or two are made per read on the hot path).
 
 class _Value:
+    """An action: equal to another of its class with the same fields (the
+    slots of its class and of those it derives from, ``_fields``)."""
+
     __slots__ = ()
+    _fields = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._fields = tuple(name for klass in reversed(cls.__mro__)
+                            for name in klass.__dict__.get("__slots__", ()))
 
     def __eq__(self, other):
         return type(self) is type(other) and all(
-            getattr(self, k) == getattr(other, k) for k in self.__slots__)
+            getattr(self, k) == getattr(other, k) for k in self._fields)
 
     __hash__ = None
 
     def __repr__(self):
         return "%s(%s)" % (type(self).__name__,
-                           ", ".join("%s=%r" % (k, getattr(self, k)) for k in self.__slots__))
+                           ", ".join("%s=%r" % (k, getattr(self, k)) for k in self._fields))
 
 
-class SendToBroker(_Value):
+class _Send(_Value):
     __slots__ = ("chunks",)
 
     def __init__(self, chunks):
         self.chunks = chunks  # bytes-like objects, written in order
 
 
-class SendToClient(_Value):
-    __slots__ = ("chunks",)
-
-    def __init__(self, chunks):
-        self.chunks = chunks
+class SendToBroker(_Send):
+    __slots__ = ()
 
 
-class PauseClient(_Value):
-    """Read nothing from the client until ``until``; call tick() then.
-    ``until`` None: until further notice (a job the pipeline waits on)."""
+class SendToClient(_Send):
+    __slots__ = ()
 
+
+class _Until(_Value):
     __slots__ = ("until",)
 
     def __init__(self, until):
         self.until = until
+
+
+class PauseClient(_Until):
+    """Read nothing from the client until ``until``; call tick() then.
+    ``until`` None: until further notice (a job the pipeline waits on)."""
+
+    __slots__ = ()
 
 
 class ResumeClient(_Value):
     __slots__ = ()
 
 
-class HoldResponses(_Value):
+class HoldResponses(_Until):
     """Read nothing more from the broker: responses are held back until
     ``until`` (an old client being throttled); call tick() then."""
 
-    __slots__ = ("until",)
-
-    def __init__(self, until):
-        self.until = until
+    __slots__ = ()
 
 
 class ResumeBroker(_Value):
@@ -519,31 +531,31 @@ class KnownHead:
         self.lessor = lessor
 
 
+# the short way's small records: slotted, compared by identity
+_record = dataclasses.dataclass(slots=True, eq=False)
+
+
+@_record
 class _Mark:
     """A request of a read to judge (Connection._requests): its InFlight,
     its head, its length and where it ends in the read."""
 
-    __slots__ = ("inflight", "known", "frame_len", "end")
-
-    def __init__(self, inflight, known, frame_len, end):
-        self.inflight = inflight
-        self.known = known
-        self.frame_len = frame_len
-        self.end = end
+    inflight: InFlight
+    known: KnownHead
+    frame_len: int
+    end: int
 
 
+@_record
 class _Counting:
     """A response's first read that pass_response left to broker_data to
     count (FilterTable.quick_heads): the read, its InFlight, the filters
     counting it, and the response's length."""
 
-    __slots__ = ("data", "inflight", "filters", "frame_len")
-
-    def __init__(self, data, inflight, filters, frame_len):
-        self.data = data
-        self.inflight = inflight
-        self.filters = filters
-        self.frame_len = frame_len
+    data: object
+    inflight: InFlight
+    filters: tuple
+    frame_len: int
 
 
 class _Refused(Exception):

@@ -42,6 +42,7 @@ from ..policy.entities import (
     USER_TYPE,
     parse_entity,
 )
+from .filter import json_number
 from .pipeline import TIMER_SLACK
 
 log = logging.getLogger("kthrottle.admin")
@@ -86,15 +87,6 @@ def _shared_by(entity):
     return {"all_users": USER_TYPE not in types, "all_client_ids": CLIENT_ID_TYPE not in types}
 
 
-def _number(value, digits=3):
-    """A float JSON can carry (None for NaN and infinities), rounded."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return round(value, digits) if math.isfinite(value) else None
-
-
 class _Series:
     __slots__ = ("key", "user", "client_id", "entity", "quota", "limit", "rate", "points",
                  "throttle_total", "observe_only")
@@ -119,8 +111,8 @@ class _Series:
         self.throttle_total = total
         self.entity, self.quota, self.limit, self.rate = (
             bucket.entity, bucket.quota, bucket.limit, rate)
-        self.points.append((round(wall, 3), _number(rate), _number(bucket.limit), given,
-                            _number(bucket.released(now))))
+        self.points.append((round(wall, 3), json_number(rate), json_number(bucket.limit), given,
+                            json_number(bucket.released(now))))
 
     def idle(self):
         """Nothing measured in the whole history kept (and it is full)."""
@@ -139,8 +131,8 @@ class _Series:
         return {
             "key": self.key, "kind": KIND.get(self.key, self.key), "unit": UNIT.get(self.key, ""),
             "user": self.user, "client_id": self.client_id, "entity": self.entity,
-            "quota": _number(self.quota), "limit": _number(self.limit),
-            "rate": _number(self.rate), "points": [list(p) for p in points],
+            "quota": json_number(self.quota), "limit": json_number(self.limit),
+            "rate": json_number(self.rate), "points": [list(p) for p in points],
             "observe_only": self.observe_only, **_shared_by(self.entity),
         }
 
@@ -270,11 +262,11 @@ def fleet_report(fleet, manager, wall):
         "fail_safe": follower.fail_safe,
         "fail_safe_active": bool(follower.fail_safe_active),
         "reason": follower.reason,
-        "max_age_s": _number(follower.max_age),
-        "shares_age_s": _number(follower.age(wall), 1),
+        "max_age_s": json_number(follower.max_age),
+        "shares_age_s": json_number(follower.age(wall), 1),
         "cycle": document.cycle if document is not None else None,
         "fleet_size": document.fleet_size if document is not None else None,
-        "prior": _number(document.prior) if document is not None else None,
+        "prior": json_number(document.prior) if document is not None else None,
         "reports": fleet.reports,
         "report_errors": fleet.errors,
         "buckets": [],
@@ -288,8 +280,8 @@ def fleet_report(fleet, manager, wall):
                 continue
             buckets.append({"key": key, "kind": KIND.get(key, key), "unit": UNIT.get(key, ""),
                             "user": user, "client_id": client_id,
-                            "quota": _number(bucket.quota), "share": _number(bucket.limit),
-                            "fraction": _number((bucket.limit or 0.0) / bucket.quota, 4),
+                            "quota": json_number(bucket.quota), "share": json_number(bucket.limit),
+                            "fraction": json_number((bucket.limit or 0.0) / bucket.quota, 4),
                             **_shared_by(bucket.entity)})
     buckets.sort(key=lambda b: (b["key"], b["user"], b["client_id"]))
     out["buckets"] = buckets[:MAX_SHARES]

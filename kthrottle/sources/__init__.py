@@ -136,6 +136,17 @@ async def cancelled(task):
     return None
 
 
+async def ended(task):
+    """Cancel ``task`` (None: nothing) and wait until it has ended, however
+    it ends: unlike ``cancelled``, an exception it died of is not raised
+    here (a stop that always completes); None, for the caller's
+    ``self._task = await ended(self._task)``."""
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return None
+
+
 class HttpFollower:
     """What fetches over HTTP (aiohttp) on the event loop, again and again
     from a task of its own (``_task``): ``_http()`` is its one session, made

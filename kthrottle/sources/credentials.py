@@ -31,7 +31,8 @@ from typing import NamedTuple
 
 from ..policy.entities import DEFAULT, entity_path, parse_entity_path
 from ..policy.quota_file import _toml_key
-from .file import FollowedFile, TomlFileStore
+from ..redacted import redacted_repr
+from .file import FollowedStoreFile, TomlFileStore
 from .zookeeper import (
     CONFIG_ROOT,
     ZooKeeperFollower,
@@ -57,9 +58,7 @@ class ScramCredential(NamedTuple):
     server_key: bytes
     iterations: int
 
-    def __repr__(self):  # keys stay out of log lines and tracebacks
-        return "ScramCredential(salt=<%d bytes>, keys=<%d bytes>, iterations=%d)" % (
-            len(self.salt), len(self.stored_key), self.iterations)
+    __repr__ = redacted_repr("iterations")
 
 
 def _mechanism(mechanism):
@@ -439,17 +438,15 @@ class FileCredentialStore(TomlFileStore):
         return self.edit(update, key_text=json.dumps)
 
 
-class FileCredentialSource(FollowedFile):
+class FileCredentialSource(FollowedStoreFile):
     """The credentials file followed live, as the quota file is (see
     FollowedFile): a bad entry at start raises QuotaStoreError; a bad version
     later is logged once and counted, the last good credentials stay."""
 
     noun = "credentials"
     log = log
-
-    def __init__(self, path, poll_interval=0.25):
-        store = FileCredentialStore(path)
-        super().__init__(store, "credentials file %s" % store.path, poll_interval)
+    store_class = FileCredentialStore
+    what = "credentials file"
 
     def summary(self, credentials):
         return "%d users" % len(credentials)

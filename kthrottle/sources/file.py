@@ -349,12 +349,24 @@ class FollowedFile:
         self._task = await cancelled(self._task)
 
 
-class FileQuotaSource(FollowedFile, QuotaSource):
-    """The quota file followed live (see FollowedFile)."""
+class FollowedStoreFile(FollowedFile):
+    """A FollowedFile made from the file's path: its store is a
+    ``store_class`` of that path, its log lines call it ``what`` and the
+    path."""
+
+    store_class = None
+    what = None
 
     def __init__(self, path, poll_interval=0.25):
-        store = FileQuotaStore(path)
-        super().__init__(store, "quota file %s" % store.path, poll_interval)
+        store = self.store_class(path)
+        super().__init__(store, "%s %s" % (self.what, store.path), poll_interval)
+
+
+class FileQuotaSource(FollowedStoreFile, QuotaSource):
+    """The quota file followed live (see FollowedFile)."""
+
+    store_class = FileQuotaStore
+    what = "quota file"
 
     def summary(self, snapshot):
         return "%d entities" % entity_count(snapshot)

@@ -30,7 +30,7 @@ a few microseconds), as the head cannot say.
 from ...codecs.apis import BROKER_ONLY_APIS, FETCH
 from ...codecs.errors import ProtocolError
 from ...codecs.request import fetch_replica_state
-from ..filter import GATHER_WHOLE, HEAD, NOTHING, QuickFilter, Refuse
+from ..filter import BUILT_ALWAYS, GATHER_WHOLE, HEAD, NOTHING, QuickFilter, Refuse
 
 REFUSED_BROKER_ONLY_API = "broker_only_api"  # the refusal counter's label
 
@@ -55,10 +55,7 @@ def _replica_state_check(version, body):
 
 class BrokerOnlyApis(QuickFilter):
     name = "broker-only-apis"
-
-    @classmethod
-    def build(cls, config, services):
-        return cls()
+    built = BUILT_ALWAYS
 
     def request_need(self, api_key, api_version):
         return HEAD if api_key == FETCH or api_key in BROKER_ONLY_APIS else NOTHING

@@ -33,7 +33,7 @@ from ...codecs.mutations import (
     throttled_response,
 )
 from ...policy.entities import CONTROLLER_MUTATION_RATE
-from ..filter import GATHER, HEAD, NOTHING, Answer, Filter, Throttle
+from ..filter import BUILT_WITH_QUOTAS, GATHER, HEAD, NOTHING, Answer, Filter, Throttle
 
 log = logging.getLogger("kthrottle.controller_mutation")
 
@@ -74,10 +74,7 @@ class ControllerMutationQuota(Filter):
     and DeleteTopics."""
 
     name = "controller-mutation"
-
-    @classmethod
-    def build(cls, config, services):
-        return None if services.quotas is None else cls()
+    built = BUILT_WITH_QUOTAS
 
     def request_need(self, api_key, api_version):
         return GATHER if _in_versions(api_key, api_version) else NOTHING

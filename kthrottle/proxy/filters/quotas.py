@@ -7,7 +7,8 @@ from ...codecs.wire import INT32
 from ...policy.entities import CONSUMER_BYTE_RATE
 from ...policy.quotas import Decision, client_quotas_apply
 from ...policy.rate import to_ms
-from ..filter import GATHER, GATHER_WHOLE, HEAD, NOTHING, Answer, Defer, Forward, QuickFilter, Throttle
+from ..filter import (BUILT_WITH_QUOTAS, GATHER, GATHER_WHOLE, HEAD, NOTHING, Answer, Defer,
+                      Forward, QuickFilter, Throttle)
 
 
 # The longest a request is held while its bucket is in debt before it is
@@ -41,10 +42,7 @@ class QuotaAccounting(QuickFilter):
     Produce REQUEST_TIMED_OUT (not written: the client retries)."""
 
     name = "quotas"
-
-    @classmethod
-    def build(cls, config, services):
-        return None if services.quotas is None else cls()
+    built = BUILT_WITH_QUOTAS
 
     def new_state(self):
         return _Waiting()
@@ -226,10 +224,7 @@ class FetchCap(QuickFilter):
     capped instead."""
 
     name = "fetch-cap"
-
-    @classmethod
-    def build(cls, config, services):
-        return None if services.quotas is None else cls()
+    built = BUILT_WITH_QUOTAS
 
     def request_need(self, api_key, api_version):
         if api_key == apis.SHARE_FETCH:

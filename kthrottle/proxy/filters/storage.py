@@ -34,15 +34,15 @@ request (as a broker's quota does) instead of holding it back.
 import asyncio
 import functools
 import logging
-import math
 import time
 
 from ...codecs import apis
 from ...codecs.produce import ProducePartitions
 from ...policy.rate import SampledRate, throttle_seconds, to_ms
 from ...policy.storage import OPEN, OPEN_STATE, PAUSE, UNKNOWN_SCOPES
+from ...sources import ended
 from ...options import INTEGER, NAMES, NUMBER, ConfigError, Option
-from ..filter import HEAD, NOTHING, Defer, Filter, Observe, Throttle
+from ..filter import HEAD, NOTHING, Defer, Filter, Observe, Throttle, json_number
 
 log = logging.getLogger("kthrottle.storage")
 
@@ -222,10 +222,7 @@ class StorageThrottle(Filter):
             self.refresh(time.time(), loop.time())
 
     async def stop(self):
-        task, self._refreshing = self._refreshing, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        self._refreshing = await ended(self._refreshing)
 
     def on_cluster_state(self, state):
         self.policy.update(state)
@@ -282,9 +279,9 @@ class StorageThrottle(Filter):
             "scope": policy.scope,
             "fail_safe": policy.fail_safe,
             "state": current.state,
-            "factor": _number(current.factor),
+            "factor": json_number(current.factor),
             "fail_safe_reason": str(self.reason) if self.reason is not None else None,
-            "max_age_s": _number(policy.max_age),
+            "max_age_s": json_number(policy.max_age),
             "snapshot_age_s": None,
             "unknown_brokers": [],
             "brokers": [],
@@ -297,7 +294,7 @@ class StorageThrottle(Filter):
                              "rejected": getattr(cluster_state, "rejected", 0)}
         if snapshot is None:
             return out
-        out["snapshot_age_s"] = _number(max(0.0, wall - snapshot.generated_at), 1)
+        out["snapshot_age_s"] = json_number(max(0.0, wall - snapshot.generated_at), 1)
         out["unknown_brokers"] = list(snapshot.unknown_brokers)
         brokers = [_broker_status(broker, entry, wall)
                    for broker, entry in snapshot.brokers.items() if isinstance(entry, dict)]
@@ -456,31 +453,22 @@ def _broker_status(broker, entry, wall):
     volumes = [v for v in entry.get("volumes") or () if isinstance(v, dict)]
     rows = []
     for v in volumes:
-        capacity, consumed = _number(v.get("capacity"), 0), _number(v.get("consumed"), 0)
+        capacity, consumed = json_number(v.get("capacity"), 0), json_number(v.get("consumed"), 0)
         rows.append({
             "name": str(v.get("name")), "log_dir": str(v.get("log_dir") or ""),
             "capacity": capacity, "consumed": consumed,
-            "used": _number(consumed / capacity, 4) if capacity and consumed is not None
+            "used": json_number(consumed / capacity, 4) if capacity and consumed is not None
             else None,
-            "state": str(v.get("state")), "factor": _number(v.get("factor"))})
+            "state": str(v.get("state")), "factor": json_number(v.get("factor"))})
     rows.sort(key=lambda r: (r["state"] == "OPEN", -(r["used"] or 0.0), r["name"]))
     reported = entry.get("reported_at")
     return {
         "broker": str(broker), "state": str(entry.get("state")),
-        "factor": _number(entry.get("factor")), "reason": entry.get("reason"),
-        "report_age_s": _number(max(0.0, wall - reported), 1)
+        "factor": json_number(entry.get("factor")), "reason": entry.get("reason"),
+        "report_age_s": json_number(max(0.0, wall - reported), 1)
         if isinstance(reported, (int, float)) else None,
         "volumes": rows[:MAX_VOLUMES], "volumes_total": len(rows)}
 
 
 def _broker_order(broker):
     return (0, int(broker), "") if broker.isdigit() else (1, 0, broker)
-
-
-def _number(value, digits=3):
-    """A float JSON can carry (None for NaN and infinities), rounded."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return round(value, digits) if math.isfinite(value) else None

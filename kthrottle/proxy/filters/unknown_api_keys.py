@@ -17,17 +17,14 @@ reason is this one whatever else the connection is waiting for. No known API
 is looked at (the filter table asks this filter about unknown keys alone).
 """
 from ...codecs.apis import KNOWN_API_KEYS
-from ..filter import HEAD, NOTHING, Filter, Refuse
+from ..filter import BUILT_ALWAYS, HEAD, NOTHING, Filter, Refuse
 
 REFUSED_UNKNOWN_API_KEY = "unknown_api_key"  # the refusal counter's label
 
 
 class UnknownApiKeys(Filter):
     name = "unknown-api-keys"
-
-    @classmethod
-    def build(cls, config, services):
-        return cls()
+    built = BUILT_ALWAYS
 
     def request_need(self, api_key, api_version):
         return NOTHING if api_key in KNOWN_API_KEYS else HEAD

@@ -1,6 +1,6 @@
 """Clients never pick a version the proxy cannot decode."""
 from ...codecs import apis, rewrite_response, unsupported_api_versions_response
-from ..filter import GATHER, HEAD, NOTHING, Answer, Filter, Refuse
+from ..filter import BUILT_ALWAYS, GATHER, HEAD, NOTHING, Answer, Filter, Refuse
 
 
 class VersionGate(Filter):
@@ -14,10 +14,7 @@ class VersionGate(Filter):
     v0, KIP-932's early access) closes the connection."""
 
     name = "version-gate"
-
-    @classmethod
-    def build(cls, config, services):
-        return cls()
+    built = BUILT_ALWAYS
 
     def request_need(self, api_key, api_version):
         limit = apis.MAX_DECODABLE_VERSION.get(api_key)
