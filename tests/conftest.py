@@ -3,9 +3,12 @@ them (by their own PID) when the tests that use them are done. What they start c
 test kit (kthrottle_testkit), which the benchmarks import too.
 
 Every test module says which kind it is with ``pytestmark``: ``pytest.mark.unit`` (no I/O:
-no sockets, no subprocesses, no servers) or ``pytest.mark.integration`` (servers, brokers,
-processes, sockets); collection fails for a module with neither or both, and a unit test that
-opens a network socket fails (pytest-socket). ``scripts/test -m unit`` runs the unit ones."""
+no sockets, no subprocesses, no servers; seconds in all), ``pytest.mark.fuzz`` (no I/O either,
+but long: hypothesis property runs, tests/test_fuzz_*.py) or ``pytest.mark.integration``
+(servers, brokers, processes, sockets); collection fails for a module with none or more than
+one, and a unit or fuzz test that opens a network socket fails (pytest-socket).
+``scripts/test -m unit`` runs the unit ones, ``-m "unit or fuzz"`` every test without I/O."""
+import collections
 import os
 
 import pytest
@@ -15,7 +18,8 @@ from kthrottle.embedded import TansuBroker
 from kthrottle_testkit.brokers import KAFKA_USERS, start_kafka, started_kafka
 from kthrottle_testkit.proxy import ProxyProcess
 
-KINDS = ("unit", "integration")
+KINDS = ("unit", "fuzz", "integration")
+NO_IO = ("unit", "fuzz")  # the kinds run with network sockets blocked
 
 
 class _KindCheckedModule(pytest.Module):
@@ -28,12 +32,13 @@ class _KindCheckedModule(pytest.Module):
         if len(kinds) != 1:
             raise self.CollectError(
                 "%s: %s; every test module says which kind it is with exactly one of "
-                "pytestmark = pytest.mark.unit (no I/O: no sockets, no subprocesses, no servers) "
-                "or pytest.mark.integration (starts servers, brokers or processes, or opens "
+                "pytestmark = pytest.mark.unit (no I/O: no sockets, no subprocesses, no servers), "
+                "pytest.mark.fuzz (no I/O either, long hypothesis property runs) or "
+                "pytest.mark.integration (starts servers, brokers or processes, or opens "
                 "sockets), beside any other marks (pytestmark = [pytest.mark.integration, "
                 "pytest.mark.kafka])" % (
-                    self.path.name, "marked both %s" % " and ".join(kinds) if kinds
-                    else "marked neither unit nor integration"))
+                    self.path.name, "marked %s" % " and ".join(kinds) if kinds
+                    else "marked none of unit, fuzz, integration"))
         return super().collect()
 
 
@@ -45,10 +50,10 @@ def pytest_pycollect_makemodule(module_path, parent):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    # a unit test (its fixtures included) opens no network socket: AF_UNIX stays allowed for
-    # the socketpair an asyncio event loop wakes itself with. pytest-socket's own teardown
-    # puts the socket module back after each test.
-    if item.get_closest_marker("unit"):
+    # a unit or fuzz test (its fixtures included) opens no network socket: AF_UNIX stays
+    # allowed for the socketpair an asyncio event loop wakes itself with. pytest-socket's own
+    # teardown puts the socket module back after each test.
+    if any(item.get_closest_marker(kind) for kind in NO_IO):
         pytest_socket.disable_socket(allow_unix_socket=True)
     else:
         pytest_socket.enable_socket()
@@ -104,6 +109,58 @@ def own_kafka(tmp_path_factory):
     kafka.stop()
 
 
+# The order of the modules, so that two pytest-xdist workers (scripts/test: --dist loadfile,
+# whole modules) end together: the longest first, the short ones filling in at the end. By
+# default xdist hands out the modules with the most tests first, which left the few-but-long
+# ones (Spark, the state topic, the fleet) to one worker for the last minutes. Measured with
+# `scripts/test --durations=0` on 2 cores (per module: its tests' setup, call and teardown
+# summed; the worker time of the whole suite was ~2,800 s). The unit modules come last (they
+# fill in), among them too the longest first; a module not listed comes after the listed ones
+# of its kind, the one with the most tests first.
+# SHARED: modules that start the same session-wide Kafka clusters (conftest's kafka_cluster3,
+# kafka_secure, kafka_zookeeper) go to one worker together, so that each cluster starts once.
+SHARED = {name: "kafka-clusters" for name in (
+    "test_kafka_kit.py", "test_leader_proportional.py", "test_verifiable.py",
+    "test_kafka39_zookeeper.py")}
+LONGEST_FIRST = [  # seconds per module in one run (2 cores, loaded): 248 ... 24
+    "test_state_topic.py", "test_spark_sync.py", "kafka-clusters", "test_storage_end_to_end.py",
+    "test_fleet_end_to_end.py", "test_recommendations.py", "test_java_clients.py",
+    "test_kafka_tools.py", "test_fuzz_pipeline.py", "test_quota_callback_clients.py",
+    "test_fault_resync.py", "test_volume_agent.py", "test_fleet_proxy.py",
+    "test_quota_sources.py", "test_throttling.py", "test_authorization.py",
+    "test_nothing_lost.py", "test_status_page.py", "test_share_groups.py",
+    "test_fresh_install.py", "test_security.py", "test_quota_escapes.py", "test_metrics.py",
+    "test_fuzz_codecs.py", "test_oauthbearer_clients.py", "test_delegation_identity.py",
+    "test_broker_down.py", "test_workers.py", "test_readyz.py", "test_admin_api.py",
+    "test_cli.py", "test_api_sweep.py", "test_quota_entity_types.py",
+    "test_share_offsets_authorization.py",
+    # unit (-m unit: ~45 s of tests in all, these the longest)
+    "test_stream_rewrite.py", "test_topic_quotas.py", "test_bucket_debt.py", "test_fleet_policy.py",
+    "test_pipeline.py", "test_module_imports.py", "test_policy.py",
+]
+
+
+def _unit_of_work(path_name):
+    return SHARED.get(path_name, path_name)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, whole modules to a worker, in the order collected (the longest first,
+    pytest_collection_modifyitems below) and with the modules of one SHARED group together."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestFirst(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            module = super()._split_scope(nodeid)  # tests/test_x.py
+            return SHARED.get(module.rpartition("/")[2], module)
+
+    config.option.loadscopereorder = False  # our order, not xdist's most-tests-first
+    return LongestFirst(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     # every test on the real Apache Kafka is marked `kafka` (-m "not kafka" leaves them out)
     kafka_fixtures = {"apache_kafka", "own_kafka", "kafka_cluster3", "kafka_secure",
@@ -111,6 +168,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if kafka_fixtures & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.kafka)
+    # the longest modules first (LONGEST_FIRST); each module's tests keep their order
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    count = collections.Counter(_unit_of_work(item.path.name) for item in items)
+
+    def order(numbered):
+        position, item = numbered
+        unit = _unit_of_work(item.path.name)
+        kind = next((i for i, k in enumerate(("integration", "fuzz", "unit"))
+                     if item.get_closest_marker(k)), 0)
+        return (kind == 2, rank.get(unit, len(rank)), kind, -count[unit], unit, position)
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=order)]
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +192,7 @@ def zookeeper(tmp_path_factory):
     z.stop()
 
 
-# Hypothesis profiles for the fuzz tests (tests/test_fuzz_*.py). "ci", the
+# Hypothesis profiles for the fuzz tests (tests/test_fuzz_*.py, marked fuzz). "ci", the
 # default: a fixed example count per test (set by each test), derandomized and
 # without an example database, so that every run tries the same examples.
 # KTHROTTLE_FUZZ_EXAMPLES=N selects "long": N examples per test, randomized.

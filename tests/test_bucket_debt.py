@@ -29,8 +29,8 @@ pytestmark = pytest.mark.unit
 
 
 def another(h, short_way=True):
-    """A second connection of the same proxy: its quota buckets are h's."""
-    h2 = Harness(filters=standard_filters(advertise, h.manager), short_way=short_way)
+    """A second connection of the same proxy: its filters and quota buckets are h's."""
+    h2 = Harness(table=h.conn.table, short_way=short_way)
     h2.manager = h.manager
     h2.conn.quota_manager = h.manager
     return h2

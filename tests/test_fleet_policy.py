@@ -5,7 +5,6 @@ import gzip
 import json
 import math
 import random
-import time
 
 import pytest
 
@@ -521,31 +520,27 @@ def test_corrupt_gzip_shares_document():
 
 # how long the job's driver would take ----------------------------------------------------------
 
-def test_fleet_shares_timing(capsys):
-    """1,000 proxies, 100,000 buckets each on 1-3 proxies: printed, not asserted."""
+def test_fleet_shares_of_many_proxies_and_buckets_name_every_entry():
+    """100 proxies, 10,000 buckets each on 1-3 proxies: every proxy gets its
+    shares document, with an entry for each bucket it reported. (The
+    driver's time at 1,000 proxies and 100,000 buckets is measured by
+    benchmarks/spark_sync_cycle.py.)"""
     rng = random.Random(7)
-    proxies = ["proxy-%04d" % i for i in range(1000)]
+    proxies = ["proxy-%04d" % i for i in range(100)]
     per_proxy = {p: [] for p in proxies}
     keys = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_RATE)
-    for i in range(100_000):
+    for i in range(10_000):
         b = bucket(keys[i % 3], "", "client-%06d" % i, quota=Q)
         for p in rng.sample(proxies, rng.randint(1, 3)):
             per_proxy[p].append(b._replace(demand=rng.uniform(0, Q)))
     reports = {p: report(p, bs, brokers=(i % 20,)) for i, (p, bs) in
                enumerate(per_proxy.items())}
     leaders = {("t%d" % (i % 50), i): i % 20 for i in range(10_000)}
-    start = time.perf_counter()
     out = fleet_shares(reports, NOW, 30.0, leaders=leaders)
-    elapsed = time.perf_counter() - start
-    entries = sum(len(s.shares) for s in out.values())
-    start = time.perf_counter()
-    docs = [encode_shares_document(shares_document(s, NOW, 1)) for s in out.values()]
-    encode = time.perf_counter() - start
-    with capsys.disabled():
-        print("\nfleet_shares: 1,000 proxies x 100,000 buckets (%d bucket entries): %.2f s; "
-              "1,000 documents encoded: %.2f s, %d bytes in all"
-              % (entries, elapsed, encode, sum(map(len, docs))))
-    assert len(out) == 1000 and entries == sum(len(bs) for bs in per_proxy.values())
+    assert set(out) == set(proxies)
+    for p, shares in out.items():
+        assert len(shares.shares) == len(per_proxy[p])
+        assert encode_shares_document(shares_document(shares, NOW, 1))
 
 
 # a fair split: held proxies (demand at the estimate's cap) -------------------------------

@@ -112,7 +112,7 @@ with warnings.catch_warnings():
         SaslHandshakeResponse,
     )
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.fuzz
 
 INT32 = struct.Struct(">i")
 

@@ -86,7 +86,7 @@ from test_fuzz_codecs import (
 )
 from test_sasl import authenticate, handshake, plain
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.fuzz
 
 MAX_FRAME = 1 << 20
 MECHANISMS = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]

@@ -115,11 +115,12 @@ def generic_resp(cid, body=b"\x00\x00\x00\x00\x00\x00"):
 
 class Harness:
     def __init__(self, snapshot=None, settings=None, filters=None, connect=True,
-                 whole_response_max=WHOLE_RESPONSE_MAX, short_way=True):
+                 whole_response_max=WHOLE_RESPONSE_MAX, short_way=True, table=None):
         self.short_way = short_way  # try pass_request/pass_response first, as the adapter
         self.manager = QuotaManager(snapshot, settings) if snapshot is not None else None
-        table = FilterTable(filters if filters is not None
-                            else standard_filters(advertise, self.manager))
+        if table is None:  # (given: another connection of the same proxy)
+            table = FilterTable(filters if filters is not None
+                                else standard_filters(advertise, self.manager))
         self.conn = Connection(table, MAX_FRAME, self.manager,
                                whole_response_max=whole_response_max)
         # the heads the long way reads (the short way reads none)

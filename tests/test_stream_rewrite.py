@@ -300,7 +300,9 @@ def test_padding_fields_have_exactly_the_length_asked_for():
     # above 126 the tag takes 2 bytes, so 3 is the least (2 bytes: dropped)
     assert _padding(2, 127) is None
     for above, least in ((-1, 2), (0, 2), (126, 2), (127, 3), (5000, 3), (16383, 4)):
-        for nbytes in list(range(least, 20000)) + [2**21 + 5]:
+        # every length up to 300, and each side of where the size's varint grows a byte
+        edges = [edge + d for edge in (2**7, 2**14, 2**21) for d in range(-8, 9)]
+        for nbytes in list(range(least, 300)) + [n for n in edges if n >= least]:
             pad = _padding(nbytes, above)
             assert len(pad) == nbytes, (nbytes, above)
             tag, size, header = parse(pad)
