@@ -19,6 +19,7 @@ offsets, records x record size), the consumer's from the records the tool itself
 ("connection N opened/closed"); the tools' NetworkClient logs at INFO, so that a request
 timeout or a dropped connection shows in their stderr.
 """
+import datetime
 import re
 import time
 import urllib.request
@@ -104,6 +105,28 @@ def end_offsets(consumer, topic):
                for p in range(PARTITIONS))
 
 
+# how late the test's reader may see a line the tool printed on a loaded machine: the
+# producer closes its connections right after its summary, and by the time the summary is
+# read that close may be in the proxy's log already
+READER_LAG = 2.0
+
+
+def log_before_end(proxy):
+    """The proxy's log as it was when the tool printed the line just read: as it is now,
+    less the lines of the last READER_LAG seconds."""
+    cutoff = datetime.datetime.now() - datetime.timedelta(seconds=READER_LAG)
+    kept = []
+    for line in proxy.log().splitlines(keepends=True):
+        try:
+            stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+        except ValueError:
+            stamp = None  # a line that goes on the one before
+        if stamp is not None and stamp > cutoff:
+            break
+        kept.append(line)
+    return "".join(kept)
+
+
 def check_connections(proxy_log, before_end, most):
     """No client connection closed before the tool's end, and no more opened than ``most``
     ({listener: count}) over the whole run: a request timeout or a broken connection would
@@ -151,7 +174,7 @@ def test_the_java_producer_gets_its_quota_through_the_proxy(apache_kafka, tmp_pa
     # the proxy's log as it was when the tool printed its summary (before it closed anything)
     at_end = {}
     tool.watch_for = re.compile(r"records sent, .* 99\.9th")  # the summary
-    tool.on_match = lambda: at_end.setdefault("log", proxy.log())
+    tool.on_match = lambda: at_end.setdefault("log", log_before_end(proxy))
     watcher = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "java-prod-watch"})
     try:
         began = time.monotonic()
@@ -275,7 +298,7 @@ class ConsumerRun:
         # consumer after)
         self.at_end = {}
         tool.watch_for = re.compile(r"^\s*Metric Name\s+Value")
-        tool.on_match = lambda: self.at_end.setdefault("log", proxy.log())
+        tool.on_match = lambda: self.at_end.setdefault("log", log_before_end(proxy))
         try:
             began = time.monotonic()
             tool.start()
