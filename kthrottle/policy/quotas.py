@@ -817,7 +817,7 @@ class ClientQuotas:
         of what its bucket holds, so that the fetches in flight together (a
         client pipelining, or on many connections) ask for no more than the
         bucket holds; each is charged what it asks for when it goes
-        (charge_fetch) and its response settles the difference. None without
+        (admit_fetch) and its response settles the difference. None without
         a fetch quota to enforce, or in window mode (Kafka's cap applies,
         fetch_max_bytes)."""
         fetch = self.current().fetch
@@ -828,9 +828,11 @@ class ClientQuotas:
 
     def admit_fetch(self, asked, now):
         """A Fetch (or ShareFetch) goes at ``now`` asking for ``asked`` bytes
-        (None: as much as it may): what it is charged (charge_fetch), at least
-        one byte and at most its grant (fetch_grant), which becomes
-        ``fetch_cap``, what the request is capped to. 0 without a grant to
+        (None: as much as it may): what it is charged, at least one byte and
+        at most its grant (fetch_grant), which becomes ``fetch_cap``, what
+        the request is capped to. The charge is taken from the bucket's
+        tokens until the response settles it (on_fetch_response); the
+        measured rate counts the response alone. 0 without a grant to
         enforce (``fetch_cap`` None); None when the grant is under the least
         (fetch_grant_least): it waits (fetch_grant_wait_ms), charged nothing."""
         grant = self.fetch_cap = self.fetch_grant(now)
@@ -840,7 +842,7 @@ class ClientQuotas:
             self.fetch_cap = None
             return None
         charged = int(min(max(grant if asked is None else asked, 1), grant))
-        self.fetch.tokens.record(charged, now)  # (charge_fetch)
+        self.fetch.tokens.record(charged, now)
         return charged
 
     def fetch_grant_least(self):
@@ -855,15 +857,9 @@ class ClientQuotas:
         need = tokens.burst * FETCH_GRANT_LEAST / FETCH_GRANT_FRACTION - tokens.held(now)
         return max(1, to_ms(need / tokens.limit))
 
-    def charge_fetch(self, nbytes, now):
-        """A Fetch goes asking for ``nbytes``: taken from its bucket's tokens
-        until its response settles it (on_fetch_response); the measured rate
-        counts the response alone."""
-        self.fetch.tokens.record(nbytes, now)
-
     def on_fetch_response(self, nbytes, now, charged=0):
         """A Fetch response of ``nbytes`` on its way to the client; its
-        request was charged ``charged`` (charge_fetch), given back now."""
+        request was charged ``charged`` (admit_fetch), given back now."""
         if self.generation != self.manager.generation:
             self.refresh()
         bucket = self.fetch
