@@ -109,6 +109,52 @@ def test_a_same_size_rewrite_within_one_mtime_tick_is_applied(tmp_path):
     asyncio.run(scenario())
 
 
+def test_a_changed_file_is_parsed_off_the_event_loop_which_keeps_running(tmp_path):
+    """A file of 100,000 entities takes seconds to parse: a poll parses it in
+    a worker thread, so every connection is served meanwhile. A parse that
+    blocks the loop shows as a tick of the loop that comes too late."""
+    import threading
+    import time
+
+    path = tmp_path / "quotas.toml"
+    write(path, A)
+
+    async def scenario():
+        updates = Updates()
+        source = FileQuotaSource(path, poll_interval=0.05)
+        await source.start(updates)
+        loop_thread = threading.current_thread()
+        parsed_on = []
+        parse = source.store.parse
+
+        def slow_parse(data, empty_ok=False):
+            parsed_on.append(threading.current_thread())
+            time.sleep(0.6)  # as long as a large file takes
+            return parse(data, empty_ok)
+
+        source.store.parse = slow_parse
+        ticks = []
+
+        async def ticker():
+            while True:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.02)
+
+        task = asyncio.get_running_loop().create_task(ticker())
+        try:
+            write(path, A.replace("1000", "2000"))
+            await until(lambda: updates.last == {"clients/a": {"producer_byte_rate": 2000.0}},
+                        timeout=5, what="the change to be applied")
+        finally:
+            task.cancel()
+            await source.stop()
+        assert parsed_on and loop_thread not in parsed_on
+        gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+        assert max(gaps) < 0.5, max(gaps)  # never stalled for the parse's 0.6 s
+
+    asyncio.run(scenario())
+
+
 def test_a_poll_reads_the_file_only_when_its_stat_changed_or_every_content_every_polls(
         tmp_path):
     """Polls driven by hand: an unchanged file is not read (a thread's round

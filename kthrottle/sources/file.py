@@ -289,7 +289,9 @@ class FollowedFile:
         try:
             if error is not None:
                 raise error
-            value = self.store.parse(data)
+            # a large file takes seconds to parse: off the event loop, which
+            # keeps serving every connection meanwhile
+            value = await asyncio.to_thread(self.store.parse, data)
         except QuotaStoreError as exc:
             self._refused = version
             if data is not None:
@@ -297,6 +299,8 @@ class FollowedFile:
             self.healthy = False
             self.log.error("%s; the last known %s stay in force", exc, self.noun)
             return
+        if self._seen != version:
+            return  # written or read anew while this version was parsed: that one counts
         on_update(value)
         self._applied = version
         self._refused = None
@@ -305,13 +309,15 @@ class FollowedFile:
         self.healthy = True
         self.log.info("%s reloaded from %s: %s", self.noun, self.describe, self.summary(value))
 
-    def written(self, data):
+    def written(self, data, value=None):
         """This process has just written ``data`` to the file (an admin API
         alteration): it is in force now, not after the next two polls. On
-        the event loop, after the write."""
+        the event loop, after the write; ``value`` is ``data`` parsed, when
+        the writer parsed it already (off the loop)."""
         if self._on_update is None:  # not started
             return
-        value = self.store.parse(data)
+        if value is None:
+            value = self.store.parse(data)
         self._on_update(value)
         self._applied = self._seen = hashlib.sha256(data).digest()
         self._refused = None
@@ -327,9 +333,10 @@ class FollowedFile:
         (``written``) on the event loop."""
         try:
             data = alter(changes)
+            value = self.store.parse(data, empty_ok=True)  # here, not on the event loop
         except errors as exc:
             return {change[0]: str(exc) for change in changes}, None
-        return {}, lambda: self.written(data)
+        return {}, lambda: self.written(data, value)
 
     async def reload(self):
         """Look at the file now rather than at the next poll (SIGHUP). A
