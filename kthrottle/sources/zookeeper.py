@@ -27,6 +27,7 @@ CHANGES = "/config/changes"
 CHANGE_PREFIX = "config_change_"
 CHANGE_EXPIRATION_SECONDS = 15 * 60  # Kafka's changeExpirationMs
 _CHANGE_SEQ = re.compile(r"^%s(\d+)$" % CHANGE_PREFIX)
+_UNREAD = object()  # ZooKeeperFollower._entity: the data is to be read
 # kthrottle's own entities (topics), beside Kafka's and never among them
 OWN_CONFIG_ROOT = "/kthrottle/config"
 OWN_CHANGES = "/kthrottle/config/changes"
@@ -175,15 +176,40 @@ class ZooKeeperQuotaStore(QuotaStore):
         except NoNodeError:
             return []
 
+    #: requests a bulk read (a resync) has in flight at once: a round trip
+    #: per batch rather than per znode (100,000 entities, one at a time,
+    #: are as many round trips)
+    READ_BATCH = 1000
+
+    def _pipelined(self, items, call):
+        """{item: what ``call(item)`` (a kazoo ``*_async`` read) answers,
+        None for a znode that does not exist}, READ_BATCH in flight at a
+        time. Other errors (the connection lost) raise, as the one-by-one
+        reads do."""
+        from kazoo.exceptions import NoNodeError
+
+        out = {}
+        for i in range(0, len(items), self.READ_BATCH):
+            pending = [(item, call(item)) for item in items[i:i + self.READ_BATCH]]
+            for item, result in pending:
+                try:
+                    out[item] = result.get()
+                except NoNodeError:
+                    out[item] = None
+        return out
+
     def entity_paths(self):
         """Every entity path that has a znode (ips as their znodes are
         named), users (and their clients) first, then clients, ips, topics."""
         paths = []
-        for user in self.children("/config/users"):
+        users = self.children("/config/users")
+        clients = self._pipelined(["%s/users/%s/clients" % (CONFIG_ROOT, u) for u in users],
+                                  self.zk.get_children_async)
+        for user in users:
             base = "users/%s" % user
             paths.append(base)
             paths.extend("%s/clients/%s" % (base, c)
-                         for c in self.children("%s/%s/clients" % (CONFIG_ROOT, base)))
+                         for c in clients["%s/%s/clients" % (CONFIG_ROOT, base)] or ())
         paths.extend("clients/%s" % c for c in self.children("/config/clients"))
         paths.extend("ips/%s" % ip for ip in self.children("/config/ips"))
         paths.extend("topics/%s" % t for t in self.children(OWN_CONFIG_ROOT + "/topics"))
@@ -197,6 +223,14 @@ class ZooKeeperQuotaStore(QuotaStore):
             return self.zk.get(entity_znode(path))[0]
         except NoNodeError:
             return None
+
+    def entity_data_many(self, paths):
+        """{path: the raw data of its entity znode, None if there is none},
+        read pipelined (see READ_BATCH)."""
+        znodes = {path: entity_znode(path) for path in paths}
+        got = self._pipelined(list(dict.fromkeys(znodes.values())), self.zk.get_async)
+        return {path: None if got[znode] is None else got[znode][0]
+                for path, znode in znodes.items()}
 
     def read_entity(self, path):
         """The quotas of one entity (None if it has none). A znode that is
@@ -457,12 +491,15 @@ class ZooKeeperFollower:
             self._reject(znode, b"", ["ignoring %s: %s" % (znode, exc)])
             return None
 
-    def _entity(self, path, previous, key=None):
+    def _entity(self, path, previous, key=None, data=_UNREAD):
         """What one entity holds as the source applies it (None: nothing);
-        ``key``: its path in the snapshot (``path`` unless an ip's differs)."""
+        ``key``: its path in the snapshot (``path`` unless an ip's differs);
+        ``data``: its znode's data, read already (None: no znode); read now
+        when not given."""
         key = key or path
         znode = entity_znode(path)
-        data = self.store.entity_data(path)
+        if data is _UNREAD:
+            data = self.store.entity_data(path)
         if data is None:
             self._bad.pop(znode, None)
             return None
@@ -492,12 +529,14 @@ class ZooKeeperFollower:
                 for changes in self.change_dirs}
         snapshot = {}
         present = set()
-        for path in self.entity_paths():
+        paths = self.entity_paths()
+        datas = self.store.entity_data_many(paths)  # pipelined: not a round trip each
+        for path in paths:
             present.add(entity_znode(path))
             key = self._key(path)
             if key is None:
                 continue
-            value = self._entity(path, self._snapshot, key)
+            value = self._entity(path, self._snapshot, key, datas[path])
             if value:
                 snapshot[key] = value
         self._bad = {z: d for z, d in self._bad.items() if z in present}
