@@ -13,7 +13,10 @@ from kthrottle_testkit import BROKER_NODE_ID, ROOT
 class ProxyProcess:
     """``kthrottle proxy`` as a separate process, as users run it."""
 
-    def __init__(self, bootstrap, log_path, extra_args=(), node_id=BROKER_NODE_ID):
+    def __init__(self, bootstrap, log_path, extra_args=(), node_id=BROKER_NODE_ID,
+                 preexec_fn=None):
+        """``preexec_fn``: run in the child before the proxy (e.g. to set its limits)."""
+        self.preexec_fn = preexec_fn
         self.port = free_port()
         # the broker's node (Tansu's 111; Apache Kafka's node.id) is served on
         # node_port_base + node_id: make that a free port
@@ -41,6 +44,7 @@ class ProxyProcess:
                  "--listen", self.bootstrap,
                  "--node-port-base", str(self.node_port_base), *self.extra_args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                preexec_fn=self.preexec_fn,
             )
         # the bootstrap port listens (connections queue in the kernel) before
         # the admin endpoint is up: a test that reads /metrics waits for both

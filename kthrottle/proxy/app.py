@@ -47,7 +47,9 @@ async def _serve(config, on_ready, stack, worker=None):
     primary, the cluster state and the fleet shares come from the primary
     through the hub, and the admin endpoint is the primary's."""
     from .filter import Services
+    from .limits import raise_open_files_limit
 
+    raise_open_files_limit(config.max_connections)
     followed = []  # what SIGHUP re-reads at once (files; ZooKeeper sends its changes)
     reload = _on_sighup(stack, followed)
     primary = worker is None or worker.primary

@@ -7,6 +7,7 @@ returns. Backpressure: each side stops reading while the other side's write
 buffer is over its high mark.
 """
 import asyncio
+import errno
 import functools
 import logging
 import socket
@@ -17,7 +18,7 @@ from typing import Any, Callable
 from ..policy.quota_callback import QuotaCallbackError
 from .filter import REFUSED_AUTHENTICATION
 from .health import REFUSED_BROKER_UNREACHABLE
-from .limits import HANDSHAKE_TIMEOUT, TLS_HANDSHAKE, UNKNOWN_NODE
+from .limits import HANDSHAKE_TIMEOUT, OPEN_FILES, TLS_HANDSHAKE, UNKNOWN_NODE
 from .pipeline import (
     Close,
     Connection,
@@ -317,6 +318,9 @@ class ClientConnection(asyncio.Protocol):
                             errors[-1])
                 continue
             except OSError as exc:  # ssl.SSLError included: a certificate not trusted
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    self._out_of_files(exc)  # the proxy's limit: no broker is at fault
+                    return
                 errors.append("%s:%s %s" % (host, port, exc.strerror or exc))
                 continue
             self.upstream_addr = "%s:%s" % (host, port)
@@ -350,6 +354,16 @@ class ClientConnection(asyncio.Protocol):
                     self.listener_name, "; ".join(errors)), REFUSED_BROKER_UNREACHABLE)
                 return
             self._closed("no broker reachable (%s)" % "; ".join(errors), quiet=True)
+
+    def _out_of_files(self, exc):
+        """No file descriptor left for this client's broker connection: this
+        client is refused (counted and logged as a refusal, not a flood), and
+        the listener goes on as before, since the brokers may well answer."""
+        if not self.closed:
+            self.pipeline.close("no file descriptor left")  # its only action: Close
+            self._closed("no file descriptor left for its broker connection (%s): raise the "
+                         "proxy's open-files limit (ulimit -n) or lower max-connections"
+                         % (exc.strerror or exc), OPEN_FILES)
 
     def _connect_done(self, task):
         if task.cancelled():

@@ -23,6 +23,41 @@ UNMAPPED_NODE = "unmapped_node"  # a response named a node id that has no port
 UNKNOWN_NODE = "unknown_node"  # a TLS server name naming a node the cluster has not named
 CONNECTION_CREATION_RATE = "connection_creation_rate"  # over its ip entity's quota (KIP-612)
 FAILED_LOGINS = "failed_logins"  # an address past its failed-login allowance (FailedLogins)
+OPEN_FILES = "open_files"  # no file descriptor left for the client's broker connection
+
+
+# descriptors the proxy holds besides its client connections' (listeners,
+# its own broker and admin connections, files, the event loop's)
+OWN_FILES = 64
+
+
+def raise_open_files_limit(max_connections=None):
+    """Raise this process's soft limit of open files to its hard limit: each
+    client connection holds two descriptors (its own and its broker
+    connection's), and a soft limit of 1,024, a common default, would turn
+    clients away from about 500 on. Returns the limit now in force; a WARNING
+    says when it leaves no room for ``max_connections`` (max.connections)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-files limit from %d to %d: %s",
+                        soft, wanted, exc)
+    if soft == resource.RLIM_INFINITY:
+        return soft
+    room = max((soft - OWN_FILES) // 2, 0)
+    if max_connections is not None and max_connections > room:
+        log.warning("the open-files limit (%d) leaves room for about %d client connections, "
+                    "not max-connections=%d: raise it (ulimit -n, LimitNOFILE=) or lower "
+                    "max-connections", soft, room, max_connections)
+    else:
+        log.debug("open-files limit %d: room for about %d client connections", soft, room)
+    return soft
 
 
 class ConnectionLimits:
