@@ -602,7 +602,7 @@ class Connection:
         self.responses_in = FrameCutter(self._response_head, self._whole_response,
                                         MAX_RESPONSE_SIZE, MIN_RESPONSE_SIZE)
         self.pending = deque()  # InFlight, in the order the broker will answer
-        self.unanswered = deque(maxlen=UNANSWERED_IDS_KEPT)  # acks=0 correlation ids
+        self.unanswered = None  # acks=0 correlation ids (a deque from the first)
         self.muted_until = 0.0  # the client is not read until then (throttled)
         self.hold_until = 0.0  # responses are held until then (old clients)
         self.session_deadline = None  # KIP-368: closed then unless re-authenticated
@@ -625,7 +625,7 @@ class Connection:
         self._internal = []  # the proxy's own requests waiting for a frame boundary
         # requests whose responses a filter asked for whole (FilterContext.gather_response):
         # no response takes the short way while one is awaited
-        self._gathered_for = set()
+        self._gathered_for = None  # (a set from the first)
         self._next_internal_id = INTERNAL_CORRELATION_BASE
         self._gathering = None  # the InFlight whose response is being gathered whole
         self._streaming = None  # the rewriter of the response being streamed
@@ -1672,7 +1672,7 @@ class Connection:
             elif cls is Answer:
                 inflight.answer = verdict.frame
                 inflight.throttle_ms = 0  # the proxy's own answer says its own
-                self._gathered_for.discard(inflight)  # no broker response comes
+                self._not_gathered(inflight)  # no broker response comes
                 self.pending.append(inflight)
                 # a throttle earned (a request quota, or the answer's own for
                 # a quota it refuses) still mutes the client
@@ -1683,7 +1683,7 @@ class Connection:
             elif cls is Refuse:
                 raise _Refused(verdict.reason, verdict.refused)
             elif cls is Pending:
-                self._gathered_for.discard(inflight)  # answered by the job
+                self._not_gathered(inflight)  # answered by the job
                 self._pending_job(inflight, verdict, contexts[i])
                 return DROP
             elif cls is Observe:
@@ -1721,6 +1721,8 @@ class Connection:
             # acks=0: Kafka sends no response. Some brokers (Tansu) do anyway,
             # which trips clients that expect none (aiokafka fails its
             # connection): remember the id to drop such an answer.
+            if self.unanswered is None:
+                self.unanswered = deque(maxlen=UNANSWERED_IDS_KEPT)
             self.unanswered.append(correlation_id)
             return result
         self.pending.append(inflight)
@@ -1763,7 +1765,14 @@ class Connection:
                 inflight.response_filters + ((filter_, place),), key=lambda pair: pair[1]))
         if inflight.response_need < GATHER:
             inflight.response_need = GATHER
+        if self._gathered_for is None:
+            self._gathered_for = set()
         self._gathered_for.add(inflight)
+
+    def _not_gathered(self, inflight):
+        """``inflight``'s response is no longer awaited whole (gather_response)."""
+        if self._gathered_for:
+            self._gathered_for.discard(inflight)
 
     def run_filter_job(self, job, on_done, ctx):
         """FilterContext.run_job: ``job`` run outside the pipeline, then
@@ -1943,7 +1952,7 @@ class Connection:
                 raise ProtocolError("response frame of %d bytes" % (len(head) - 4))
         correlation_id = INT32.unpack_from(head, 4)[0]
         if not pending or pending[0].correlation_id != correlation_id:
-            if correlation_id in self.unanswered:
+            if self.unanswered and correlation_id in self.unanswered:
                 self.unanswered.remove(correlation_id)
                 return DROP  # an answer to acks=0 that Kafka would not send
             raise ProtocolError(
@@ -1953,7 +1962,7 @@ class Connection:
         inflight = pending.popleft()
         need = inflight.response_need
         if self._gathered_for:
-            self._gathered_for.discard(inflight)
+            self._not_gathered(inflight)
         if inflight.on_response is not None:
             self._gathering = inflight
             return WHOLE
