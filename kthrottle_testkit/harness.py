@@ -120,9 +120,9 @@ def split_cpus(cpus):
 def add_proxy_cpus(p):
     p.add_argument("--proxy-cpus", type=parse_cpu_list, metavar="LIST",
                    help="pin the proxies under test (kthrottle, its workers, the relays, "
-                   "tansu proxy) to these CPUs (e.g. 1) and the clients and brokers to the "
-                   "others, as a proxy deployed on cores of its own; by default every "
-                   "process shares every CPU")
+                   "tansu proxy, the peer proxies) to these CPUs (e.g. 1) and the clients "
+                   "and brokers to the others, as a proxy deployed on cores of its own; by "
+                   "default every process shares every CPU")
 
 
 class Processes:
