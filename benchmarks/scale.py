@@ -372,7 +372,7 @@ class Connections:
     @staticmethod
     def add_arguments(p):
         g = p.add_argument_group("connections curve")
-        g.add_argument("--connections", type=harness.int_list, default=[100, 1000, 10000],
+        g.add_argument("--connections", type=harness.int_list, default="100,1000,10000",
                        help="idle connection counts")
         g.add_argument("--active-clients", type=int, default=100,
                        help="aiokafka producers active meanwhile")
@@ -383,7 +383,7 @@ class Connections:
         g.add_argument("--idle-seconds", type=float, default=10.0,
                        help="CPU window of the idle proxy")
         g.add_argument("--record-size", type=int, default=1024)
-        g.add_argument("--idle-client-ids", type=harness.names, default=["shared", "distinct"],
+        g.add_argument("--idle-client-ids", type=harness.names, default="shared,distinct",
                        help="shared: every idle connection sends one client-id (the cost of a "
                        "connection); distinct: each its own (a connection and a new client-id, "
                        "whose quota buckets the <default> client entity makes); a row per "
@@ -425,7 +425,7 @@ class Connections:
             print("  %s" % json.dumps(rows[-1]), flush=True)
         limit = resource.getrlimit(resource.RLIMIT_NOFILE)
         notes.append("RLIMIT_NOFILE of this benchmark and the processes it starts: %d (soft) / "
-                     "%d (hard); kthrottle does not raise its own." % limit)
+                     "%d (hard); kthrottle raises its soft limit to the hard one at start." % limit)
         if rows:
             held = [r for r in rows if r["broker connections held"] is not None]
             if held:
@@ -800,9 +800,9 @@ class Quotas:
     @staticmethod
     def add_arguments(p):
         g = p.add_argument_group("quotas curve")
-        g.add_argument("--entities", type=harness.int_list, default=[10, 1000, 100000],
+        g.add_argument("--entities", type=harness.int_list, default="10,1000,100000",
                        help="quota entity counts")
-        g.add_argument("--quota-sources", type=harness.names, default=["file", "zookeeper"],
+        g.add_argument("--quota-sources", type=harness.names, default="file,zookeeper",
                        help="file and/or zookeeper")
         g.add_argument("--changes", type=int, default=3,
                        help="changes applied (and timed) per cell; the median is shown")
@@ -1002,7 +1002,7 @@ class Workers:
     @staticmethod
     def add_arguments(p):
         g = p.add_argument_group("workers curve")
-        g.add_argument("--workers-list", type=harness.names, default=["1", "2", "auto"],
+        g.add_argument("--workers-list", type=harness.names, default="1,2,auto",
                        help="--workers values")
         g.add_argument("--tput-producers", type=int, default=4,
                        help="producers measuring throughput (a process each, no quota)")
@@ -1217,7 +1217,7 @@ def draw_curve(result, title):
 
 def parse_args(argv=None):
     p = harness.parser(__doc__.split("\n\n")[0])
-    p.add_argument("--curves", type=harness.names, default=list(CURVES),
+    p.add_argument("--curves", type=harness.names, default=",".join(CURVES),
                    help="comma-separated, of %s" % ", ".join(CURVES))
     p.add_argument("--broker", choices=["tansu"], default="tansu",
                    help="the broker behind the proxy: a local Tansu broker (in memory)")
