@@ -19,7 +19,7 @@ client is given.
 """
 from ._kafka import FetchResponse
 from .errors import ProtocolError
-from .metadata_leaders import metadata_topics
+from .metadata_leaders import metadata_layout
 from .fields import (
     _ARRAY,
     _CARRAY,
@@ -223,10 +223,12 @@ def metadata_topic_ids(frame, api_version):
     if api_version < METADATA_TOPIC_ID_FROM:
         return {}
     ids = {}
-    for _error, name, raw, _partitions in metadata_topics(frame, api_version):
-        topic_id = uuid.UUID(bytes=raw)
-        if name and topic_id.int:
-            ids[topic_id] = name
+    for topic in metadata_layout(frame, api_version).topics:  # partitions skipped, not read
+        name = topic.name
+        if name:
+            topic_id = uuid.UUID(bytes=topic.topic_id)
+            if topic_id.int:
+                ids[topic_id] = name
     return ids
 
 

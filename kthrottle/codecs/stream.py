@@ -298,10 +298,10 @@ def _walk_share(fetch, version):
 #
 # Plain loops over a frame held in one chunk: what the walkers above do, without
 # a generator step per field. They return the tail's offset, or None for
-# anything unusual (a varint of several bytes where one is usual, a length past
+# anything unusual (a tagged field of a varint of several bytes, a count past
 # the frame: _Unusual, or an IndexError), which the walkers then take over from
-# the start, with their errors. The counts (N+1 in one byte) are read inline:
-# they are on the way of every Produce response and every empty Fetch.
+# the start, with their errors. The counts (N+1, one byte below 127) are read
+# inline: they are on the way of every Produce response and every empty Fetch.
 
 
 class _Unusual(IndexError):
@@ -323,12 +323,29 @@ def _tags_at(buf, pos):
 
 
 def _string_end(buf, pos):
-    """The offset after a compact (nullable) string of a one-byte length (a
-    longer one is left to the walker)."""
+    """The offset after a compact (nullable) string."""
     length = buf[pos]
-    if length >= 0x80:
-        raise _Unusual
+    if length >= 0x80:  # 127 bytes or more (a topic name may have 249)
+        length, pos = read_uvarint(buf, pos)
+        return pos + length - 1
     return pos + (length if length else 1)
+
+
+def _count_at(buf, pos, n):
+    """A compact array's count (N+1; null counts 0) at ``pos`` of a frame of
+    ``n`` bytes, and the offset after it. A count of 127 or more takes
+    several bytes (a topic of 1,000 partitions, an answer of 1,000 topics):
+    read here, not left to the generator walkers, which cost several times
+    as much per partition. _Unusual when the count is more than the bytes
+    left."""
+    count = buf[pos]
+    if count < 0x80:
+        return (count - 1 if count else 0), pos + 1
+    count, pos = read_uvarint(buf, pos)
+    count -= 1
+    if count > n - pos:  # each element takes a byte or more
+        raise _Unusual
+    return count, pos
 
 
 # A Produce v10+ response partition's end after its 30 fixed bytes, when it has
@@ -341,22 +358,27 @@ def _produce_tail_at(buf, n, topic_ids=False):
     try:
         # size, correlation_id; header tagged fields (none, as usual)
         pos = _tags_at(buf, 8) if buf[8] else 9
-        topics = buf[pos] - 1
-        pos += 1
-        if topics >= 0x7F:
-            return None
+        topics = buf[pos]  # (the counts inline when of one byte: the usual)
+        if topics < 0x80:
+            topics -= 1
+            pos += 1
+        else:
+            topics, pos = _count_at(buf, pos, n)
         for _ in range(topics):
             if topic_ids:
                 pos += 16
-            else:
+            else:  # name
                 length = buf[pos]
-                if length >= 0x80:
-                    return None
-                pos += length if length else 1
-            partitions = buf[pos] - 1
-            pos += 1
-            if partitions >= 0x7F:
-                return None
+                if length < 0x80:
+                    pos += length if length else 1
+                else:
+                    pos = _string_end(buf, pos)
+            partitions = buf[pos]
+            if partitions < 0x80:
+                partitions -= 1
+                pos += 1
+            else:
+                partitions, pos = _count_at(buf, pos, n)
             for _ in range(partitions):
                 if buf[pos + 30:pos + 33] == _PLAIN_PARTITION_END:
                     pos += 33  # the usual partition, in one comparison
@@ -367,7 +389,7 @@ def _produce_tail_at(buf, n, topic_ids=False):
                 pos = _tags_at(buf, _string_end(buf, pos + 1))  # error_message; tagged fields
             pos = _tags_at(buf, pos) if buf[pos] else pos + 1  # the topic's tagged fields
         pos += 4  # throttle_time_ms
-    except IndexError:
+    except (IndexError, ProtocolError):
         return None
     return pos if pos < n else None
 
@@ -389,15 +411,19 @@ def _topic_ids_tail_at(buf, n, share=False, fetch=True, lock_timeout=False):
                 pos += 4  # acquisition_lock_timeout_ms
         else:
             pos += 10  # throttle_time_ms, error_code, session_id
-        topics = buf[pos] - 1
-        pos += 1
-        if topics >= 0x7F:
-            return None
+        topics = buf[pos]  # (the counts inline when of one byte: the usual)
+        if topics < 0x80:
+            topics -= 1
+            pos += 1
+        else:
+            topics, pos = _count_at(buf, pos, n)
         for _ in range(topics):
-            partitions = buf[pos + 16] - 1  # topic_id; partitions
-            pos += 17
-            if partitions >= 0x7F:
-                return None
+            partitions = buf[pos + 16]  # topic_id; partitions
+            if partitions < 0x80:
+                partitions -= 1
+                pos += 17
+            else:
+                partitions, pos = _count_at(buf, pos + 16, n)
             for _ in range(partitions):
                 if share:
                     pos = _string_end(buf, pos + 6)  # partition_index, error_code; error_message
@@ -416,10 +442,7 @@ def _topic_ids_tail_at(buf, n, share=False, fetch=True, lock_timeout=False):
                     length, pos = read_uvarint(buf, pos)  # records
                     pos += length - 1 if length else 0
                     if share:
-                        ranges = buf[pos] - 1  # acquired_records
-                        pos += 1
-                        if ranges >= 0x7F:
-                            return None
+                        ranges, pos = _count_at(buf, pos, n)  # acquired_records
                         for _ in range(ranges):
                             pos = _tags_at(buf, pos + 18)
                 pos = _tags_at(buf, pos)

@@ -23,6 +23,7 @@ topic quotas are in force; an id not seen there is asked of the broker
 import logging
 import warnings
 from functools import partial
+from itertools import islice
 
 from ...codecs import ProtocolError, apis
 from ...codecs.fetch_topics import MAX_VERSION as FETCH_MAX_VERSION
@@ -206,8 +207,13 @@ class TopicQuotas(QuickFilter):
         for topic_id, name in ids.items():
             if names.get(topic_id) != name:
                 names[topic_id] = name
-        while len(names) > TOPIC_IDS_KEPT:
-            del names[next(iter(names))]
+        excess = len(names) - TOPIC_IDS_KEPT
+        if excess > 0:
+            # the oldest forgotten in one pass: deleting the first key one at a time
+            # walks past the slots of those deleted before it each time (quadratic: a
+            # cluster of 150,000 topics took a second per Metadata answer)
+            for topic_id in list(islice(names, excess)):
+                del names[topic_id]
 
     def _ask_topic_ids(self, ctx):
         """Ask the broker for every topic's id (the client learnt them from
