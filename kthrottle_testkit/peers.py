@@ -117,6 +117,8 @@ def api_versions(host, port, timeout=10.0):
     import socket
     import struct
 
+    from kthrottle.kafka_kit import _read_exactly
+
     client_id = b"kthrottle-bench"
     body = struct.pack(">hhih", 18, 0, 1, len(client_id)) + client_id
     with socket.create_connection((host, port), timeout=timeout) as sock:
@@ -128,16 +130,6 @@ def api_versions(host, port, timeout=10.0):
         raise RuntimeError("ApiVersions on %s:%d answered error %d" % (host, port, error))
     return {key: (low, high) for key, low, high in
             (struct.unpack(">hhh", answer[10 + 6 * i:16 + 6 * i]) for i in range(count))}
-
-
-def _read_exactly(sock, n):
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("connection closed after %d of %d bytes" % (len(data), n))
-        data += chunk
-    return data
 
 
 def invalid_api_ranges(host, port):
