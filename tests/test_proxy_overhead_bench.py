@@ -189,3 +189,24 @@ def test_the_peers_are_warmed_up_and_kafka_3_9_is_a_broker_to_choose():
     args = parse(["--broker", "kafka-3.9", "--configs", "direct,tansu-proxy"])
     assert args.broker == "kafka-3.9"
     assert "tansu-proxy" not in args.configs and "tansu-proxy" in args.left_out
+
+
+def test_the_java_latency_phase_leaves_its_first_seconds_out():
+    bench = overhead_module()
+    args = bench.parse_args(["--rate", "2000", "--partitions", "3"])
+    # 4 s at the rate: ProducerPerformance's JVM compiles its hot code meanwhile
+    assert bench.java_latency_warm_up(args) == 8000
+    args = bench.parse_args(["--rate", "1", "--partitions", "12"])
+    assert bench.java_latency_warm_up(args) == 12  # still one record per partition at least
+
+
+def test_a_target_verdict_shows_the_rounds_range_and_whether_it_lies_across_the_limit():
+    verdict = overhead_module().verdict
+    assert verdict([-0.4, 1.3, 2.1], 0.0, True, "+.2f", " ms") == (
+        "+1.30 ms (not met; rounds -0.40 ms to +2.10 ms, across the limit)")
+    assert verdict([0.5, 1.3, 2.1], 0.0, True, "+.2f", " ms") == (
+        "+1.30 ms (not met; rounds +0.50 ms to +2.10 ms)")
+    assert verdict([0.2, 0.3], 1.0, True, ".2f", "x") == "0.25x (met; rounds 0.20x to 0.30x)"
+    assert verdict([0.95], 0.9, False, ".2f", "x") == "0.95x (met)"
+    assert verdict([0.8, 0.95], 0.9, False, ".2f", "x") == (
+        "0.88x (not met; rounds 0.80x to 0.95x, across the limit)")
