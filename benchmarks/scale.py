@@ -356,13 +356,52 @@ def _active_clients(bootstrap, topic, producers, rate, seconds, record_size, go,
         results.put({"error": "%s: %s" % (type(exc).__name__, exc)})
 
 
-def broker_connections(proxy_pid, broker_port):
-    """TCP connections the proxy process holds to the broker's port."""
+def tree_connections(proxy_pid):
+    """The TCP connections of the proxy process and its workers (--workers), None if it is
+    gone."""
     try:
-        conns = psutil.Process(proxy_pid).net_connections(kind="tcp")
+        top = psutil.Process(proxy_pid)
+        conns = []
+        for proc in [top] + top.children(recursive=True):
+            conns += proc.net_connections(kind="tcp")
     except psutil.Error:
         return None
+    return conns
+
+
+def broker_connections(proxy_pid, broker_port):
+    """TCP connections the proxy process and its workers hold to the broker's port."""
+    conns = tree_connections(proxy_pid)
+    if conns is None:
+        return None
     return sum(1 for c in conns if c.raddr and c.raddr[1] == broker_port)
+
+
+def client_connections(proxy_pid, ports):
+    """Client connections the proxy process and its workers have open on ``ports``."""
+    conns = tree_connections(proxy_pid)
+    if conns is None:
+        return None
+    return sum(1 for c in conns if c.raddr and c.laddr and c.laddr[1] in ports
+               and c.status == psutil.CONN_ESTABLISHED)
+
+
+def tree_fds(pid):
+    """Open descriptors of a process and its descendants."""
+    top = psutil.Process(pid)
+    return sum(p.num_fds() for p in [top] + top.children(recursive=True))
+
+
+def connections_fit(soft_limit, active_clients, workers):
+    """How many idle client connections the proxy can hold within ``soft_limit`` open files
+    per process: two descriptors each (the client's and its broker connection), the active
+    producers' two connections each, 256 of the proxy's own; with several workers, each its
+    own process and limit, less a twentieth for the kernel's uneven spread (SO_REUSEPORT
+    hashes each connection to a worker)."""
+    per_worker = (soft_limit - 4 * active_clients // workers - 256) // 2
+    if workers == 1:
+        return per_worker
+    return workers * per_worker * 19 // 20
 
 
 class Connections:
@@ -383,6 +422,12 @@ class Connections:
         g.add_argument("--idle-seconds", type=float, default=10.0,
                        help="CPU window of the idle proxy")
         g.add_argument("--record-size", type=int, default=1024)
+        g.add_argument("--connections-workers", type=int, default=1,
+                       help="the proxy's --workers in this curve. Each worker is a process of "
+                       "its own with its own open-files limit: where one process's hard limit "
+                       "cannot hold the largest count (two descriptors per client connection), "
+                       "2 workers hold twice as many. RSS, CPU, descriptors and connections "
+                       "are then the supervisor's and its workers' together")
         g.add_argument("--idle-client-ids", type=harness.names, default="shared,distinct",
                        help="shared: every idle connection sends one client-id (the cost of a "
                        "connection); distinct: each its own (a connection and a new client-id, "
@@ -404,8 +449,8 @@ class Connections:
                 continue
             # the proxy holds two descriptors per client connection (its broker
             # connection), the active producers' included (two connections each)
-            fit = (resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 4 * args.active_clients
-                   - 256) // 2
+            fit = connections_fit(resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+                                  args.active_clients, args.connections_workers)
             measured = min(n, fit)
             if measured < n and not any(r["asked"] == n for r in rows):
                 notes.append(
@@ -413,12 +458,15 @@ class Connections:
                     "per client connection (the client's and its broker connection), and this "
                     "machine's hard RLIMIT_NOFILE is %d, which this process cannot raise (no "
                     "CAP_SYS_RESOURCE); %s more would be the active producers' and the "
-                    "proxy's own." % (format(n, ","), format(measured, ","),
-                                      resource.getrlimit(resource.RLIMIT_NOFILE)[1],
-                                      format(4 * args.active_clients + 256, ",")))
+                    "proxy's own%s." % (format(n, ","), format(measured, ","),
+                                        resource.getrlimit(resource.RLIMIT_NOFILE)[1],
+                                        format(4 * args.active_clients + 256, ","),
+                                        "" if args.connections_workers > 1 else
+                                        " (--connections-workers 2: two processes, each "
+                                        "with that limit)"))
             print("connections: %s idle, %s client-ids" % (format(measured, ","), ids),
                   flush=True)
-            row = {"asked": n, "client-ids": ids}
+            row = {"asked": n, "client-ids": ids, "workers": args.connections_workers}
             row.update(Connections.level(run, broker, quota_file, topic, measured, args,
                                          ids == "distinct"))
             rows.append(row)
@@ -447,6 +495,11 @@ class Connections:
                             "%.1f KiB at %s" % (kib, format(big["idle connections"], ",")),
                             kib <= 12.0 if big["asked"] >= 10000
                             and big["idle connections"] >= 9000 else None))
+        if args.connections_workers > 1:
+            notes.append("The proxy ran with --workers %d: each worker is a process of its own, "
+                         "with its own open-files limit; RSS, CPU, descriptors and connections "
+                         "are the supervisor's and its workers' together."
+                         % args.connections_workers)
 
         def plot(ax):
             right = ax.twinx()
@@ -473,7 +526,7 @@ class Connections:
             more = right.get_legend_handles_labels()
             ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=6, loc="upper left")
         return {"rows": rows, "targets": targets, "plot": plot if rows else None, "notes": notes,
-                "columns": ["asked", "idle connections", "client-ids", "open after",
+                "columns": ["asked", "idle connections", "client-ids", "workers", "open after",
                             "RSS none (MiB)", "RSS idle (MiB)", "RSS per idle connection (KiB)",
                             "broker connections held", "proxy fds",
                             "broker RSS per connection (KiB)", "idle proxy CPU, none (ms/s)",
@@ -482,7 +535,9 @@ class Connections:
 
     @staticmethod
     def level(run, broker, quota_file, topic, n, args, distinct):
-        proxy = spawn_proxy(run, broker, ["--quota-file", str(quota_file)],
+        workers_arg = (["--workers", str(args.connections_workers)]
+                       if args.connections_workers > 1 else [])
+        proxy = spawn_proxy(run, broker, ["--quota-file", str(quota_file), *workers_arg],
                             "kthrottle-connections-%d" % n)
         pid = proxy.proc.pid
         socks = []
@@ -500,7 +555,7 @@ class Connections:
             time.sleep(1.0)
             rss_idle = settled_rss(pid)
             broker_rss_idle = settled_rss(broker.proc.pid)
-            fds = psutil.Process(pid).num_fds()
+            fds = tree_fds(pid)
             held = broker_connections(pid, broker.port)
             cpu_idle = cpu_per_second(pid, args.idle_seconds)
             # the active producers, in a process of their own
@@ -512,7 +567,9 @@ class Connections:
             result = workers.collect(timeout=args.active_seconds + 120)[0]
             if "error" in result:
                 raise RuntimeError("the active producers failed: %s" % result["error"])
-            open_after = metric(proxy, "kthrottle_connections")
+            # the client connections open at the end, every worker's: idle + the producers'
+            # (2 each)
+            open_after = client_connections(pid, {proxy.port, proxy.node_port})
             lat = result["latencies"]
             opened = len(socks)
             return {

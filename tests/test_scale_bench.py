@@ -96,3 +96,30 @@ def test_a_small_run_writes_a_table_and_a_plot_per_curve(tmp_path):
     (w,) = data["workers"]["rows"]
     assert w["workers"] == 1 and w["throughput (MB/s)"] > 0
     assert 0.3 < w["delivered / quota"] < 3
+
+
+def test_workers_multiply_the_connections_that_fit_in_the_open_files_limit():
+    one = scale.connections_fit(20000, 100, 1)
+    assert one == (20000 - 400 - 256) // 2  # two descriptors per client connection
+    two = scale.connections_fit(20000, 100, 2)
+    assert 10000 <= two < 2 * one  # 10,000 fit in two processes, less a margin for the spread
+    assert scale.parse_args([]).connections_workers == 1
+
+
+def test_the_connections_curve_with_two_workers_counts_every_workers_connections(tmp_path):
+    out = tmp_path / "scale"
+    argv = [sys.executable, str(ROOT / "benchmarks" / "scale.py"),
+            "--curves", "connections", "--output-dir", str(out), "--max-minutes", "4",
+            "--connections", "60", "--idle-client-ids", "shared", "--idle-seconds", "1",
+            "--active-clients", "2", "--active-rate", "10", "--active-seconds", "2",
+            "--connections-workers", "2"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (conn,) = json.loads((out / "scale.json").read_text())["curves"]["connections"]["rows"]
+    assert conn["workers"] == 2 and conn["opened"] == 60
+    # the workers' connections, not the supervisor's (it serves none): every idle client
+    # connection is open and holds its broker connection, whichever worker took it
+    assert conn["open after"] >= 60
+    assert conn["broker connections held"] >= 60
+    assert conn["proxy fds"] >= 2 * 60
+    assert "--workers 2" in (out / "scale.md").read_text()
