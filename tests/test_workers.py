@@ -92,6 +92,61 @@ def test_a_bucket_is_made_for_usage_of_a_client_this_worker_has_not_seen():
     assert other.buckets == {}
 
 
+def test_the_exchange_reads_only_the_buckets_used_since_its_last_look():
+    snapshot = {"clients/<default>": {"producer_byte_rate": 1000, "request_percentage": 50}}
+    a = QuotaManager(snapshot)
+    idle = [a.client("ANONYMOUS", "idle-%d" % i) for i in range(1000)]
+    for i, client in enumerate(idle):  # each used once, before the exchange began
+        client.record_produce(10, 0.001 * i)
+    outbox = UsageOutbox(a)
+    first = outbox.rows(1.0)  # what they counted before is sent once
+    assert len(first) == 1000 and {r[3] for r in first} == {"idle-%d" % i for i in range(1000)}
+    assert a.touched == [] and outbox.rows(1.05) == []  # idle since: nothing read, nothing sent
+    busy = a.client("ANONYMOUS", "busy")  # a client-id seen only now
+    busy.record_produce(300, 1.06)
+    busy.record_produce(200, 1.07)
+    idle[7].record_produce(40, 1.08)
+    # the two buckets used, each once in touched however often it was used
+    assert [b.client_tag for b in a.touched] == ["busy", "idle-7"]
+    rows = outbox.rows(1.10)
+    assert sorted((r[3], r[5]) for r in rows) == [("busy", 500), ("idle-7", 40)]
+    # used again right after a look: noted again, only the growth sent
+    busy.record_produce(50, 1.11)
+    assert [(r[3], r[5]) for r in outbox.rows(1.15)] == [("busy", 50)]
+    assert outbox.rows(1.20) == []
+
+
+def test_a_bucket_used_once_per_look_of_every_kind_is_sent_each_time():
+    """A client that spends a little just after each look is never left out
+    (a worker that read only the buckets used "recently" by its clock could
+    miss it), and topic and address buckets carry their kind."""
+    snapshot = dict(SNAPSHOT, **{"ips/<default>": {"connection_creation_rate": 10}})
+    a, b = QuotaManager(snapshot), QuotaManager(snapshot)
+    outboxes = [UsageOutbox(a), UsageOutbox(b)]
+    client = a.client("ANONYMOUS", "app")
+    topic = a.topic_bucket("producer_byte_rate", "events")
+    address = a.connection_bucket("10.0.0.1")
+    now = 0.0
+    for step in range(20):
+        client.record_produce(10, now + 0.001)
+        topic.record(20, now + 0.001)
+        address.record(1, now + 0.001)
+        now += 0.05
+        rows = _exchange([a, b], outboxes, now)
+        assert sorted((r[0], r[5]) for r in rows[0]) == [("c", 10), ("i", 1), ("t", 20)]
+        assert rows[1] == []
+    assert b.buckets[("producer_byte_rate", "", "app")].others_total == 200
+    assert b.topic_buckets[("producer_byte_rate", "events")].others_total == 400
+    assert b.ip_buckets["10.0.0.1"].others_total == 20
+
+
+def test_without_an_exchange_no_bucket_notes_its_use():
+    a = QuotaManager(SNAPSHOT)  # one worker: nothing is collected per request
+    client = a.client("ANONYMOUS", "app")
+    client.record_produce(10, 0.0)
+    assert a.touched is None and client.produce.touched is None
+
+
 @pytest.mark.parametrize("mode", ["token-bucket", "window"])
 def test_clients_on_two_workers_are_held_to_one_quota(mode):
     """Three clients of one id as fast as they are let, two on one worker

@@ -417,10 +417,17 @@ class Bucket:
                  "rate", "tokens", "cap", "last_used", "throttle_ms_total", "throttled",
                  "held", "observe_only", "observed", "observed_ms_total",
                  "observed_last_ms", "others_total", "others_throttle_ms", "others_throttled",
-                 "others_observed", "others_observed_ms", "leased", "credit", "scope")
+                 "others_observed", "others_observed_ms", "leased", "credit", "scope",
+                 "kind", "touched")
 
-    def __init__(self, key, resolution, settings, limit=None):
+    def __init__(self, key, resolution, settings, limit=None, kind=None, touched=None):
         self.key = key
+        self.kind = kind or CLIENT_BUCKETS  # which of QuotaManager's dicts holds it
+        # QuotaManager.touched while the usage exchange (--workers) has not
+        # seen this bucket's use since its last look: the first use appends
+        # the bucket there and sets this to None, the exchange sets it back.
+        # None without an exchange, so that each use costs one test.
+        self.touched = touched
         self.user_tag = resolution.user_tag
         self.client_tag = resolution.client_tag
         self.scope = resolution.scope  # (bucket_key)
@@ -500,6 +507,9 @@ class Bucket:
     def record(self, value, now):
         """Count ``value`` and return the throttle time in ms it earns."""
         self.last_used = now
+        if self.touched is not None:
+            self.touched.append(self)
+            self.touched = None
         rate = self.rate  # SampledRate.record, written out (this runs per request)
         if now >= rate._end:
             rate.roll(now)
@@ -561,6 +571,9 @@ class Bucket:
         lets the request that crosses the quota through whole, and the debt it
         leaves refuses the next ones (debt_ms)."""
         self.last_used = now
+        if self.touched is not None:
+            self.touched.append(self)
+            self.touched = None
         self.rate.record(value, now)
         if self.tokens is not None:
             self.tokens.record(value, now)
@@ -587,6 +600,9 @@ class Bucket:
         throttle of ``ms`` given, nothing recorded (Kafka checks the quota
         before it records)."""
         self.last_used = now
+        if self.touched is not None:
+            self.touched.append(self)
+            self.touched = None
         self.throttled += 1
         self.throttle_ms_total += ms
 
@@ -903,11 +919,17 @@ class ClientQuotas:
         if bucket.credit >= nbytes:  # paid for: delivered now, counted (0)
             bucket.credit -= nbytes
             bucket.last_used = now
+            if bucket.touched is not None:
+                bucket.touched.append(bucket)
+                bucket.touched = None
             bucket.rate.record(nbytes, now)
             return 0
         tokens.record(nbytes, now)
         bucket.credit += nbytes
         bucket.last_used = now
+        if bucket.touched is not None:
+            bucket.touched.append(bucket)
+            bucket.touched = None
         owed = tokens.throttle_seconds(now)
         ms = max(1, to_ms(min(owed, bucket.cap or owed)))
         bucket.throttled += 1
@@ -989,6 +1011,9 @@ class QuotaManager:
         self.buckets = {}  # (key, user tag, client tag) -> Bucket
         self.topic_buckets = {}  # (key, topic) -> Bucket (tags: "", topic)
         self.ip_buckets = {}  # ip -> Bucket of connection_creation_rate (tags: "", ip)
+        # the buckets used since the usage exchange's last look (track_touched;
+        # None: no exchange, --workers 1)
+        self.touched = None
         # fleet shares (see apply_shares)
         self.sharing = CONFIGURED
         self.shares = {}  # (key, user tag, client tag) -> share
@@ -1225,7 +1250,8 @@ class QuotaManager:
         bucket = self.buckets.get(bkey)
         if bucket is None:
             bucket = self.buckets[bkey] = Bucket(
-                key, resolution, self.settings, self.applied_limit(bkey, resolution.limit))
+                key, resolution, self.settings, self.applied_limit(bkey, resolution.limit),
+                touched=self.touched)
         elif (bucket.quota != resolution.limit or bucket.entity != resolution.entity
               or bucket.observe_only != (resolution.observe_only or self.settings.observe_only)):
             bucket.set_limit(resolution, self.applied_limit(bkey, resolution.limit))
@@ -1234,12 +1260,14 @@ class QuotaManager:
     def client(self, user, client_id, broker=None):
         return ClientQuotas(self, user, client_id, broker)
 
-    def _named_bucket(self, buckets, bucket_key, key, resolution):
+    def _named_bucket(self, kind, bucket_key, key, resolution):
         if resolution.limit is None:
             return None
+        buckets = self.buckets_of(kind)
         bucket = buckets.get(bucket_key)
         if bucket is None:
-            bucket = buckets[bucket_key] = Bucket(key, resolution, self.settings)
+            bucket = buckets[bucket_key] = Bucket(key, resolution, self.settings, kind=kind,
+                                                  touched=self.touched)
         elif (bucket.quota != resolution.limit or bucket.entity != resolution.entity
               or bucket.observe_only != (resolution.observe_only or self.settings.observe_only)):
             bucket.set_limit(resolution)
@@ -1251,13 +1279,13 @@ class QuotaManager:
         the topic has no such quota. Not shared out in a fleet: each proxy
         holds the topic's whole quota. Callers keep what it returns for a
         generation (it resolves two paths)."""
-        return self._named_bucket(self.topic_buckets, (key, topic), key,
+        return self._named_bucket(TOPIC_BUCKETS, (key, topic), key,
                                   self.config.resolve_topic(topic, key))
 
     def connection_bucket(self, ip):
         """The connection_creation_rate bucket of the address ``ip``
         (canonical text, entities.ip_name); None when it has none."""
-        return self._named_bucket(self.ip_buckets, ip, CONNECTION_CREATION_RATE,
+        return self._named_bucket(IP_BUCKETS, ip, CONNECTION_CREATION_RATE,
                                   self.config.resolve_ip(ip))
 
     # worker processes (--workers) ----------------------------------------------------
@@ -1303,8 +1331,23 @@ class QuotaManager:
         resolution = Resolution(quota, entity, user_tag, client_tag, bool(cfg.get(OBSERVE_ONLY)),
                                 scope)
         limit = self.applied_limit(bkey, quota) if kind == CLIENT_BUCKETS else None
-        bucket = buckets[bkey] = Bucket(key, resolution, self.settings, limit)
+        bucket = buckets[bkey] = Bucket(key, resolution, self.settings, limit, kind=kind,
+                                        touched=self.touched)
         return bucket
+
+    def track_touched(self):
+        """From now on every bucket notes its first use after each look of
+        the usage exchange (--workers) in ``touched``, so that the exchange
+        reads the buckets used since, not every bucket: an idle worker with
+        many idle clients spends nothing on it. The buckets there already are
+        all put in ``touched`` for the first look. Returns that list."""
+        if self.touched is None:
+            self.touched = touched = []
+            for buckets in (self.buckets, self.topic_buckets, self.ip_buckets):
+                for bucket in buckets.values():
+                    bucket.touched = None
+                    touched.append(bucket)
+        return self.touched
 
     # shared capacity --------------------------------------------------------------
 

@@ -29,8 +29,9 @@ What crosses the hub:
   other worker adds it to its bucket of the same identity
   (``Bucket.add_others``: in the rate and the token bucket, no throttle of
   its own). So a client-id with connections on several workers is held to
-  its quota as one, with at most one interval and a hop of delay. No
-  per-request cost: the outbox diffs the buckets' counters.
+  its quota as one, with at most one interval and a hop of delay. The
+  outbox diffs the counters of the buckets used since its last message,
+  which note their first use after each (one test per request).
 - what is followed once per machine: worker 0, the primary, follows the
   cluster state (``--zookeeper``, storage throttling) and the fleet shares
   (``--proxy-id``), publishes the usage reports and serves ``--admin-listen``;
@@ -89,9 +90,6 @@ _WHAT = {CLUSTER_STATE: "the cluster state", SHARES: "the quota shares",
          LEADERS: "the partition leaders"}
 
 KINDS = (CLIENT_BUCKETS, TOPIC_BUCKETS, IP_BUCKETS)
-# last_used is compared with the previous exchange's loop time, read in
-# another call: a margin that clock caching cannot cross
-SLACK_SECONDS = 1.0
 PRUNE_EVERY = 1200  # exchanges (a minute): forget buckets the manager dropped
 
 
@@ -112,54 +110,55 @@ async def read_message(reader):
 class UsageOutbox:
     """What this worker's buckets counted since the last message: per
     bucket, the growth of its own counters (total, throttle ms, throttles,
-    observe-only throttles and their ms), never what other workers added."""
+    observe-only throttles and their ms), never what other workers added.
+    Only the buckets used since the last message are read
+    (QuotaManager.track_touched): a worker with many idle clients spends
+    nothing on theirs."""
 
     def __init__(self, manager):
         self.manager = manager
-        self._sent = {}  # (kind, bucket key) -> (Bucket, its counters at the last message)
-        self._since = None  # the previous exchange's time
+        self._touched = manager.track_touched()
+        self._sent = {}  # Bucket -> its counters at the last message
         self._count = 0
 
     def rows(self, now):
         """[[kind, key, user tag, client tag, entity, total, throttle ms,
         throttles, observed, observed ms], ...] since the last call; zero
         counters at the end are left off."""
-        since = None if self._since is None else self._since - SLACK_SECONDS
+        self.manager.settle_leases(now)  # what the connections' leases took, counted
+        touched = self._touched
+        used = touched[:]
+        touched.clear()
         sent = self._sent
         rows = []
-        self.manager.settle_leases(now)  # what the connections' leases took, counted
-        for kind in KINDS:
-            for bucket_key, bucket in self.manager.buckets_of(kind).items():
-                used = bucket.last_used
-                if used is None or (since is not None and used < since):
-                    continue
-                counts = (bucket.total, bucket.throttle_ms_total, bucket.throttled,
-                          bucket.observed, bucket.observed_ms_total)
-                ident = (kind, bucket_key)
-                before = sent.get(ident)
-                if before is not None and before[0] is bucket:
-                    if before[1] == counts:
-                        continue
-                    delta = [a - b for a, b in zip(counts, before[1])]
-                else:  # new, or made again since (its counters start at 0)
-                    delta = list(counts)
-                sent[ident] = (bucket, counts)
-                while len(delta) > 1 and not delta[-1]:
-                    delta.pop()
-                if any(delta):
-                    rows.append([kind, bucket.key, bucket.user_tag, bucket.client_tag,
-                                 bucket.exchanged_entity] + delta)
-        self._since = now
+        for bucket in used:
+            bucket.touched = touched  # its next use is noted again
+            counts = (bucket.total, bucket.throttle_ms_total, bucket.throttled,
+                      bucket.observed, bucket.observed_ms_total)
+            before = sent.get(bucket)
+            if before is None:  # new, or made again since (its counters start at 0)
+                delta = list(counts)
+            elif before == counts:
+                continue
+            else:
+                delta = [a - b for a, b in zip(counts, before)]
+            sent[bucket] = counts
+            while len(delta) > 1 and not delta[-1]:
+                delta.pop()
+            if any(delta):
+                rows.append([bucket.kind, bucket.key, bucket.user_tag, bucket.client_tag,
+                             bucket.exchanged_entity] + delta)
         self._count += 1
         if self._count % PRUNE_EVERY == 0:
             self._prune()
         return rows
 
     def _prune(self):
+        """Forget the buckets the manager dropped (expired, or their entity gone)."""
         manager = self.manager
-        for ident, (bucket, _) in list(self._sent.items()):
-            if manager.buckets_of(ident[0]).get(ident[1]) is not bucket:
-                del self._sent[ident]
+        live = {id(b) for kind in KINDS for b in manager.buckets_of(kind).values()}
+        for bucket in [b for b in self._sent if id(b) not in live]:
+            del self._sent[bucket]
 
 
 def add_usage(manager, rows, now):
