@@ -16,7 +16,9 @@ Scale curves (issue 48), each measured at a few sizes, one table and one plot pe
   the active producers' p99 produce latency (send to acknowledgement). The file-descriptor
   limit is raised for this process and what it starts (each client connection costs the proxy
   two: the client's and its broker connection); where the hard limit cannot hold a count, the
-  most that fits is measured and the report says so.
+  most that fits is measured and the report says so. ``--connections-workers 2`` runs the
+  proxy with ``--workers 2``, two processes with a limit each (10,000 fit where one process's
+  20,000 descriptors hold 9,672), and sums RSS, CPU and descriptors over them.
 * ``quotas`` - ``--entities`` quota entities (10, 1,000, 100,000; the mix of
   ``benchmarks/policy_cost.py``: users, users/clients, clients, defaults) in each of
   ``--quota-sources``: the quota file (``--quota-file``, TOML) and ZooKeeper (``--zookeeper``,
