@@ -598,13 +598,6 @@ class Connections:
             run.procs.stop(proxy.proc)
 
 
-def metric(endpoint, name):
-    try:
-        return harness.metric_sum(admin_get(endpoint.admin_port, timeout=10), name)
-    except OSError:
-        return None
-
-
 _BROKER = {}
 
 

@@ -504,9 +504,17 @@ class Bucket:
         the rate's running sum holds the other workers' too."""
         return self.rate.counted - self.others_total
 
+    def used(self, now):
+        """Used at ``now``: for the idle expiry, and noted for the usage
+        exchange (--workers) if it has not seen this bucket's use yet."""
+        self.last_used = now
+        if self.touched is not None:
+            self.touched.append(self)
+            self.touched = None
+
     def record(self, value, now):
         """Count ``value`` and return the throttle time in ms it earns."""
-        self.last_used = now
+        self.last_used = now  # used(now), written out (this runs per request)
         if self.touched is not None:
             self.touched.append(self)
             self.touched = None
@@ -570,10 +578,7 @@ class Bucket:
         """Count ``value`` with no throttle of its own: KIP-599's strict mode
         lets the request that crosses the quota through whole, and the debt it
         leaves refuses the next ones (debt_ms)."""
-        self.last_used = now
-        if self.touched is not None:
-            self.touched.append(self)
-            self.touched = None
+        self.used(now)
         self.rate.record(value, now)
         if self.tokens is not None:
             self.tokens.record(value, now)
@@ -599,10 +604,7 @@ class Bucket:
         """A request refused in the broker's place for a violated quota: a
         throttle of ``ms`` given, nothing recorded (Kafka checks the quota
         before it records)."""
-        self.last_used = now
-        if self.touched is not None:
-            self.touched.append(self)
-            self.touched = None
+        self.used(now)
         self.throttled += 1
         self.throttle_ms_total += ms
 
@@ -918,18 +920,12 @@ class ClientQuotas:
             tokens.record(-charged, now)
         if bucket.credit >= nbytes:  # paid for: delivered now, counted (0)
             bucket.credit -= nbytes
-            bucket.last_used = now
-            if bucket.touched is not None:
-                bucket.touched.append(bucket)
-                bucket.touched = None
+            bucket.used(now)
             bucket.rate.record(nbytes, now)
             return 0
         tokens.record(nbytes, now)
         bucket.credit += nbytes
-        bucket.last_used = now
-        if bucket.touched is not None:
-            bucket.touched.append(bucket)
-            bucket.touched = None
+        bucket.used(now)
         owed = tokens.throttle_seconds(now)
         ms = max(1, to_ms(min(owed, bucket.cap or owed)))
         bucket.throttled += 1
